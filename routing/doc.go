@@ -1,0 +1,3 @@
+// Package routing holds the route table, backend pools, load signals, the
+// least-queued picker, backend health and the edge admission queue.
+package routing
