@@ -1,0 +1,116 @@
+package limiter
+
+import (
+	"context"
+	"time"
+)
+
+// Limits are one tenant's limits. A zero field means "no limit of that kind".
+// They are passed to every decision, so a changed limit applies to the next
+// admission without any migration of stored state.
+type Limits struct {
+	// MaxConcurrency is the most streams the tenant may have in flight
+	// across all edge nodes. Zero means unlimited.
+	MaxConcurrency int `yaml:"max_concurrency"`
+	// TokensPerMinute limits input + output tokens. Zero means unlimited.
+	TokensPerMinute int64 `yaml:"tokens_per_minute"`
+	// InputTokensPerMinute and OutputTokensPerMinute optionally limit each
+	// direction on its own. Zero means unlimited.
+	InputTokensPerMinute  int64 `yaml:"input_tokens_per_minute"`
+	OutputTokensPerMinute int64 `yaml:"output_tokens_per_minute"`
+	// RequestsPerMinute limits admissions. Zero means unlimited.
+	RequestsPerMinute int64 `yaml:"requests_per_minute"`
+	// Burst is the token bucket depth. Zero means one minute of
+	// TokensPerMinute.
+	Burst int64 `yaml:"burst"`
+	// DefaultMaxTokens is the output estimate charged at admission when the
+	// request names no max_tokens / max_completion_tokens. Zero means 256.
+	DefaultMaxTokens int64 `yaml:"default_max_tokens"`
+	// Models overrides limits per model name (a zero field in an override
+	// inherits the tenant's value).
+	Models map[string]Limits `yaml:"models"`
+	// OnStoreFailure is the policy when the shared store (Redis) fails or is
+	// slow: "local" (default: each node enforces its share), "open" (admit)
+	// or "closed" (refuse with 503).
+	OnStoreFailure string `yaml:"on_store_failure"`
+	// Enforce, when set to false, computes and reports limits without
+	// refusing anything (shadow mode). Nil means true.
+	Enforce *bool `yaml:"enforce"`
+}
+
+// Request is one admission request.
+type Request struct {
+	// ID identifies the request; an admission retried with the same ID is
+	// charged once.
+	ID string
+	// Tenant is the tenant id.
+	Tenant string
+	// Model is the requested model, used for per-model overrides.
+	Model string
+	// Limits are the tenant's limits as configured now.
+	Limits Limits
+	// InputTokens is the estimated prompt size in tokens.
+	InputTokens int64
+	// OutputTokens is max_tokens / max_completion_tokens from the request,
+	// or zero when the request names none (Limits.DefaultMaxTokens applies).
+	OutputTokens int64
+}
+
+// Quota describes one limit for response headers.
+type Quota struct {
+	Limit     int64         // the limit per window (or concurrency)
+	Remaining int64         // what is left now (never negative)
+	Reset     time.Duration // until the quota is fully available again
+}
+
+// Decision is the outcome of an admission.
+type Decision struct {
+	// Allowed reports whether the request may proceed. In shadow mode
+	// (Limits.Enforce false) Allowed is true and WouldRefuse tells.
+	Allowed bool
+	// WouldRefuse is set in shadow mode when the limits refused.
+	WouldRefuse bool
+	// Reason names the limit that refused: "concurrency", "tokens",
+	// "input_tokens", "output_tokens" or "requests"; "store" when the
+	// store failed under the closed policy.
+	Reason string
+	// RetryAfter is how long to wait before retrying, when refused.
+	RetryAfter time.Duration
+	// Degraded is set when the shared store was not used for this
+	// decision (local, open or closed policy).
+	Degraded bool
+	// Requests, Tokens and Concurrency describe the limits for headers.
+	// A zero Limit means that limit is not configured.
+	Requests, Tokens, Concurrency Quota
+	// Ticket is non-nil when the request was admitted; it must be passed
+	// to Settle exactly once when the request ends (extra calls are no-ops).
+	Ticket *Ticket
+}
+
+// Usage is what a request actually consumed.
+type Usage struct {
+	InputTokens, OutputTokens int64
+}
+
+// Ticket is an admitted request's lease and charged estimate. Its fields are
+// owned by the limiter implementation.
+type Ticket struct {
+	ID            string
+	Tenant        string
+	Model         string
+	ChargedInput  int64
+	ChargedOutput int64
+	impl          any // implementation-specific state
+}
+
+// Limiter admits and settles requests. Implementations are safe for
+// simultaneous use by multiple goroutines.
+type Limiter interface {
+	// Admit decides whether a request may start, charging its estimate
+	// and taking a concurrency lease when it may. An error means the
+	// decision could not be made (the caller maps it to 503).
+	Admit(ctx context.Context, req Request) (Decision, error)
+	// Settle applies the actual usage (actual - charged) and releases the
+	// lease. It is idempotent.
+	Settle(ctx context.Context, t *Ticket, u Usage) error
+}
