@@ -1,0 +1,68 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+)
+
+// version is set at build time with -ldflags "-X main.version=v1.2.3".
+var version = "dev"
+
+const usage = `sluice: an edge proxy for streaming LLM inference
+
+Usage:
+  sluice                      serve the embedded default configuration
+  sluice serve -c FILE        serve a configuration file
+  sluice check -c FILE        validate a configuration file
+  sluice hash-key KEY         print the hash of an API key for the config ("-" reads stdin)
+  sluice sim [flags]          run one simulated OpenAI-compatible GPU backend
+  sluice config default       print the embedded default configuration
+  sluice version              print the version
+
+Run "sluice COMMAND --help" for a command's flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// run dispatches a command line and returns the exit code.
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		return cmdServe(nil, stdout, stderr)
+	}
+	switch args[0] {
+	case "serve":
+		return cmdServe(args[1:], stdout, stderr)
+	case "check":
+		return cmdCheck(args[1:], stdout, stderr)
+	case "hash-key":
+		return cmdHashKey(args[1:], stdin, stdout, stderr)
+	case "sim":
+		return cmdSim(args[1:], stdout, stderr)
+	case "config":
+		return cmdConfig(args[1:], stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, versionString())
+		return 0
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "sluice: unknown command %q\n\n%s", args[0], usage)
+	return 2
+}
+
+func versionString() string {
+	v := version
+	if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		v = bi.Main.Version
+	}
+	goVersion := "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		goVersion = bi.GoVersion
+	}
+	return fmt.Sprintf("sluice %s (%s)", v, goVersion)
+}

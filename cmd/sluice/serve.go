@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/sluice-proxy/sluice/configs"
+	"github.com/sluice-proxy/sluice/proxy"
+)
+
+// demoKey is the embedded default's demo tenant key; the config holds only
+// its hash, and the banner prints it so a newcomer can paste a curl command.
+const demoKey = "sk-sluice-demo"
+
+func cmdServe(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	file := fs.String("c", "", "config `file` (default: the embedded default)")
+	logFormat := fs.String("log-format", "json", "log format: json or text")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: sluice serve [-c FILE] [flags]\n\nServes a config file, or the embedded default without -c.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log, err := newLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice: %v\n", err)
+		return 2
+	}
+	var cfg *configs.Config
+	if *file == "" {
+		cfg, err = configs.Default()
+	} else {
+		cfg, err = configs.Load(*file)
+	}
+	if err != nil {
+		for _, e := range configs.Errors(err) {
+			fmt.Fprintln(stderr, e)
+		}
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	n, err := startNode(ctx, cfg, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice: %v\n", err)
+		return 1
+	}
+	printBanner(stdout, n, *file == "")
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "drain_timeout", cfg.Node.DrainTimeout)
+	case err := <-n.serveErr:
+		log.Error("listener failed", "err", err)
+	}
+	stop()
+	if err := n.shutdown(); err != nil {
+		log.Warn("shutdown", "err", err)
+	}
+	return 0
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("bad -log-level %q", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("bad -log-format %q (json or text)", format)
+}
+
+// printBanner says where the node listens and how to try it.
+func printBanner(w io.Writer, n *node, embedded bool) {
+	cfg := n.cfg
+	fmt.Fprintf(w, "%s: node %s, region %s\n", versionString(), cfg.Node.Name, cfg.Node.Region)
+	if a := n.server.Addr(proxy.ListenerHTTP); a != "" {
+		fmt.Fprintf(w, "  http   http://%s   HTTP/1.1 and h2c\n", a)
+	}
+	if a := n.server.Addr(proxy.ListenerHTTPS); a != "" {
+		fmt.Fprintf(w, "  https  https://%s   HTTP/1.1 and HTTP/2", a)
+		if pins := n.certs.Pins(); len(pins) > 0 {
+			fmt.Fprintf(w, "; dev certificate, SPKI pin sha256//%s", pins[0])
+		}
+		fmt.Fprintln(w)
+	}
+	if a := n.server.Addr(proxy.ListenerAdmin); a != "" {
+		fmt.Fprintf(w, "  admin  http://%s   /healthz /readyz /metrics\n", a)
+	}
+	for _, s := range cfg.Simulators {
+		fmt.Fprintf(w, "  simulated GPU %q serving %s at %s\n", s.Name, s.Model, n.sims[s.Name].url)
+	}
+	base := ""
+	if a := n.server.Addr(proxy.ListenerHTTP); a != "" {
+		base = "http://" + a
+	} else if a := n.server.Addr(proxy.ListenerHTTPS); a != "" {
+		base = "https://" + a
+	}
+	model := "MODEL"
+	if ms := n.handler.State().Routes.Models(""); len(ms) > 0 {
+		model = ms[0]
+	}
+	key := "$SLUICE_API_KEY"
+	if embedded && n.handler.State().Tenants.Lookup(demoKey) != nil {
+		key = demoKey
+	}
+	if base == "" {
+		return
+	}
+	fmt.Fprintf(w, "\nTry it:\n  curl -N%s %s/v1/chat/completions \\\n    -H 'Authorization: Bearer %s' \\\n    -d '{\"model\":\"%s\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n\n",
+		map[bool]string{true: " -k", false: ""}[strings.HasPrefix(base, "https")], base, key, model)
+}

@@ -1,0 +1,160 @@
+package configs
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sluice-proxy/sluice/internal/gpusim"
+	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/routing"
+	"github.com/sluice-proxy/sluice/tls/certs"
+)
+
+//go:embed default.yaml
+var defaultYAML []byte
+
+// DefaultName is the file name errors in the embedded default report.
+const DefaultName = "<embedded default.yaml>"
+
+// Config is a whole Sluice configuration file.
+type Config struct {
+	Node       Node                  `yaml:"node"`
+	Listeners  Listeners             `yaml:"listeners"`
+	Proxy      proxy.Config          `yaml:"proxy"`
+	Tenants    []proxy.TenantConfig  `yaml:"tenants"`
+	Pools      []routing.PoolConfig  `yaml:"pools"`
+	Routes     []routing.RouteConfig `yaml:"routes"`
+	Simulators []Simulator           `yaml:"simulators"`
+
+	// File is the path the config was read from.
+	File string `yaml:"-"`
+	pos  map[string]Pos
+}
+
+// Node describes this edge node.
+type Node struct {
+	// Name identifies the node in logs and metrics. Default: the host name.
+	Name string `yaml:"name"`
+	// Region is reported to clients in X-Sluice-Region. Default "local".
+	Region string `yaml:"region"`
+	// DrainTimeout is how long live streams may run on after a shutdown
+	// signal before they are cancelled. Default 30s.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+}
+
+// Listeners are the addresses Sluice listens on. At least one of HTTP and
+// HTTPS must be set.
+type Listeners struct {
+	// HTTP is a cleartext listener serving HTTP/1.1 and HTTP/2 (h2c).
+	// Empty means none.
+	HTTP string `yaml:"http"`
+	// HTTPS is a TLS listener serving HTTP/1.1 and HTTP/2. Nil means none.
+	HTTPS *HTTPS `yaml:"https"`
+	// Admin serves /healthz, /readyz and /metrics. Empty means none.
+	Admin string `yaml:"admin"`
+}
+
+// HTTPS is a TLS listener.
+type HTTPS struct {
+	// Addr is the listen address, e.g. "0.0.0.0:443".
+	Addr         string `yaml:"addr"`
+	certs.Config `yaml:",inline"`
+}
+
+// Simulator is a simulated GPU backend started inside the Sluice process;
+// pools refer to it as "sim://NAME".
+type Simulator struct {
+	// Name is how backends refer to the simulator.
+	Name          string `yaml:"name"`
+	gpusim.Config `yaml:",inline"`
+}
+
+// Default returns the embedded default configuration.
+func Default() (*Config, error) { return Parse(DefaultName, defaultYAML) }
+
+// DefaultYAML returns the text of the embedded default configuration.
+func DefaultYAML() []byte { return append([]byte(nil), defaultYAML...) }
+
+// Load reads, decodes, defaults and validates a config file. Every problem
+// is reported as an *Error ("file:line:col: message"); use Errors to list
+// them.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &Error{File: path, Msg: fmt.Sprintf("reading config: %v", err)}
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes, defaults and validates config text; name is used in errors.
+func Parse(name string, data []byte) (*Config, error) {
+	d := newDecoder(name)
+	c := &Config{File: name}
+	d.parse(data, c)
+	c.pos = d.pos
+	if len(d.errs) > 0 {
+		return nil, errors.Join(d.errs...)
+	}
+	c.applyDefaults()
+	v := &validator{c: c}
+	v.validate()
+	if len(v.errs) > 0 {
+		return nil, errors.Join(v.errs...)
+	}
+	return c, nil
+}
+
+func (c *Config) applyDefaults() {
+	if c.Node.Name == "" {
+		c.Node.Name, _ = os.Hostname()
+		if c.Node.Name == "" {
+			c.Node.Name = "sluice"
+		}
+	}
+	if c.Node.Region == "" {
+		c.Node.Region = "local"
+	}
+	if c.Node.DrainTimeout == 0 {
+		c.Node.DrainTimeout = 30 * time.Second
+	}
+	c.Proxy = c.Proxy.WithDefaults()
+	for i := range c.Pools {
+		c.Pools[i] = c.Pools[i].WithDefaults()
+	}
+	for i := range c.Routes {
+		c.Routes[i] = c.Routes[i].WithDefaults()
+	}
+	for i := range c.Simulators {
+		c.Simulators[i].Config = c.Simulators[i].Config.WithDefaults()
+	}
+}
+
+// Pos returns the position of a config path such as "routes[1].pool", or of
+// its closest ancestor that was written in the file.
+func (c *Config) Pos(path string) Pos {
+	for path != "" {
+		if p, ok := c.pos[path]; ok {
+			return p
+		}
+		i := strings.LastIndexAny(path, ".[")
+		if i < 0 {
+			break
+		}
+		path = path[:i]
+	}
+	return Pos{Line: 1, Col: 1}
+}
+
+// Simulator returns the simulator named name, if any.
+func (c *Config) Simulator(name string) (*Simulator, bool) {
+	for i := range c.Simulators {
+		if c.Simulators[i].Name == name {
+			return &c.Simulators[i], true
+		}
+	}
+	return nil, false
+}

@@ -1,0 +1,407 @@
+package configs
+
+import (
+	"encoding"
+	"errors"
+	"fmt"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/parser"
+)
+
+// Pos is a position in a config file.
+type Pos struct {
+	Line, Col int
+}
+
+// Error is one problem in a config file, reported as "file:line:col: message".
+type Error struct {
+	File string
+	Pos
+	Msg string
+}
+
+func (e *Error) Error() string {
+	if e.Line == 0 {
+		return fmt.Sprintf("%s: %s", e.File, e.Msg)
+	}
+	return fmt.Sprintf("%s:%d:%d: %s", e.File, e.Line, e.Col, e.Msg)
+}
+
+// Errors returns the individual config errors inside err, sorted by position.
+func Errors(err error) []*Error {
+	var out []*Error
+	var walk func(error)
+	walk = func(err error) {
+		var e *Error
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, x := range j.Unwrap() {
+				walk(x)
+			}
+		} else if errors.As(err, &e) {
+			out = append(out, e)
+		} else if err != nil {
+			out = append(out, &Error{Msg: err.Error()})
+		}
+	}
+	walk(err)
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Line != out[j].Line {
+			return out[i].Line < out[j].Line
+		}
+		return out[i].Col < out[j].Col
+	})
+	return out
+}
+
+var (
+	durationType = reflect.TypeFor[time.Duration]()
+	textType     = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
+
+// decoder turns a YAML syntax tree into Go values strictly: unknown keys,
+// wrong types and bad durations are errors with the node's position. It
+// records the position of every path it decodes ("routes[1].pool") so that
+// validation can point at the entry it complains about.
+type decoder struct {
+	file    string
+	errs    []error
+	pos     map[string]Pos
+	anchors map[string]ast.Node
+}
+
+func newDecoder(file string) *decoder {
+	return &decoder{file: file, pos: map[string]Pos{}, anchors: map[string]ast.Node{}}
+}
+
+func (d *decoder) errorf(p Pos, format string, args ...any) {
+	d.errs = append(d.errs, &Error{File: d.file, Pos: p, Msg: fmt.Sprintf(format, args...)})
+}
+
+func nodePos(n ast.Node) Pos {
+	if n == nil || n.GetToken() == nil {
+		return Pos{}
+	}
+	t := n.GetToken().Position
+	return Pos{Line: t.Line, Col: t.Column}
+}
+
+// parse decodes data into v (a pointer to a struct).
+func (d *decoder) parse(data []byte, v any) {
+	f, err := parser.ParseBytes(data, 0)
+	if err != nil {
+		var se *yaml.SyntaxError
+		if errors.As(err, &se) && se.Token != nil {
+			d.errorf(Pos{se.Token.Position.Line, se.Token.Position.Column}, "%s", se.Message)
+		} else {
+			d.errorf(Pos{1, 1}, "%v", err)
+		}
+		return
+	}
+	if len(f.Docs) == 0 || f.Docs[0].Body == nil {
+		return
+	}
+	if len(f.Docs) > 1 {
+		d.errorf(nodePos(f.Docs[1]), "a config file holds one YAML document")
+	}
+	d.decode(f.Docs[0].Body, reflect.ValueOf(v).Elem(), "")
+}
+
+// resolve follows anchors, aliases and tags to the node that holds the value.
+func (d *decoder) resolve(n ast.Node) ast.Node {
+	for depth := 0; depth < 32; depth++ {
+		switch x := n.(type) {
+		case *ast.AnchorNode:
+			d.anchors[x.Name.String()] = x.Value
+			n = x.Value
+		case *ast.AliasNode:
+			target, ok := d.anchors[x.Value.String()]
+			if !ok {
+				d.errorf(nodePos(x), "unknown alias %q", x.Value.String())
+				return nil
+			}
+			n = target
+		case *ast.TagNode:
+			n = x.Value
+		case *ast.CommentNode:
+			return nil
+		default:
+			return n
+		}
+	}
+	return n
+}
+
+func (d *decoder) decode(n ast.Node, v reflect.Value, path string) {
+	n = d.resolve(n)
+	if n == nil {
+		return
+	}
+	p := nodePos(n)
+	if path != "" {
+		d.pos[path] = p
+	}
+	if _, isNull := n.(*ast.NullNode); isNull {
+		return // null leaves the zero value (and so the default)
+	}
+	if v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			v.Set(reflect.New(v.Type().Elem()))
+		}
+		d.decode(n, v.Elem(), path)
+		return
+	}
+	if v.Type() != durationType && reflect.PointerTo(v.Type()).Implements(textType) {
+		s, ok := d.scalar(n, path)
+		if ok {
+			if err := v.Addr().Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(s)); err != nil {
+				d.errorf(p, "%s: %v", describe(path), err)
+			}
+		}
+		return
+	}
+	switch v.Kind() {
+	case reflect.Struct:
+		d.decodeStruct(n, v, path)
+	case reflect.Map:
+		d.decodeMap(n, v, path)
+	case reflect.Slice:
+		d.decodeSlice(n, v, path)
+	default:
+		d.decodeScalar(n, v, path)
+	}
+}
+
+func describe(path string) string {
+	if path == "" {
+		return "config"
+	}
+	return path
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+func (d *decoder) mapping(n ast.Node, path string) ([]*ast.MappingValueNode, bool) {
+	switch m := n.(type) {
+	case *ast.MappingNode:
+		return m.Values, true
+	case *ast.MappingValueNode:
+		return []*ast.MappingValueNode{m}, true
+	}
+	d.errorf(nodePos(n), "%s: expected a mapping (key: value), got %s", describe(path), kindOf(n))
+	return nil, false
+}
+
+func kindOf(n ast.Node) string {
+	switch n.(type) {
+	case *ast.SequenceNode:
+		return "a list"
+	case *ast.MappingNode, *ast.MappingValueNode:
+		return "a mapping"
+	}
+	return fmt.Sprintf("%q", scalarText(n))
+}
+
+// fieldIndex maps YAML keys to struct fields, following ",inline" structs.
+func fieldIndex(t reflect.Type) map[string][]int {
+	out := map[string][]int{}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag := f.Tag.Get("yaml")
+		if tag == "-" || !f.IsExported() {
+			continue
+		}
+		name, opts, _ := strings.Cut(tag, ",")
+		if opts == "inline" {
+			for k, idx := range fieldIndex(f.Type) {
+				out[k] = append([]int{i}, idx...)
+			}
+			continue
+		}
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		out[name] = []int{i}
+	}
+	return out
+}
+
+func (d *decoder) decodeStruct(n ast.Node, v reflect.Value, path string) {
+	values, ok := d.mapping(n, path)
+	if !ok {
+		return
+	}
+	fields := fieldIndex(v.Type())
+	for _, mv := range values {
+		key := scalarText(mv.Key)
+		idx, ok := fields[key]
+		if !ok {
+			d.errorf(nodePos(mv.Key), "unknown key %q in %s%s", key, describe(path), suggest(key, fields))
+			continue
+		}
+		d.pos[join(path, key)+"#key"] = nodePos(mv.Key)
+		d.decode(mv.Value, v.FieldByIndex(idx), join(path, key))
+	}
+}
+
+// suggest names the closest known key when the unknown one looks like a typo.
+func suggest(key string, fields map[string][]int) string {
+	best, bestDist := "", 3
+	for k := range fields {
+		if dist := editDistance(key, k); dist < bestDist || (dist == bestDist && k < best) {
+			best, bestDist = k, dist
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}
+
+func (d *decoder) decodeMap(n ast.Node, v reflect.Value, path string) {
+	values, ok := d.mapping(n, path)
+	if !ok {
+		return
+	}
+	if v.Type().Key().Kind() != reflect.String {
+		d.errorf(nodePos(n), "%s: unsupported map key type", describe(path))
+		return
+	}
+	if v.IsNil() {
+		v.Set(reflect.MakeMap(v.Type()))
+	}
+	for _, mv := range values {
+		key := scalarText(mv.Key)
+		elem := reflect.New(v.Type().Elem()).Elem()
+		d.decode(mv.Value, elem, join(path, key))
+		v.SetMapIndex(reflect.ValueOf(key).Convert(v.Type().Key()), elem)
+	}
+}
+
+func (d *decoder) decodeSlice(n ast.Node, v reflect.Value, path string) {
+	seq, ok := n.(*ast.SequenceNode)
+	if !ok {
+		d.errorf(nodePos(n), "%s: expected a list, got %s", describe(path), kindOf(n))
+		return
+	}
+	out := reflect.MakeSlice(v.Type(), len(seq.Values), len(seq.Values))
+	for i, item := range seq.Values {
+		d.decode(item, out.Index(i), fmt.Sprintf("%s[%d]", path, i))
+	}
+	v.Set(out)
+}
+
+// scalarText is the text of a scalar node as written (without quotes).
+func scalarText(n ast.Node) string {
+	switch x := n.(type) {
+	case *ast.StringNode:
+		return x.Value
+	case *ast.LiteralNode:
+		return x.Value.Value
+	case *ast.MappingKeyNode:
+		return scalarText(x.Value)
+	case ast.ScalarNode:
+		if t := x.GetToken(); t != nil {
+			return t.Value
+		}
+	}
+	if n == nil {
+		return ""
+	}
+	return n.String()
+}
+
+func (d *decoder) scalar(n ast.Node, path string) (string, bool) {
+	switch n.(type) {
+	case *ast.MappingNode, *ast.MappingValueNode, *ast.SequenceNode:
+		d.errorf(nodePos(n), "%s: expected a single value, got %s", describe(path), kindOf(n))
+		return "", false
+	}
+	return scalarText(n), true
+}
+
+func (d *decoder) decodeScalar(n ast.Node, v reflect.Value, path string) {
+	s, ok := d.scalar(n, path)
+	if !ok {
+		return
+	}
+	p := nodePos(n)
+	if v.Type() == durationType {
+		dur, err := time.ParseDuration(s)
+		if err != nil {
+			d.errorf(p, "%s: bad duration %q (use Go durations such as \"250ms\", \"30s\", \"5m\")", describe(path), s)
+			return
+		}
+		if dur < 0 {
+			d.errorf(p, "%s: duration %q must not be negative", describe(path), s)
+			return
+		}
+		v.SetInt(int64(dur))
+		return
+	}
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(s)
+	case reflect.Bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			d.errorf(p, "%s: expected true or false, got %q", describe(path), s)
+			return
+		}
+		v.SetBool(b)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		i, err := strconv.ParseInt(strings.ReplaceAll(s, "_", ""), 0, v.Type().Bits())
+		if err != nil {
+			d.errorf(p, "%s: expected a whole number, got %q", describe(path), s)
+			return
+		}
+		v.SetInt(i)
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		u, err := strconv.ParseUint(strings.ReplaceAll(s, "_", ""), 0, v.Type().Bits())
+		if err != nil {
+			d.errorf(p, "%s: expected a non-negative whole number, got %q", describe(path), s)
+			return
+		}
+		v.SetUint(u)
+	case reflect.Float32, reflect.Float64:
+		f, err := strconv.ParseFloat(s, v.Type().Bits())
+		if err != nil {
+			d.errorf(p, "%s: expected a number, got %q", describe(path), s)
+			return
+		}
+		v.SetFloat(f)
+	default:
+		d.errorf(p, "%s: unsupported type %s", describe(path), v.Type())
+	}
+}

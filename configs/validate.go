@@ -1,0 +1,254 @@
+package configs
+
+import (
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/sluice-proxy/sluice/limiter"
+	"github.com/sluice-proxy/sluice/routing"
+	"github.com/sluice-proxy/sluice/tls/certs"
+)
+
+// validator checks a decoded, defaulted config and reports every problem at
+// the position of the entry it is about.
+type validator struct {
+	c    *Config
+	errs []error
+}
+
+func (v *validator) errorf(path, format string, args ...any) {
+	v.errs = append(v.errs, &Error{File: v.c.File, Pos: v.c.Pos(path), Msg: fmt.Sprintf(format, args...)})
+}
+
+func (v *validator) validate() {
+	v.listeners()
+	v.proxy()
+	v.simulators()
+	pools := v.pools()
+	v.routes(pools)
+	v.tenants()
+}
+
+func (v *validator) addr(path, addr string) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
+		v.errorf(path, "%s: bad listen address %q (want host:port, e.g. \"127.0.0.1:8080\")", path, addr)
+		return
+	}
+	if host != "" && net.ParseIP(host) == nil && host != "localhost" {
+		v.errorf(path, "%s: listen host %q must be an IP address or localhost", path, host)
+	}
+}
+
+func (v *validator) listeners() {
+	l := v.c.Listeners
+	if l.HTTP == "" && l.HTTPS == nil {
+		v.errorf("listeners", "listeners: set at least one of http or https")
+	}
+	if l.HTTP != "" {
+		v.addr("listeners.http", l.HTTP)
+	}
+	if l.Admin != "" {
+		v.addr("listeners.admin", l.Admin)
+	}
+	if s := l.HTTPS; s != nil {
+		if s.Addr == "" {
+			v.errorf("listeners.https", "listeners.https: addr is required")
+		} else {
+			v.addr("listeners.https.addr", s.Addr)
+		}
+		if s.DevCert == (len(s.Certificates) > 0) {
+			v.errorf("listeners.https", "listeners.https: set either dev_cert: true or certificates")
+		}
+		switch s.MinVersion {
+		case "", "1.2", "1.3":
+		default:
+			v.errorf("listeners.https.min_version", "listeners.https.min_version: %q is not supported (use \"1.2\" or \"1.3\")", s.MinVersion)
+		}
+		v.certificates(s)
+	}
+}
+
+func (v *validator) proxy() {
+	p := v.c.Proxy
+	if *p.Retries < 0 {
+		v.errorf("proxy.retries", "proxy.retries: must not be negative")
+	}
+	if p.MaxBodyBytes <= 0 {
+		v.errorf("proxy.max_body_bytes", "proxy.max_body_bytes: must be positive")
+	}
+}
+
+func (v *validator) simulators() {
+	seen := map[string]bool{}
+	for i, s := range v.c.Simulators {
+		path := fmt.Sprintf("simulators[%d]", i)
+		switch {
+		case s.Name == "":
+			v.errorf(path, "%s: name is required", path)
+		case seen[s.Name]:
+			v.errorf(path+".name", "%s: duplicate simulator name %q", path, s.Name)
+		}
+		seen[s.Name] = true
+		if err := s.Config.Validate(); err != nil {
+			v.errorf(path, "%s: %v", path, err)
+		}
+	}
+}
+
+func (v *validator) pools() map[string]bool {
+	names := map[string]bool{}
+	for i, p := range v.c.Pools {
+		path := fmt.Sprintf("pools[%d]", i)
+		switch {
+		case p.Name == "":
+			v.errorf(path, "%s: name is required", path)
+		case names[p.Name]:
+			v.errorf(path+".name", "%s: duplicate pool name %q", path, p.Name)
+		}
+		names[p.Name] = true
+		if len(p.Backends) == 0 {
+			v.errorf(path, "pool %q: at least one backend is required", p.Name)
+		}
+		if p.EjectAfter < 0 {
+			v.errorf(path+".eject_after", "pool %q: eject_after must not be negative", p.Name)
+		}
+		for j, b := range p.Backends {
+			v.backend(fmt.Sprintf("%s.backends[%d]", path, j), b)
+		}
+	}
+	return names
+}
+
+func (v *validator) backend(path string, b routing.BackendConfig) {
+	u, err := url.Parse(b.URL)
+	switch {
+	case b.URL == "":
+		v.errorf(path, "%s: url is required", path)
+	case err != nil || u.Host == "":
+		v.errorf(path+".url", "%s: bad backend url %q", path, b.URL)
+	case u.Scheme == "sim":
+		if _, ok := v.c.Simulator(u.Host); !ok {
+			v.errorf(path+".url", "%s: no simulator named %q in simulators", path, u.Host)
+		}
+	case u.Scheme != "http" && u.Scheme != "https":
+		v.errorf(path+".url", "%s: backend url scheme must be http, https or sim, not %q", path, u.Scheme)
+	}
+	if b.MetricsURL != "" {
+		if u, err := url.Parse(b.MetricsURL); err != nil || u.Host == "" {
+			v.errorf(path+".metrics_url", "%s: bad metrics url %q", path, b.MetricsURL)
+		}
+	}
+	if b.Weight < 0 || b.MaxConcurrency < 0 {
+		v.errorf(path, "%s: weight and max_concurrency must not be negative", path)
+	}
+}
+
+func (v *validator) routes(pools map[string]bool) {
+	seen := map[string]int{}
+	for i, r := range v.c.Routes {
+		path := fmt.Sprintf("routes[%d]", i)
+		switch {
+		case r.Pool == "":
+			v.errorf(path, "%s: pool is required", path)
+		case !pools[r.Pool]:
+			v.errorf(path+".pool", "%s: pool %q is not defined in pools", path, r.Pool)
+		}
+		if !strings.HasPrefix(r.Path, "/") {
+			v.errorf(path+".path", "%s: path %q must start with /", path, r.Path)
+		}
+		if r.Host != "" && (strings.ContainsAny(r.Host, ":/ ") || strings.Contains(r.Host[1:], "*")) {
+			v.errorf(path+".host", "%s: bad host %q (a name or *.name, without port)", path, r.Host)
+		}
+		if r.Class != routing.ClassInteractive && r.Class != routing.ClassBatch {
+			v.errorf(path+".class", "%s: class %q must be interactive or batch", path, r.Class)
+		}
+		switch r.Kind {
+		case routing.KindOpenAI, routing.KindSSE:
+		case routing.KindWebSocket:
+			v.errorf(path+".kind", "%s: kind websocket is not supported yet", path)
+		default:
+			v.errorf(path+".kind", "%s: kind %q must be openai or sse", path, r.Kind)
+		}
+		if r.Retries != nil && *r.Retries < 0 {
+			v.errorf(path+".retries", "%s: retries must not be negative", path)
+		}
+		key := r.Host + " " + r.Path + " " + strings.Join(r.Models, ",")
+		if j, dup := seen[key]; dup {
+			v.errorf(path, "%s: same host, path and models as routes[%d]", path, j)
+		}
+		seen[key] = i
+	}
+}
+
+func (v *validator) tenants() {
+	ids := map[string]bool{}
+	keys := map[string]string{}
+	for i, t := range v.c.Tenants {
+		path := fmt.Sprintf("tenants[%d]", i)
+		switch {
+		case t.ID == "":
+			v.errorf(path, "%s: id is required", path)
+		case ids[t.ID]:
+			v.errorf(path+".id", "%s: duplicate tenant id %q", path, t.ID)
+		}
+		ids[t.ID] = true
+		if len(t.Keys) == 0 {
+			v.errorf(path, "tenant %q: at least one key hash is required (see sluice hash-key)", t.ID)
+		}
+		for j, k := range t.Keys {
+			kp := fmt.Sprintf("%s.keys[%d]", path, j)
+			if !validKeyHash(k) {
+				v.errorf(kp, "tenant %q: key must be a hash printed by \"sluice hash-key\" (sha256:<64 hex digits>), never the key itself", t.ID)
+			} else if other, dup := keys[k]; dup {
+				v.errorf(kp, "tenant %q: key hash already belongs to tenant %q", t.ID, other)
+			}
+			keys[k] = t.ID
+		}
+		v.limits(path+".limits", t.Limits)
+	}
+}
+
+func validKeyHash(k string) bool {
+	h, ok := strings.CutPrefix(k, "sha256:")
+	if !ok || len(h) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(h)
+	return err == nil
+}
+
+func (v *validator) limits(path string, l limiter.Limits) {
+	if l.MaxConcurrency < 0 || l.TokensPerMinute < 0 || l.InputTokensPerMinute < 0 ||
+		l.OutputTokensPerMinute < 0 || l.RequestsPerMinute < 0 || l.Burst < 0 || l.DefaultMaxTokens < 0 {
+		v.errorf(path, "%s: limits must not be negative", path)
+	}
+	switch l.OnStoreFailure {
+	case "", "local", "open", "closed":
+	default:
+		v.errorf(path+".on_store_failure", "%s.on_store_failure: %q must be local, open or closed", path, l.OnStoreFailure)
+	}
+	for m, ml := range l.Models {
+		if len(ml.Models) > 0 {
+			v.errorf(path+".models."+m, "%s.models.%s: model overrides cannot nest", path, m)
+		}
+		v.limits(path+".models."+m, ml)
+	}
+}
+
+func (v *validator) certificates(s *HTTPS) {
+	for i, p := range s.Certificates {
+		path := fmt.Sprintf("listeners.https.certificates[%d]", i)
+		if p.CertFile == "" || p.KeyFile == "" {
+			v.errorf(path, "%s: cert_file and key_file are required", path)
+			continue
+		}
+		if _, err := certs.CheckPair(p, time.Now()); err != nil {
+			v.errorf(path, "%s: %v", path, err)
+		}
+	}
+}

@@ -1,0 +1,66 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/sluice-proxy/sluice/internal/units"
+	"github.com/sluice-proxy/sluice/limiter"
+)
+
+// Config tunes the request pipeline. Zero fields take the defaults named on
+// each field (see WithDefaults).
+type Config struct {
+	// MaxBodyBytes bounds a request body; larger bodies get 413.
+	// Default 1MiB.
+	MaxBodyBytes units.Bytes `yaml:"max_body_bytes"`
+	// DialTimeout bounds connecting to a backend. Default 5s.
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// FirstTokenTimeout bounds the wait for a backend's first event (or
+	// its whole non-streamed response). Past it the request is retried on
+	// another backend, or answered 504. Default 60s.
+	FirstTokenTimeout time.Duration `yaml:"first_token_timeout"`
+	// StreamIdleTimeout bounds the gap between two events of a running
+	// stream; past it the stream ends with an error event. Default 2m.
+	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
+	// Retries is how many other backends are tried when one fails before
+	// the first token. Nil means 1; routes may override it.
+	Retries *int `yaml:"retries"`
+	// MaxResponseBytes bounds a non-streamed backend response. Default 64MiB.
+	MaxResponseBytes units.Bytes `yaml:"max_response_bytes"`
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 5 * time.Second
+	}
+	if c.FirstTokenTimeout == 0 {
+		c.FirstTokenTimeout = 60 * time.Second
+	}
+	if c.StreamIdleTimeout == 0 {
+		c.StreamIdleTimeout = 2 * time.Minute
+	}
+	if c.Retries == nil {
+		one := 1
+		c.Retries = &one
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = 64 << 20
+	}
+	return c
+}
+
+// TenantConfig is one API tenant.
+type TenantConfig struct {
+	// ID names the tenant in limits, metrics and logs.
+	ID string `yaml:"id"`
+	// Keys are hashes of the tenant's API keys, as printed by
+	// "sluice hash-key" ("sha256:<hex>"). Keys themselves never appear in
+	// config.
+	Keys []string `yaml:"keys"`
+	// Limits are the tenant's limits. Zero fields mean unlimited.
+	Limits limiter.Limits `yaml:"limits"`
+}

@@ -1,0 +1,124 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+
+	"github.com/sluice-proxy/sluice/routing"
+)
+
+// Conditions the pipeline branches on; statusOf maps each to a response.
+var (
+	errFirstTokenTimeout = errors.New("backend sent no first token in time")
+	errStreamIdle        = errors.New("backend stream stalled")
+	errStreamCut         = errors.New("backend closed the stream before [DONE]")
+	errDraining          = errors.New("server is shutting down")
+	errEventTooLarge     = errors.New("backend sent an oversized event")
+	errResponseTooLarge  = errors.New("backend response too large")
+)
+
+// apiError is an error answered in OpenAI's error shape.
+type apiError struct {
+	Status  int
+	Type    string
+	Code    string
+	Message string
+	// RetryAfter, when positive, is sent as Retry-After (seconds).
+	RetryAfter int
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+func badRequest(code, msg string) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code, Message: msg}
+}
+
+// upstreamStatus is a 5xx answer from a backend before the first token;
+// it is retried on another backend and passed through if it is the last.
+type upstreamStatus struct {
+	resp *http.Response
+	body []byte
+}
+
+func (e *upstreamStatus) Error() string {
+	return "backend answered " + strconv.Itoa(e.resp.StatusCode)
+}
+
+// statusOf is the one mapping from pipeline errors to client responses.
+func statusOf(err error) *apiError {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	switch {
+	case errors.Is(err, routing.ErrNoHealthyBackend):
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_healthy_backend",
+			Message: "no healthy backend is available for this model; retry shortly", RetryAfter: 1}
+	case errors.Is(err, errFirstTokenTimeout), errors.Is(err, errStreamIdle):
+		return &apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
+			Message: "the backend did not answer in time"}
+	case errors.Is(err, errDraining):
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down",
+			Message: "this edge node is shutting down; retry", RetryAfter: 1}
+	case errors.Is(err, context.Canceled):
+		return &apiError{Status: 499, Type: "invalid_request_error", Code: "client_closed_request",
+			Message: "the client closed the request"}
+	case errors.Is(err, errStreamCut), errors.Is(err, errEventTooLarge):
+		return &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_stream_broken",
+			Message: "the backend stream broke before it finished: " + err.Error()}
+	case errors.Is(err, errResponseTooLarge):
+		return &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_response_too_large",
+			Message: "the backend's response exceeded the configured maximum"}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return &apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
+			Message: "the backend did not answer in time"}
+	}
+	return &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_unreachable",
+		Message: "the backend could not be reached or failed"}
+}
+
+type errorBody struct {
+	Error errorFields `json:"error"`
+}
+
+type errorFields struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+func (e *apiError) body() []byte {
+	b, _ := json.Marshal(errorBody{Error: errorFields{Message: e.Message, Type: e.Type, Code: e.Code}})
+	return b
+}
+
+// writeError answers e as JSON in OpenAI's error shape.
+func writeError(w http.ResponseWriter, e *apiError) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Del("Content-Length")
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	status := e.Status
+	if status == 499 { // nobody is listening; keep the log honest
+		return
+	}
+	w.WriteHeader(status)
+	w.Write(append(e.body(), '\n'))
+}
+
+// sseError is the event that ends a stream that failed after it started.
+func sseError(e *apiError) []byte {
+	b := make([]byte, 0, 160)
+	b = append(b, "event: error\ndata: "...)
+	b = append(b, e.body()...)
+	return append(b, "\n\n"...)
+}

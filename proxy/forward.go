@@ -1,0 +1,244 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/textproto"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-proxy/sluice/routing"
+)
+
+// NewTransport returns the transport Sluice uses to reach backends:
+// pooled keep-alive connections, no compression (streams are parsed and
+// must not be buffered by a gzip layer), bounded dialing.
+func NewTransport(cfg Config) *http.Transport {
+	cfg = cfg.WithDefaults()
+	d := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy:               nil,
+		DialContext:         d.DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: cfg.DialTimeout,
+		DisableCompression:  true,
+		ReadBufferSize:      16 << 10,
+		WriteBufferSize:     16 << 10,
+	}
+}
+
+// forward sends the request to a backend of the route's pool, retrying on
+// other backends while nothing has been sent to the client.
+func (x *exchange) forward() error {
+	retries := *x.st.Config.Retries
+	if x.route.Retries != nil {
+		retries = *x.route.Retries
+	}
+	var triedBuf [4]*routing.Backend
+	tried := triedBuf[:0]
+	var lastErr error
+	for attempt := 0; attempt <= retries; attempt++ {
+		b, err := x.route.Pool.Pick(tried)
+		if err != nil {
+			if lastErr != nil {
+				break
+			}
+			return err
+		}
+		if attempt == 0 {
+			x.picked = time.Now()
+		} else {
+			x.retries++
+			x.h.metrics.retry(x.route.Name)
+		}
+		tried = append(tried, b)
+		x.backend = b
+		err = x.attempt(b)
+		if err == nil || x.status != 0 || x.r.Context().Err() != nil {
+			return err
+		}
+		lastErr = err
+	}
+	if us, ok := lastErr.(*upstreamStatus); ok {
+		x.passThrough(us.resp, us.body)
+	}
+	return lastErr
+}
+
+// watchdog cancels an attempt whose backend is too slow: first with
+// errFirstTokenTimeout, and, once events flow, with errStreamIdle.
+type watchdog struct {
+	t       *time.Timer
+	started atomic.Bool
+}
+
+func newWatchdog(d time.Duration, cancel context.CancelCauseFunc) *watchdog {
+	w := &watchdog{}
+	w.t = time.AfterFunc(d, func() {
+		if w.started.Load() {
+			cancel(errStreamIdle)
+		} else {
+			cancel(errFirstTokenTimeout)
+		}
+	})
+	return w
+}
+
+// tick restarts the idle timer after an event.
+func (w *watchdog) tick(idle time.Duration) {
+	w.started.Store(true)
+	w.t.Reset(idle)
+}
+
+func (w *watchdog) stop() { w.t.Stop() }
+
+// attempt runs the request against one backend. It returns nil when the
+// response was delivered, or an error; x.status != 0 tells whether anything
+// was sent to the client.
+func (x *exchange) attempt(b *routing.Backend) error {
+	end := b.Begin()
+	defer end()
+	ctx, cancel := context.WithCancelCause(x.r.Context())
+	defer cancel(context.Canceled)
+	timeout := x.st.Config.FirstTokenTimeout
+	if x.route.FirstTokenTimeout > 0 {
+		timeout = x.route.FirstTokenTimeout
+	}
+	wd := newWatchdog(timeout, cancel)
+	defer wd.stop()
+
+	req, err := x.upstreamRequest(ctx, b)
+	if err != nil {
+		return err
+	}
+	resp, err := x.h.transport.RoundTrip(req)
+	if err != nil {
+		err = causeOf(ctx, err)
+		if x.r.Context().Err() == nil {
+			b.Report(false, time.Now())
+		}
+		return err
+	}
+	defer resp.Body.Close()
+	x.upstreamHeaders = time.Now()
+	if resp.StatusCode >= 500 {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		b.Report(false, time.Now())
+		return &upstreamStatus{resp: resp, body: body}
+	}
+	if resp.StatusCode == http.StatusOK && isEventStream(resp.Header) {
+		if x.route.Kind == routing.KindOpenAI {
+			return x.relayOpenAI(ctx, resp, wd)
+		}
+		return x.relayRaw(ctx, resp, wd)
+	}
+	return x.relayBody(ctx, resp)
+}
+
+// causeOf prefers the reason the attempt's context was cancelled (timeout,
+// drain) over the transport's generic error.
+func causeOf(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return err
+}
+
+func isEventStream(h http.Header) bool {
+	return strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
+}
+
+// upstreamRequest builds the backend request: the backend's base URL plus
+// the client's path, the client's headers without hop-by-hop fields and
+// credentials, forwarding headers and the request id.
+func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*http.Request, error) {
+	r := x.r
+	u := *b.URL
+	u.Path = strings.TrimSuffix(b.URL.Path, "/") + r.URL.Path
+	u.RawPath = ""
+	u.RawQuery = r.URL.RawQuery
+	if x.route.AllowQueryKey && u.RawQuery != "" {
+		q := r.URL.Query()
+		q.Del(queryKeyParam)
+		u.RawQuery = q.Encode()
+	}
+	var body io.Reader
+	if x.body != nil {
+		body = bytes.NewReader(x.body)
+	}
+	req, err := http.NewRequestWithContext(ctx, r.Method, u.String(), body)
+	if err != nil {
+		return nil, err
+	}
+	copyRequestHeader(req.Header, r.Header)
+	req.Header.Set("X-Forwarded-For", clientIP(r))
+	proto := "http"
+	if r.TLS != nil {
+		proto = "https"
+	}
+	req.Header.Set("X-Forwarded-Proto", proto)
+	req.Header.Set("X-Forwarded-Host", r.Host)
+	req.Header.Set("X-Request-Id", x.id)
+	if key := x.route.Pool.Config().APIKey; key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	return req, nil
+}
+
+// hopHeaders are meaningful for one connection only and never forwarded
+// (RFC 9110 §7.6.1), plus headers Sluice owns in each direction.
+var hopHeaders = map[string]bool{
+	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+}
+
+// clientOwned are request headers the edge sets itself or must not pass on.
+var clientOwned = map[string]bool{
+	"Authorization": true, "X-Api-Key": true, "Accept-Encoding": true, "Content-Length": true,
+	"Host": true, "Forwarded": true, "X-Forwarded-For": true, "X-Forwarded-Proto": true,
+	"X-Forwarded-Host": true, "X-Real-Ip": true, "X-Request-Id": true, "Server-Timing": true,
+}
+
+// backendOwned are response headers Sluice replaces or must not pass on:
+// a backend's Alt-Svc would advertise the backend, not the edge.
+var backendOwned = map[string]bool{
+	"Alt-Svc": true, "Content-Length": true, "X-Request-Id": true, "Server-Timing": true,
+}
+
+func copyRequestHeader(dst, src http.Header) {
+	for k, vv := range src {
+		if hopHeaders[k] || clientOwned[k] || strings.HasPrefix(k, "X-Sluice-") {
+			continue
+		}
+		dst[k] = vv
+	}
+	dropConnectionHeaders(dst, src)
+}
+
+func copyResponseHeader(dst, src http.Header) {
+	for k, vv := range src {
+		if hopHeaders[k] || backendOwned[k] || strings.HasPrefix(k, "X-Sluice-") {
+			continue
+		}
+		dst[k] = vv
+	}
+	dropConnectionHeaders(dst, src)
+}
+
+// dropConnectionHeaders removes the fields src's Connection header names.
+func dropConnectionHeaders(dst, src http.Header) {
+	for _, v := range src["Connection"] {
+		for _, f := range strings.Split(v, ",") {
+			if f = textproto.TrimString(f); f != "" {
+				dst.Del(f)
+			}
+		}
+	}
+}

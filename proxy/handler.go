@@ -1,0 +1,285 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-proxy/sluice/limiter"
+	"github.com/sluice-proxy/sluice/routing"
+)
+
+// Limiter admits and settles requests against tenant limits; see
+// limiter.Limiter.
+type Limiter interface {
+	Admit(ctx context.Context, req limiter.Request) (limiter.Decision, error)
+	Settle(ctx context.Context, t *limiter.Ticket, u limiter.Usage) error
+}
+
+// State is the part of the handler that a config reload replaces as a whole.
+type State struct {
+	Config  Config
+	Tenants *Tenants
+	Routes  *routing.Table
+	// Limiter enforces tenant limits. Nil means no limits.
+	Limiter Limiter
+}
+
+// Options configures a Handler.
+type Options struct {
+	// Region is sent to clients as X-Sluice-Region. Empty means none.
+	Region string
+	// Log receives the access log and errors. Nil means slog.Default().
+	Log *slog.Logger
+	// Metrics records request metrics. Nil means none.
+	Metrics *Metrics
+	// Transport carries requests to backends. Nil means NewTransport(cfg).
+	Transport http.RoundTripper
+}
+
+// Handler is the request pipeline: intake, auth, route, admission, pick,
+// forward and relay. It is safe for simultaneous use by multiple goroutines.
+type Handler struct {
+	state     atomic.Pointer[State]
+	region    string
+	log       *slog.Logger
+	metrics   *Metrics
+	transport http.RoundTripper
+}
+
+// NewHandler builds a handler serving st.
+func NewHandler(st *State, opts Options) *Handler {
+	h := &Handler{region: opts.Region, log: opts.Log, metrics: opts.Metrics, transport: opts.Transport}
+	if h.log == nil {
+		h.log = slog.Default()
+	}
+	if h.transport == nil {
+		h.transport = NewTransport(st.Config)
+	}
+	st.Config = st.Config.WithDefaults()
+	h.state.Store(st)
+	return h
+}
+
+// Swap replaces the handler's state; requests already running keep the
+// state they started with.
+func (h *Handler) Swap(st *State) {
+	st.Config = st.Config.WithDefaults()
+	h.state.Store(st)
+}
+
+// State returns the state new requests use.
+func (h *Handler) State() *State { return h.state.Load() }
+
+// ServeHTTP runs one request through the pipeline.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	x := &exchange{h: h, st: h.state.Load(), w: w, r: r, start: time.Now()}
+	x.id = requestID(r.Header.Get("X-Request-Id"))
+	hdr := w.Header()
+	hdr.Set("X-Request-Id", x.id)
+	if h.region != "" {
+		hdr.Set("X-Sluice-Region", h.region)
+	}
+	if h.metrics != nil {
+		h.metrics.inflight.Inc()
+		defer h.metrics.inflight.Dec()
+	}
+	defer x.finish()
+	if err := x.serve(); err != nil {
+		x.fail(err)
+	}
+}
+
+// exchange is one request's journey through the pipeline.
+type exchange struct {
+	h   *Handler
+	st  *State
+	w   http.ResponseWriter
+	r   *http.Request
+	id  string
+	err error
+
+	tenant  *Tenant
+	route   *routing.Route
+	body    []byte
+	meta    requestMeta
+	ticket  *limiter.Ticket
+	backend *routing.Backend
+
+	// Marks on the request's timeline (monotonic clock).
+	start, bodyRead, authDone, admitted, picked, upstreamHeaders, firstToken, lastToken time.Time
+
+	status      int   // sent to the client; 0 until headers are written
+	events      int64 // data events relayed
+	usage       *limiter.Usage
+	retries     int
+	clientGone  bool
+	bytesToUser int64
+}
+
+func (x *exchange) serve() error {
+	r := x.r
+	// The key may come from the query only on routes that allow it, so
+	// find the path's route first (without the model) to learn that.
+	pre, _ := x.st.Routes.Match(r.Host, r.URL.Path, "")
+	allowQuery := pre != nil && pre.AllowQueryKey
+	x.tenant = x.st.Tenants.Lookup(apiKey(r, allowQuery))
+	x.authDone = time.Now()
+	if x.tenant == nil {
+		return &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
+			Message: "missing or unknown API key (send Authorization: Bearer <key>)"}
+	}
+	if pre == nil {
+		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
+			Message: "unknown path " + strconv.Quote(r.URL.Path)}
+	}
+	if pre.Kind == routing.KindOpenAI && r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/models") {
+		if models := x.st.Routes.Models(r.Host); len(models) > 0 {
+			writeModels(x.w, models)
+			x.status = http.StatusOK
+			return nil
+		}
+	}
+	if err := x.intake(pre); err != nil {
+		return err
+	}
+	if err := x.admit(); err != nil {
+		return err
+	}
+	return x.forward()
+}
+
+// intake reads the body and matches the route with the request's model.
+func (x *exchange) intake(pre *routing.Route) error {
+	r := x.r
+	if r.Body != nil && r.Body != http.NoBody {
+		body, err := readBody(x.w, r, int64(x.st.Config.MaxBodyBytes))
+		if err != nil {
+			return err
+		}
+		x.body = body
+	}
+	x.bodyRead = time.Now()
+	x.route = pre
+	if pre.Kind != routing.KindOpenAI || r.Method != http.MethodPost || !isJSON(r) {
+		return nil
+	}
+	meta, body, err := parseOpenAI(x.body)
+	if err != nil {
+		return err
+	}
+	x.meta, x.body = meta, body
+	route, err := x.st.Routes.Match(r.Host, r.URL.Path, meta.Model)
+	if err != nil {
+		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
+			Message: "the model " + strconv.Quote(meta.Model) + " does not exist or is not served here"}
+	}
+	x.route = route
+	return nil
+}
+
+// admit asks the limiter whether the request may start.
+func (x *exchange) admit() error {
+	defer func() { x.admitted = time.Now() }()
+	lim := x.st.Limiter
+	if lim == nil {
+		return nil
+	}
+	d, err := lim.Admit(x.r.Context(), limiter.Request{
+		ID: x.id, Tenant: x.tenant.ID, Model: x.meta.Model, Limits: x.tenant.Limits,
+		InputTokens: x.meta.InputTokens, OutputTokens: x.meta.OutputTokens,
+	})
+	if err != nil {
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "limiter_unavailable",
+			Message: "the rate limiter could not decide; retry", RetryAfter: 1}
+	}
+	limiter.SetHeaders(x.w.Header(), d)
+	if !d.Allowed {
+		return &refusal{d: d}
+	}
+	x.ticket = d.Ticket
+	return nil
+}
+
+// fail answers err unless the response has already started.
+func (x *exchange) fail(err error) {
+	x.err = err
+	if x.status != 0 {
+		return
+	}
+	if cause := context.Cause(x.r.Context()); cause != nil {
+		err = cause
+		x.err = err
+	}
+	if rf, ok := err.(*refusal); ok {
+		x.status = rf.write(x.w)
+		return
+	}
+	ae := statusOf(err)
+	x.status = ae.Status
+	writeError(x.w, ae)
+}
+
+// finish settles the request's tokens and writes the access log.
+func (x *exchange) finish() {
+	if x.ticket != nil {
+		u := limiter.Usage{InputTokens: x.meta.InputTokens, OutputTokens: x.events}
+		if x.usage != nil {
+			u = *x.usage
+		}
+		// Settle even when the client is gone: use a fresh, short context.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), time.Second)
+		if err := x.st.Limiter.Settle(ctx, x.ticket, u); err != nil {
+			x.h.log.Warn("settle failed", "request_id", x.id, "err", err)
+		}
+		cancel()
+	}
+	x.h.observe(x)
+}
+
+// requestID returns the client's id when it is sane, else a new one.
+func requestID(in string) string {
+	if n := len(in); n > 0 && n <= 128 {
+		ok := true
+		for i := 0; i < n; i++ {
+			if c := in[i]; c <= ' ' || c > '~' {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return in
+		}
+	}
+	return newID()
+}
+
+// clientIP is the address of the connection's peer.
+func clientIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// refusal is a limiter refusal (429, or 503 when the store failed closed).
+type refusal struct{ d limiter.Decision }
+
+func (r *refusal) Error() string { return "refused by limit " + r.d.Reason }
+
+func (r *refusal) write(w http.ResponseWriter) int {
+	status := http.StatusTooManyRequests
+	if r.d.Reason == "store" {
+		status = http.StatusServiceUnavailable
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(limiter.ErrorBody(r.d), '\n'))
+	return status
+}

@@ -1,0 +1,41 @@
+package proxy
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"math/rand/v2"
+	"net/http"
+)
+
+// writeModels answers GET /v1/models from the route table.
+func writeModels(w http.ResponseWriter, models []string) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	list := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list"}
+	for _, m := range models {
+		list.Data = append(list.Data, model{ID: m, Object: "model", OwnedBy: "sluice"})
+	}
+	b, _ := json.Marshal(list)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	w.Write(append(b, '\n'))
+}
+
+// newID returns a random 128-bit request id in hex.
+func newID() string {
+	var b [16]byte
+	for i := 0; i < 16; i += 8 {
+		v := rand.Uint64()
+		for j := 0; j < 8; j++ {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,293 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sluice-proxy/sluice/limiter"
+)
+
+// maxEventBytes bounds one SSE event from a backend.
+const maxEventBytes = 1 << 20
+
+var (
+	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
+	eventPool  = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+)
+
+// relayOpenAI relays an OpenAI SSE stream event by event, flushing each as
+// it arrives. Response headers are held until the first event so that a
+// backend failing before it can still be retried elsewhere. It records the
+// usage chunk and removes it when the client did not ask for it.
+func (x *exchange) relayOpenAI(ctx context.Context, resp *http.Response, wd *watchdog) error {
+	br := readerPool.Get().(*bufio.Reader)
+	br.Reset(resp.Body)
+	defer func() { br.Reset(nil); readerPool.Put(br) }()
+	bufp := eventPool.Get().(*[]byte)
+	defer eventPool.Put(bufp)
+	rc := http.NewResponseController(x.w)
+	idle := x.st.Config.StreamIdleTimeout
+
+	for {
+		ev, err := readEvent(br, (*bufp)[:0])
+		*bufp = ev[:0]
+		if err != nil {
+			return x.streamFailed(ctx, causeOf(ctx, err))
+		}
+		data := eventData(ev)
+		now := time.Now()
+		if x.status == 0 {
+			if data == nil {
+				continue // keep-alive comments are not a first token
+			}
+			x.commit(resp.Header, true)
+			x.firstToken = now
+			x.backend.Report(true, now)
+		}
+		wd.tick(idle)
+		switch {
+		case data == nil: // comment, retry or id only: pass on
+		case bytes.Equal(data, doneMarker):
+			x.lastToken = now
+			if !x.send(rc, ev) {
+				return context.Canceled
+			}
+			x.drainAfterDone(br, wd)
+			return nil
+		default:
+			if u, usageOnly := usageOf(data); u != nil {
+				x.usage = u
+				if usageOnly && !x.meta.ClientUsage {
+					continue
+				}
+			} else {
+				x.events++
+			}
+			x.lastToken = now
+		}
+		if !x.send(rc, ev) {
+			return context.Canceled
+		}
+	}
+}
+
+// send writes one event and flushes it; false means the client is gone.
+func (x *exchange) send(rc *http.ResponseController, ev []byte) bool {
+	n, err := x.w.Write(ev)
+	x.bytesToUser += int64(n)
+	if err == nil {
+		err = rc.Flush()
+	}
+	if err != nil {
+		x.clientGone = true
+		return false
+	}
+	return true
+}
+
+// drainAfterDone reads the end of the backend's body after [DONE] so the
+// connection can be reused, giving it little time.
+func (x *exchange) drainAfterDone(br *bufio.Reader, wd *watchdog) {
+	wd.tick(100 * time.Millisecond)
+	io.Copy(io.Discard, io.LimitReader(br, 64<<10))
+}
+
+// streamFailed handles a backend error while relaying. Before the first
+// event the error goes back to forward (which retries); after it, the
+// client's stream ends with an error event.
+func (x *exchange) streamFailed(ctx context.Context, err error) error {
+	if x.status == 0 {
+		if x.r.Context().Err() == nil && !errors.Is(err, errDraining) {
+			x.backend.Report(false, time.Now())
+		}
+		return err
+	}
+	if cause := context.Cause(x.r.Context()); cause != nil {
+		err = cause // the client went away, or the node is draining
+	}
+	if !errors.Is(err, context.Canceled) && !x.clientGone {
+		x.send(http.NewResponseController(x.w), sseError(statusOf(err)))
+	}
+	return err
+}
+
+// commit sends the response headers. For streams it drops Content-Length
+// (the stream is edited) and marks the response as unbuffered.
+func (x *exchange) commit(upstream http.Header, stream bool) {
+	h := x.w.Header()
+	copyResponseHeader(h, upstream)
+	if stream {
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no")
+	}
+	x.status = http.StatusOK
+	x.w.WriteHeader(http.StatusOK)
+}
+
+// relayRaw relays a generic event stream byte for byte: headers at once (an
+// idle EventSource must see them), every read flushed as it arrives.
+func (x *exchange) relayRaw(ctx context.Context, resp *http.Response, wd *watchdog) error {
+	wd.stop() // generic streams may idle for long; TCP keep-alive watches them
+	x.commit(resp.Header, true)
+	x.backend.Report(true, time.Now())
+	rc := http.NewResponseController(x.w)
+	if rc.Flush() != nil {
+		return context.Canceled
+	}
+	bufp := eventPool.Get().(*[]byte)
+	defer eventPool.Put(bufp)
+	buf := (*bufp)[:cap(*bufp)]
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if x.firstToken.IsZero() {
+				x.firstToken = time.Now()
+			}
+			x.events++
+			if !x.send(rc, buf[:n]) {
+				return context.Canceled
+			}
+		}
+		if err == io.EOF {
+			x.lastToken = time.Now()
+			return nil
+		}
+		if err != nil {
+			return x.streamFailed(ctx, causeOf(ctx, err))
+		}
+	}
+}
+
+// relayBody delivers a non-streamed response whole, reading it within the
+// first-token deadline so that a failure can still be retried.
+func (x *exchange) relayBody(ctx context.Context, resp *http.Response) error {
+	limit := int64(x.st.Config.MaxResponseBytes)
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		x.backend.Report(false, time.Now())
+		return causeOf(ctx, err)
+	}
+	if int64(len(body)) > limit {
+		return errResponseTooLarge
+	}
+	now := time.Now()
+	x.firstToken, x.lastToken = now, now
+	if resp.StatusCode < 400 {
+		x.backend.Report(true, now)
+		if u, _ := usageOf(body); u != nil {
+			x.usage = u
+		}
+	}
+	x.passThrough(resp, body)
+	return nil
+}
+
+// passThrough answers with a backend's status, headers and whole body.
+func (x *exchange) passThrough(resp *http.Response, body []byte) {
+	h := x.w.Header()
+	copyResponseHeader(h, resp.Header)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	x.status = resp.StatusCode
+	x.w.WriteHeader(resp.StatusCode)
+	n, _ := x.w.Write(body)
+	x.bytesToUser += int64(n)
+}
+
+var (
+	doneMarker = []byte("[DONE]")
+	dataPrefix = []byte("data:")
+	usageKey   = []byte(`"usage":`)
+)
+
+// readEvent appends the next SSE event to buf: its lines up to and including
+// the blank line that ends it. A stream that ends (before [DONE], which the
+// caller stops at) gives errStreamCut.
+func readEvent(br *bufio.Reader, buf []byte) ([]byte, error) {
+	continued := false // the previous read ended inside a long line
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(buf)+len(line) > maxEventBytes {
+			return buf, errEventTooLarge
+		}
+		buf = append(buf, line...)
+		switch {
+		case err == bufio.ErrBufferFull:
+			continued = true
+			continue
+		case err == io.EOF:
+			return buf, errStreamCut
+		case err != nil:
+			return buf, err
+		}
+		blank := !continued && (len(line) == 1 || (len(line) == 2 && line[0] == '\r'))
+		continued = false
+		if blank {
+			if len(buf) > len(line) {
+				return buf, nil
+			}
+			buf = buf[:0] // stray blank line between events
+		}
+	}
+}
+
+// eventData returns the payload of an event's data lines (joined with "\n"
+// when there are several), or nil when it has none.
+func eventData(ev []byte) []byte {
+	var out []byte
+	n := 0
+	for len(ev) > 0 {
+		line := ev
+		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
+			line, ev = ev[:i], ev[i+1:]
+		} else {
+			ev = nil
+		}
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		if !bytes.HasPrefix(line, dataPrefix) {
+			continue
+		}
+		payload := line[len(dataPrefix):]
+		if len(payload) > 0 && payload[0] == ' ' {
+			payload = payload[1:]
+		}
+		if n == 0 {
+			out = payload
+		} else {
+			out = append(append(append([]byte(nil), out...), '\n'), payload...)
+		}
+		n++
+	}
+	return out
+}
+
+// usageOf finds an OpenAI usage object in a chunk or body. usageOnly tells
+// that the chunk carries no choices (the include_usage chunk).
+func usageOf(data []byte) (u *limiter.Usage, usageOnly bool) {
+	i := bytes.Index(data, usageKey)
+	if i < 0 {
+		return nil, false
+	}
+	rest := bytes.TrimLeft(data[i+len(usageKey):], " ")
+	if len(rest) == 0 || rest[0] != '{' {
+		return nil, false // "usage":null
+	}
+	var c struct {
+		Choices []json.RawMessage `json:"choices"`
+		Usage   *struct {
+			PromptTokens     int64 `json:"prompt_tokens"`
+			CompletionTokens int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(data, &c) != nil || c.Usage == nil {
+		return nil, false
+	}
+	return &limiter.Usage{InputTokens: c.Usage.PromptTokens, OutputTokens: c.Usage.CompletionTokens}, len(c.Choices) == 0
+}
