@@ -84,7 +84,16 @@ func (d *decoder) errorf(p Pos, format string, args ...any) {
 	d.errs = append(d.errs, &Error{File: d.file, Pos: p, Msg: fmt.Sprintf(format, args...)})
 }
 
+// nodePos is where a node starts; a mapping starts at its first key.
 func nodePos(n ast.Node) Pos {
+	switch m := n.(type) {
+	case *ast.MappingNode:
+		if len(m.Values) > 0 {
+			return nodePos(m.Values[0].Key)
+		}
+	case *ast.MappingValueNode:
+		return nodePos(m.Key)
+	}
 	if n == nil || n.GetToken() == nil {
 		return Pos{}
 	}

@@ -1,0 +1,227 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/internal/gpusim"
+	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/routing"
+)
+
+const testKey = "sk-test-key"
+
+// fastSim is a simulator configuration quick enough for unit tests.
+func fastSim() gpusim.Config {
+	return gpusim.Config{
+		Model: "sim-small", MaxBatch: 8, StepBase: 10 * time.Millisecond, StepPerSeq: time.Millisecond,
+		PrefillBase: 5 * time.Millisecond, PrefillPerToken: 100 * time.Microsecond, DefaultMaxTokens: 16, Seed: 1,
+	}
+}
+
+// startSim runs a real simulator on a loopback listener.
+func startSim(t testing.TB, cfg gpusim.Config) (*gpusim.Sim, string) {
+	t.Helper()
+	sim := gpusim.New(cfg)
+	srv := httptest.NewServer(sim)
+	t.Cleanup(func() { srv.Close(); sim.Close() })
+	return sim, srv.URL
+}
+
+// testEdge is a Sluice handler on real listeners in front of real backends.
+type testEdge struct {
+	handler *proxy.Handler
+	server  *proxy.Server
+	http    string // http://host:port (HTTP/1.1 and h2c)
+	https   string // https://host:port (HTTP/1.1 and h2)
+}
+
+type edgeOpts struct {
+	pool   routing.PoolConfig
+	routes []routing.RouteConfig
+	proxy  proxy.Config
+	extra  []routing.PoolConfig
+}
+
+// startEdge serves a handler for one pool of backends with the given routes
+// (default: one OpenAI route for /v1/).
+func startEdge(t testing.TB, o edgeOpts) *testEdge {
+	t.Helper()
+	if o.pool.Name == "" {
+		o.pool.Name = "p"
+	}
+	pools := map[string]*routing.Pool{}
+	for _, pc := range append([]routing.PoolConfig{o.pool}, o.extra...) {
+		p, err := routing.NewPool(pc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pools[pc.Name] = p
+	}
+	if len(o.routes) == 0 {
+		o.routes = []routing.RouteConfig{{Pool: o.pool.Name}}
+	}
+	var routes []*routing.Route
+	for _, rc := range o.routes {
+		routes = append(routes, &routing.Route{RouteConfig: rc.WithDefaults(), Pool: pools[rc.Pool]})
+	}
+	st := &proxy.State{
+		Config: o.proxy,
+		Tenants: proxy.NewTenants([]proxy.TenantConfig{
+			{ID: "t1", Keys: []string{proxy.HashKey(testKey)}},
+		}),
+		Routes: routing.NewTable(routes),
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log})
+	srv := &proxy.Server{
+		Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: testTLSConfig(t), Log: log,
+	}
+	if err := srv.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve()
+	t.Cleanup(func() { srv.Close() })
+	return &testEdge{
+		handler: h, server: srv,
+		http:  "http://" + srv.Addr(proxy.ListenerHTTP),
+		https: "https://" + srv.Addr(proxy.ListenerHTTPS),
+	}
+}
+
+// testTLSConfig uses httptest's certificate for the TLS listener.
+func testTLSConfig(t testing.TB) *tls.Config {
+	s := httptest.NewUnstartedServer(nil)
+	s.StartTLS()
+	cfg := s.TLS.Clone()
+	s.Close()
+	cfg.NextProtos = []string{"h2", "http/1.1"}
+	return cfg
+}
+
+func poolOf(urls ...string) routing.PoolConfig {
+	pc := routing.PoolConfig{Name: "p"}
+	for _, u := range urls {
+		pc.Backends = append(pc.Backends, routing.BackendConfig{URL: u})
+	}
+	return pc
+}
+
+// clients for each protocol under test.
+func h1Client() *http.Client {
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+}
+
+func h2cClient() *http.Client {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: &p}}
+}
+
+func h2Client() *http.Client {
+	var p http.Protocols
+	p.SetHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: &p, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+}
+
+func chatBody(extra string) string {
+	b := `{"model":"sim-small","stream":true,"max_tokens":12,"messages":[{"role":"user","content":"hello there"}]`
+	if extra != "" {
+		b += "," + extra
+	}
+	return b + "}"
+}
+
+func post(t testing.TB, c *http.Client, url, body string, hdr ...string) *http.Response {
+	t.Helper()
+	return postCtx(t, context.Background(), c, url, body, hdr...)
+}
+
+func postCtx(t testing.TB, ctx context.Context, c *http.Client, url, body string, hdr ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i+1] == "" {
+			req.Header.Del(hdr[i])
+		} else {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// sseEvent is one event as the client received it.
+type sseEvent struct {
+	name string
+	data string
+	at   time.Time
+}
+
+// readEvents reads a whole SSE body, stamping each event's arrival.
+func readEvents(t testing.TB, body io.Reader) (events []sseEvent, done bool) {
+	t.Helper()
+	br := bufio.NewReader(body)
+	var cur sseEvent
+	for {
+		line, err := br.ReadString('\n')
+		line = strings.TrimRight(line, "\r\n")
+		switch {
+		case strings.HasPrefix(line, "data:"):
+			cur.data = strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " ")
+			cur.at = time.Now()
+		case strings.HasPrefix(line, "event:"):
+			cur.name = strings.TrimSpace(strings.TrimPrefix(line, "event:"))
+		case line == "" && (cur.data != "" || cur.name != ""):
+			if cur.data == "[DONE]" {
+				done = true
+			} else {
+				events = append(events, cur)
+			}
+			cur = sseEvent{}
+		}
+		if err != nil {
+			return events, done
+		}
+	}
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// closedURL is a loopback URL where nothing listens.
+func closedURL(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return "http://" + addr
+}
