@@ -26,7 +26,8 @@ type Store struct {
 	poll       time.Duration // <= 0: no polling
 	debounce   time.Duration
 	now        func() time.Time
-	noWatch    bool // tests: poll only
+	noWatch    bool   // tests: poll only
+	watching   func() // tests: called once the watcher is set up
 
 	cur     atomic.Pointer[index]
 	running atomic.Bool

@@ -31,6 +31,9 @@ func (s *Store) Run(ctx context.Context) error {
 	if w != nil {
 		defer w.Close()
 	}
+	if s.watching != nil {
+		s.watching()
+	}
 	s.loop(ctx, w, dirs)
 	return nil
 }
