@@ -30,7 +30,7 @@ type testCA struct {
 	pool *x509.CertPool
 }
 
-func newTestCA(t *testing.T) *testCA {
+func newTestCA(t testing.TB) *testCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -81,7 +81,7 @@ func nextSerial() *big.Int {
 }
 
 // issue returns PEM certificate and key for spec, signed by ca.
-func (ca *testCA) issue(t *testing.T, spec leafSpec) (certPEM, keyPEM []byte) {
+func (ca *testCA) issue(t testing.TB, spec leafSpec) (certPEM, keyPEM []byte) {
 	t.Helper()
 	if spec.notBefore.IsZero() {
 		spec.notBefore = time.Now().Add(-time.Hour)
@@ -109,7 +109,7 @@ func (ca *testCA) issue(t *testing.T, spec leafSpec) (certPEM, keyPEM []byte) {
 	return certPEM, keyPEM
 }
 
-func newTestKey(t *testing.T, useRSA bool) (pub any, der []byte, pemType string) {
+func newTestKey(t testing.TB, useRSA bool) (pub any, der []byte, pemType string) {
 	t.Helper()
 	if useRSA {
 		k, err := rsa.GenerateKey(rand.Reader, 2048)
@@ -130,7 +130,7 @@ func newTestKey(t *testing.T, useRSA bool) (pub any, der []byte, pemType string)
 }
 
 // writePair writes dir/name.crt and dir/name.key.
-func writePair(t *testing.T, dir, name string, certPEM, keyPEM []byte) Pair {
+func writePair(t testing.TB, dir, name string, certPEM, keyPEM []byte) Pair {
 	t.Helper()
 	p := Pair{CertFile: filepath.Join(dir, name+".crt"), KeyFile: filepath.Join(dir, name+".key")}
 	writeFile(t, p.CertFile, certPEM)
@@ -138,7 +138,7 @@ func writePair(t *testing.T, dir, name string, certPEM, keyPEM []byte) Pair {
 	return p
 }
 
-func writeFile(t *testing.T, path string, data []byte) {
+func writeFile(t testing.TB, path string, data []byte) {
 	t.Helper()
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		t.Fatal(err)
@@ -147,7 +147,7 @@ func writeFile(t *testing.T, path string, data []byte) {
 
 // renameInto writes data to a temporary file beside path and renames it
 // over path, as atomic deploy tools do.
-func renameInto(t *testing.T, path string, data []byte) {
+func renameInto(t testing.TB, path string, data []byte) {
 	t.Helper()
 	tmp := path + ".tmp"
 	writeFile(t, tmp, data)
@@ -158,7 +158,7 @@ func renameInto(t *testing.T, path string, data []byte) {
 
 // serveTLS runs a TLS echo server on 127.0.0.1 until the test ends and
 // returns its address.
-func serveTLS(t *testing.T, cfg *tls.Config) string {
+func serveTLS(t testing.TB, cfg *tls.Config) string {
 	t.Helper()
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
 	if err != nil {
@@ -218,7 +218,7 @@ func dial(addr, serverName string, roots *x509.CertPool, mod func(*tls.Config)) 
 }
 
 // peerCN handshakes and returns the common name of the served leaf.
-func peerCN(t *testing.T, addr, serverName string) string {
+func peerCN(t testing.TB, addr, serverName string) string {
 	t.Helper()
 	c, err := dial(addr, serverName, nil, nil)
 	if err != nil {
@@ -247,7 +247,7 @@ func roundTrip(c net.Conn, msg string) error {
 }
 
 // eventually polls cond every 20ms until it holds or 10s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
@@ -260,7 +260,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 // runStore runs s.Run until the test ends; it returns once the watcher
 // is set up.
-func runStore(t *testing.T, s *Store) {
+func runStore(t testing.TB, s *Store) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})

@@ -52,8 +52,8 @@ func appendOnce(list []*tls.Certificate, c *tls.Certificate) []*tls.Certificate 
 }
 
 // lookup picks the certificate for hello: exact SNI name, then a wildcard
-// for the first label, then (without SNI, or for an IP literal in SNI) an IP
-// SAN of the address the client dialled, then the default.
+// for the first label (or, for an IP literal in SNI, an IP SAN); without
+// SNI, an IP SAN of the address the client dialled; else the first pair.
 func (ix *index) lookup(hello *tls.ClientHelloInfo) *tls.Certificate {
 	name := normalizeName(hello.ServerName)
 	if name != "" {
@@ -65,12 +65,17 @@ func (ix *index) lookup(hello *tls.ClientHelloInfo) *tls.Certificate {
 			return c
 		}
 	}
-	return ix.pick(hello, ix.certs)
+	if len(ix.certs) == 0 {
+		return nil
+	}
+	return ix.certs[0]
 }
 
 func (ix *index) byName(hello *tls.ClientHelloInfo, name string) *tls.Certificate {
-	if a, err := netip.ParseAddr(name); err == nil {
-		return ix.pick(hello, ix.ips[a.Unmap()])
+	if mayBeIP(name) {
+		if a, err := netip.ParseAddr(name); err == nil {
+			return ix.pick(hello, ix.ips[a.Unmap()])
+		}
 	}
 	if c := ix.pick(hello, ix.exact[name]); c != nil {
 		return c
@@ -114,6 +119,15 @@ func localAddr(hello *tls.ClientHelloInfo) (netip.Addr, bool) {
 	}
 	addr, ok := netip.AddrFromSlice(ip)
 	return addr.Unmap(), ok
+}
+
+// mayBeIP is a cheap test before netip.ParseAddr, whose error allocates:
+// IPv6 literals contain a colon and IPv4 literals end in a digit, which DNS
+// names rarely do (those that do are parsed, rejected, and looked up as names).
+// name is not empty.
+func mayBeIP(name string) bool {
+	last := name[len(name)-1]
+	return strings.IndexByte(name, ':') >= 0 || ('0' <= last && last <= '9')
 }
 
 // normalizeName lower-cases a DNS name and drops a trailing dot.
