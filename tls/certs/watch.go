@@ -23,23 +23,26 @@ func (s *Store) Run(ctx context.Context) error {
 	}
 	defer s.running.Store(false)
 	dirs := s.watchDirs()
-	if len(dirs) == 0 {
-		<-ctx.Done() // development certificate only: nothing to watch
-		return nil
+	var w *fsnotify.Watcher
+	if len(dirs) > 0 {
+		w = s.newWatcher(dirs)
 	}
-	w := s.newWatcher(dirs)
 	if w != nil {
 		defer w.Close()
 	}
 	if s.watching != nil {
 		s.watching()
 	}
-	s.loop(ctx, w, dirs)
+	if len(dirs) == 0 {
+		<-ctx.Done() // development certificate only: nothing to watch
+		return nil
+	}
+	s.loop(ctx, w)
 	return nil
 }
 
 // loop is Run's event loop; it exits when ctx is done.
-func (s *Store) loop(ctx context.Context, w *fsnotify.Watcher, dirs []string) {
+func (s *Store) loop(ctx context.Context, w *fsnotify.Watcher) {
 	var events <-chan fsnotify.Event
 	var errs <-chan error
 	if w != nil {
@@ -51,9 +54,8 @@ func (s *Store) loop(ctx context.Context, w *fsnotify.Watcher, dirs []string) {
 		defer poll.Stop()
 		pollC = poll.C
 	}
-	debounce := time.NewTimer(time.Hour)
-	debounce.Stop()
-	defer debounce.Stop()
+	d := newDebouncer(s.debounce, maxDebounce)
+	defer d.stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -62,23 +64,56 @@ func (s *Store) loop(ctx context.Context, w *fsnotify.Watcher, dirs []string) {
 			if !ok {
 				events = nil
 			} else if ev.Op != fsnotify.Chmod {
-				debounce.Reset(s.debounce)
+				d.touch()
 			}
 		case err, ok := <-errs:
 			if !ok {
 				errs = nil
 			} else {
 				s.log.Warn("tls certificate watcher error; checking files", "err", err)
-				debounce.Reset(s.debounce)
+				d.touch()
 			}
-		case <-debounce.C:
+		case <-d.timer.C:
+			d.fired()
 			_ = s.check(false) // failures are logged and counted by check
 		case <-pollC:
-			s.rewatch(w, dirs, slog.LevelDebug)
+			s.rewatch(w, s.watchDirs(), slog.LevelDebug)
 			_ = s.check(false)
 		}
 	}
 }
+
+// maxDebounce bounds how long a steady stream of events (say, a busy log
+// file in the same directory) can postpone a check.
+const maxDebounce = time.Second
+
+// debouncer fires its timer once events have paused for delay, or at the
+// latest max after the first event of a burst.
+type debouncer struct {
+	timer        *time.Timer
+	delay, max   time.Duration
+	pendingSince time.Time
+}
+
+func newDebouncer(delay, max time.Duration) *debouncer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &debouncer{timer: t, delay: delay, max: max}
+}
+
+func (d *debouncer) touch() {
+	now := time.Now()
+	if d.pendingSince.IsZero() {
+		d.pendingSince = now
+	} else if now.Sub(d.pendingSince) >= d.max {
+		return // let the pending timer fire
+	}
+	d.timer.Reset(d.delay)
+}
+
+func (d *debouncer) fired() { d.pendingSince = time.Time{} }
+
+func (d *debouncer) stop() { d.timer.Stop() }
 
 // watchDirs lists the directories holding the files, and the directories
 // of their symlink targets, without duplicates.
@@ -121,13 +156,19 @@ func (s *Store) newWatcher(dirs []string) *fsnotify.Watcher {
 	return w
 }
 
-// rewatch adds any directory not being watched (it may have been removed
-// and created again since), logging failures at level.
+// rewatch makes w watch exactly dirs: it adds directories not watched (new
+// symlink targets, or directories removed and created again) and drops
+// ones no longer needed, logging failures at level.
 func (s *Store) rewatch(w *fsnotify.Watcher, dirs []string, level slog.Level) {
 	if w == nil {
 		return
 	}
 	have := w.WatchList()
+	for _, d := range have {
+		if !slices.Contains(dirs, d) {
+			_ = w.Remove(d)
+		}
+	}
 	for _, d := range dirs {
 		if slices.Contains(have, d) {
 			continue
