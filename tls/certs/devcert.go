@@ -70,7 +70,7 @@ func (s *Store) addDevCert() error {
 	if err != nil {
 		return err
 	}
-	s.entries = append(s.entries, &entry{cert: c})
+	s.entries = append(s.entries, &entry{dev: true, cert: c})
 	s.devPEM = pemBytes
 	s.log.Info("tls development certificate generated",
 		"names", "localhost,127.0.0.1,::1", "not_after", c.Leaf.NotAfter.UTC(), "spki_pin", SPKIPin(c.Leaf))

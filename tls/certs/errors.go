@@ -11,7 +11,7 @@ var (
 	// development certificate.
 	ErrNoCertificates = errors.New("no certificates configured (set certificates or dev_cert)")
 	// ErrNotPEM: a file holds no PEM block of the expected type.
-	ErrNotPEM = errors.New("no PEM data of the expected type")
+	ErrNotPEM = errors.New("not PEM")
 	// ErrKeyMismatch: the private key does not belong to the certificate.
 	ErrKeyMismatch = errors.New("private key does not match the certificate")
 	// ErrExpired: the certificate's NotAfter has passed.
@@ -36,7 +36,7 @@ type FileError struct {
 
 func (e *FileError) Error() string {
 	if e.File == "" {
-		return fmt.Sprintf("%s file not set: %v", e.Kind, e.Err)
+		return e.Kind + " file not set"
 	}
 	return fmt.Sprintf("%s file %q: %v", e.Kind, e.File, e.Err)
 }

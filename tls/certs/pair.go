@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -81,20 +82,37 @@ func readPair(p Pair) (certPEM, keyPEM []byte, err error) {
 	return certPEM, keyPEM, nil
 }
 
+// maxFileSize bounds how much of a certificate or key file is read; real
+// chains are a few kilobytes.
+const maxFileSize = 1 << 20
+
 func readFile(name string) ([]byte, error) {
 	if name == "" {
 		return nil, errors.New("no file name given")
 	}
-	b, err := os.ReadFile(name)
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		// The path is already in the FileError; keep "reading: <cause>".
-		return nil, fmt.Errorf("reading: %w", pe.Err)
-	}
+	f, err := os.Open(name)
 	if err != nil {
-		return nil, fmt.Errorf("reading: %w", err)
+		return nil, fmt.Errorf("reading: %w", unwrapPath(err))
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading: %w", unwrapPath(err))
+	}
+	if len(b) > maxFileSize {
+		return nil, fmt.Errorf("reading: file is larger than %d bytes", maxFileSize)
 	}
 	return b, nil
+}
+
+// unwrapPath drops the path from an *fs.PathError: the FileError around it
+// already names the file.
+func unwrapPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // contentHash identifies the bytes of a pair, to notice changes.

@@ -27,6 +27,8 @@ func TestCheckPair(t *testing.T) {
 	garbage := writePair(t, dir, "garbage", []byte("not pem at all"), []byte("nor this"))
 	encrypted := writePair(t, dir, "enc", c, pem.EncodeToMemory(&pem.Block{
 		Type: "RSA PRIVATE KEY", Headers: map[string]string{"Proc-Type": "4,ENCRYPTED"}, Bytes: []byte{1}}))
+	huge := Pair{CertFile: filepath.Join(dir, "huge.crt"), KeyFile: good.KeyFile}
+	writeFile(t, huge.CertFile, make([]byte, maxFileSize+1))
 	now := time.Now()
 	for _, tc := range []struct {
 		name  string
@@ -39,6 +41,9 @@ func TestCheckPair(t *testing.T) {
 			fs.ErrNotExist, []string{`certificate file "` + filepath.Join(dir, "nope.crt"), "no such file"}},
 		{"missing key", Pair{CertFile: good.CertFile, KeyFile: filepath.Join(dir, "nope.key")}, now,
 			fs.ErrNotExist, []string{`key file "` + filepath.Join(dir, "nope.key")}},
+		{"cert is a directory", Pair{CertFile: dir, KeyFile: good.KeyFile}, now,
+			nil, []string{`certificate file "` + dir, "is a directory"}},
+		{"cert too large", huge, now, nil, []string{huge.CertFile, "larger than"}},
 		{"unset cert", Pair{KeyFile: good.KeyFile}, now, nil, []string{"certificate file not set"}},
 		{"cert not PEM", garbage, now, ErrNotPEM, []string{garbage.CertFile, "CERTIFICATE"}},
 		{"key not PEM", Pair{CertFile: good.CertFile, KeyFile: garbage.KeyFile}, now,

@@ -2,6 +2,7 @@ package certs
 
 import (
 	"crypto/sha256"
+	"crypto/tls"
 	"errors"
 	"fmt"
 )
@@ -23,8 +24,8 @@ func (s *Store) check(force bool) error {
 	var errs []error
 	changed := false
 	for _, e := range s.entries {
-		if e.pair == (Pair{}) {
-			continue // development certificate
+		if e.dev {
+			continue
 		}
 		swapped, err := s.checkEntry(e, force)
 		changed = changed || swapped
@@ -40,34 +41,32 @@ func (s *Store) check(force bool) error {
 // e.cert was replaced.
 func (s *Store) checkEntry(e *entry, force bool) (bool, error) {
 	certPEM, keyPEM, err := readPair(e.pair)
-	var seen [32]byte
+	seen := contentHash(certPEM, keyPEM)
 	if err != nil {
 		seen = sha256.Sum256([]byte(err.Error()))
-	} else {
-		seen = contentHash(certPEM, keyPEM)
 	}
-	if !force && seen == e.attempt {
+	if seen == e.attempt && !force {
 		return false, nil
 	}
 	e.attempt = seen
 	if err == nil && seen == e.loaded {
 		return false, nil
 	}
+	var c *tls.Certificate
 	if err == nil {
-		var c = e.cert
 		c, err = parsePair(e.pair, certPEM, keyPEM, s.now())
-		if err == nil {
-			e.cert, e.loaded = c, seen
-			s.met.reloads.Inc()
-			s.log.Info("tls certificate reloaded", "cert_file", e.pair.CertFile,
-				"names", primaryName(c), "not_after", c.Leaf.NotAfter.UTC(), "spki_pin", SPKIPin(c.Leaf))
-			return true, nil
-		}
 	}
-	s.met.reloadErrors.WithLabelValues(faultFile(e.pair, err)).Inc()
-	s.log.Warn("tls certificate reload failed; keeping the previous certificate",
-		"cert_file", e.pair.CertFile, "key_file", e.pair.KeyFile, "err", err)
-	return false, fmt.Errorf("reloading: %w", err)
+	if err != nil {
+		s.met.reloadErrors.WithLabelValues(faultFile(e.pair, err)).Inc()
+		s.log.Warn("tls certificate reload failed; keeping the previous certificate",
+			"cert_file", e.pair.CertFile, "key_file", e.pair.KeyFile, "err", err)
+		return false, fmt.Errorf("reloading: %w", err)
+	}
+	e.cert, e.loaded = c, seen
+	s.met.reloads.Inc()
+	s.log.Info("tls certificate reloaded", "cert_file", e.pair.CertFile,
+		"name", primaryName(c), "not_after", c.Leaf.NotAfter.UTC(), "spki_pin", SPKIPin(c.Leaf))
+	return true, nil
 }
 
 // faultFile is the file an error is about, for the error counter's label.

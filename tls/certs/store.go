@@ -35,11 +35,13 @@ type Store struct {
 	mu      sync.Mutex // serialises reloads; guards entries and exp
 	entries []*entry
 	exp     map[string]bool // label values of the expiry gauge in use
-	devPEM  []byte
+
+	devPEM []byte // set by New, never changed
 }
 
 // entry is one certificate source: a file pair, or the dev certificate.
 type entry struct {
+	dev     bool // the development certificate: nothing to reload
 	pair    Pair // zero for the dev certificate
 	cert    *tls.Certificate
 	loaded  [32]byte // content hash of what cert was built from
@@ -124,8 +126,9 @@ func (s *Store) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, er
 	return nil, errors.New("certs: no certificate available")
 }
 
-// Certificates returns the leaf certificates currently served, in config
-// order (the development certificate last).
+// Certificates returns the certificates currently served (each with its
+// parsed Leaf), in config order, the development certificate last. They are
+// shared with the Store and must not be modified.
 func (s *Store) Certificates() []*tls.Certificate {
 	return append([]*tls.Certificate(nil), s.cur.Load().certs...)
 }
@@ -148,8 +151,6 @@ func (s *Store) Pins() []string {
 // DevCertPEM returns the development certificate in PEM form (for
 // curl --cacert), or nil if the Store has none. The key is never exported.
 func (s *Store) DevCertPEM() []byte {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	return append([]byte(nil), s.devPEM...)
 }
 

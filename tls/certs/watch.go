@@ -132,7 +132,7 @@ func (s *Store) watchDirs() []string {
 		}
 	}
 	for _, e := range s.entries {
-		if e.pair != (Pair{}) {
+		if !e.dev {
 			add(e.pair.CertFile)
 			add(e.pair.KeyFile)
 		}
