@@ -231,3 +231,23 @@ func TestSharedRegistry(t *testing.T) {
 func remoteErr(err error, text string) bool {
 	return err != nil && strings.Contains(err.Error(), "remote error") && strings.Contains(err.Error(), text)
 }
+
+func TestGetCertificateWithoutConn(t *testing.T) {
+	f := newSNIFixture(t)
+	for _, tc := range []struct{ sni, want string }{
+		{"127.0.0.1", "ip"}, // an IP literal in SNI (non-conforming clients)
+		{"10.0.0.1", "default"},
+		{"api.example.com.", "exact"},
+		{"", "default"}, // no SNI and no connection to take the address from
+		{".", "default"},
+		{"123", "default"},
+	} {
+		c, err := f.store.GetCertificate(&tls.ClientHelloInfo{ServerName: tc.sni})
+		if err != nil {
+			t.Fatalf("GetCertificate(%q): %v", tc.sni, err)
+		}
+		if got := c.Leaf.Subject.CommonName; got != tc.want {
+			t.Errorf("GetCertificate(%q): got %q; want %q", tc.sni, got, tc.want)
+		}
+	}
+}
