@@ -61,8 +61,8 @@ func (v *validator) listeners() {
 		} else {
 			v.addr("listeners.https.addr", s.Addr)
 		}
-		if s.DevCert == (len(s.Certificates) > 0) {
-			v.errorf("listeners.https", "listeners.https: set either dev_cert: true or certificates")
+		if !s.DevCert && len(s.Certificates) == 0 {
+			v.errorf("listeners.https", "listeners.https: set certificates (cert_file, key_file) or dev_cert: true")
 		}
 		switch s.MinVersion {
 		case "", "1.2", "1.3":

@@ -93,7 +93,7 @@ func printBanner(w io.Writer, n *node, embedded bool) {
 	}
 	if a := n.server.Addr(proxy.ListenerHTTPS); a != "" {
 		fmt.Fprintf(w, "  https  https://%s   HTTP/1.1 and HTTP/2", a)
-		if pins := n.certs.Pins(); len(pins) > 0 {
+		if pins := n.certs.Pins(); cfg.Listeners.HTTPS.DevCert && len(pins) > 0 {
 			fmt.Fprintf(w, "; dev certificate, SPKI pin sha256//%s", pins[0])
 		}
 		fmt.Fprintln(w)
