@@ -55,6 +55,11 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 func (s *Sim) submit(ctx context.Context, q *seq) bool {
 	q.arrived = time.Now()
 	select {
+	case <-s.closing: // the events buffer would still take q
+		return false
+	default:
+	}
+	select {
 	case s.events <- seqEvent{q: q}:
 		return true
 	case <-ctx.Done():
