@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -64,9 +65,10 @@ type event struct {
 }
 
 // readEvents reads SSE events until EOF or [DONE]. It returns the events
-// (without [DONE]), whether [DONE] came, and the read error, if any.
-func readEvents(t testing.TB, body io.Reader) (evs []event, done bool, err error) {
-	t.Helper()
+// (without [DONE]), whether [DONE] came, and the read error, if any (also
+// for a line that is not SSE data, or data after [DONE]). It may run on
+// any goroutine.
+func readEvents(_ testing.TB, body io.Reader) (evs []event, done bool, err error) {
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -76,12 +78,12 @@ func readEvents(t testing.TB, body io.Reader) (evs []event, done bool, err error
 		}
 		data, ok := strings.CutPrefix(line, "data: ")
 		if !ok {
-			t.Fatalf("line %q is not an SSE data line", line)
+			return evs, false, fmt.Errorf("line %q is not an SSE data line", line)
 		}
 		if data == "[DONE]" {
 			for sc.Scan() {
 				if sc.Text() != "" {
-					t.Fatalf("data after [DONE]: %q", sc.Text())
+					return evs, true, fmt.Errorf("data after [DONE]: %q", sc.Text())
 				}
 			}
 			return evs, true, sc.Err()
