@@ -122,6 +122,9 @@ func (s *Sim) stream(w http.ResponseWriter, r *http.Request, j *job, q *seq, f f
 		for sent < avail {
 			rd.token(sent)
 			sent++
+			if len(rd.buf) >= maxPending && !s.write(w, rd) {
+				return
+			}
 			if sent == f.dieAfter {
 				s.flush(w, rc, rd)
 				s.failed.Add(1)
@@ -154,16 +157,30 @@ func (s *Sim) stream(w http.ResponseWriter, r *http.Request, j *job, q *seq, f f
 	}
 }
 
+// maxPending bounds the events a stream buffers before writing them, so a
+// reader far behind costs bounded memory.
+const maxPending = 32 << 10
+
+// write writes rd's pending events; false (counted as a cancel) when the
+// client is gone.
+func (s *Sim) write(w http.ResponseWriter, rd *renderer) bool {
+	if len(rd.buf) == 0 {
+		return true
+	}
+	_, err := w.Write(rd.buf)
+	rd.buf = rd.buf[:0]
+	if err != nil {
+		s.cancelled.Add(1)
+		return false
+	}
+	return true
+}
+
 // flush writes and flushes rd's pending events; false (counted as a
 // cancel) when the client is gone.
 func (s *Sim) flush(w http.ResponseWriter, rc *http.ResponseController, rd *renderer) bool {
-	if len(rd.buf) > 0 {
-		_, err := w.Write(rd.buf)
-		rd.buf = rd.buf[:0]
-		if err != nil {
-			s.cancelled.Add(1)
-			return false
-		}
+	if !s.write(w, rd) {
+		return false
 	}
 	if err := rc.Flush(); err != nil {
 		s.cancelled.Add(1)
