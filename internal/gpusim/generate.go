@@ -100,62 +100,80 @@ func abort() {
 // flushed as soon as it is produced. A reader that falls behind gets every
 // event produced meanwhile in one write.
 func (s *Sim) stream(w http.ResponseWriter, r *http.Request, j *job, q *seq, f faults) {
-	ctx := r.Context()
-	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	s.setLoadHeader(h)
 	w.WriteHeader(http.StatusOK)
-	rd := newRenderer(s.cfg.Model, j)
-	if !s.flush(w, rc, rd) {
+	st := &sseStream{s: s, w: w, rc: http.NewResponseController(w), rd: newRenderer(s.cfg.Model, j),
+		ctx: r.Context(), f: f, roleDue: j.chat}
+	if !st.flush() {
 		return
 	}
-	sent, stalled, roleDue := 0, false, j.chat
 	for {
 		done := q.finished.Load() // before produced: then produced is final
-		avail := min(int(q.produced.Load()), j.limit)
-		if roleDue && (avail > 0 || done) {
-			rd.role() // with the first token, as vLLM sends it
-			roleDue = false
-		}
-		for sent < avail {
-			rd.token(sent)
-			sent++
-			if len(rd.buf) >= maxPending && !s.write(w, rd) {
-				return
-			}
-			if sent == f.dieAfter {
-				s.flush(w, rc, rd)
-				s.failed.Add(1)
-				abort()
-			}
-			if sent == f.stallAfter && !stalled {
-				stalled = true
-				if !s.flush(w, rc, rd) || !s.stall(ctx, f.stallFor) {
-					return
-				}
-			}
-		}
-		if !s.flush(w, rc, rd) {
+		if !st.send(min(int(q.produced.Load()), j.limit), done) {
 			return
 		}
 		if done {
 			break
 		}
-		if !s.wait(ctx, q) {
+		if !s.wait(st.ctx, q) {
 			return
 		}
 	}
-	rd.finish(j.finish)
+	st.rd.finish(j.finish)
 	if j.includeUsage {
-		rd.usageChunk(j.prompt, j.limit)
+		st.rd.usageChunk(j.prompt, j.limit)
 	}
-	rd.buf = append(rd.buf, doneEvent...)
-	if s.flush(w, rc, rd) {
+	st.rd.buf = append(st.rd.buf, doneEvent...)
+	if st.flush() {
 		s.completed.Add(1)
 	}
 }
+
+// sseStream is one stream's writing state.
+type sseStream struct {
+	s       *Sim
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	rd      *renderer
+	ctx     context.Context
+	f       faults
+	sent    int  // tokens rendered
+	stalled bool // the stall has happened
+	roleDue bool // the chat role chunk is still to send
+}
+
+// send renders and flushes the tokens up to avail, applying die-after and
+// stall-after; false when the stream must end here.
+func (st *sseStream) send(avail int, done bool) bool {
+	if st.roleDue && (avail > 0 || done) {
+		st.rd.role() // with the first token, as vLLM sends it
+		st.roleDue = false
+	}
+	for st.sent < avail {
+		st.rd.token(st.sent)
+		st.sent++
+		if len(st.rd.buf) >= maxPending && !st.s.write(st.w, st.rd) {
+			return false
+		}
+		if st.sent == st.f.dieAfter {
+			st.flush()
+			st.s.failed.Add(1)
+			abort()
+		}
+		if st.sent == st.f.stallAfter && !st.stalled {
+			st.stalled = true
+			if !st.flush() || !st.s.stall(st.ctx, st.f.stallFor) {
+				return false
+			}
+		}
+	}
+	return st.flush()
+}
+
+func (st *sseStream) flush() bool { return st.s.flush(st.w, st.rc, st.rd) }
 
 // maxPending bounds the events a stream buffers before writing them, so a
 // reader far behind costs bounded memory.
