@@ -1,29 +1,40 @@
 package gpusim
 
-import "time"
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+)
 
 // Config describes one simulated GPU backend. Zero fields take the defaults
-// documented on each field (see Config.WithDefaults).
+// documented on each field (see Config.WithDefaults). For the duration knobs
+// whose zero value means "default", a negative value means "none" (0).
 type Config struct {
 	// Model is the model name served. Default "sim-small".
 	Model string `yaml:"model"`
 	// MaxBatch is how many sequences decode together. Default 8.
 	MaxBatch int `yaml:"max_batch"`
 	// StepBase + StepPerSeq × batch size is one decode step.
-	// Defaults 20ms and 2ms.
+	// Defaults 20ms and 2ms; negative means none.
 	StepBase   time.Duration `yaml:"step_base"`
 	StepPerSeq time.Duration `yaml:"step_per_seq"`
-	// PrefillPerToken × prompt tokens is the prefill cost. Default 1ms.
+	// PrefillPerToken × prompt tokens is the prefill cost. Default 1ms;
+	// negative means none.
 	PrefillPerToken time.Duration `yaml:"prefill_per_token"`
-	// PrefillBase is a fixed prefill cost per request. Default 100ms.
+	// PrefillBase is a fixed prefill cost per request. Default 100ms;
+	// negative means none.
 	PrefillBase time.Duration `yaml:"prefill_base"`
 	// DefaultMaxTokens is the output length when a request names no
-	// max_tokens. Default 64.
+	// max_tokens. Default 64. Such a request ends with finish_reason
+	// "stop" (the simulated end-of-sequence), one that reaches its own
+	// max_tokens with "length".
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
 	// Seed makes the generated text deterministic. Default 1.
 	Seed int64 `yaml:"seed"`
 	// FailBeforeFirst is the probability that a request fails with a 500
-	// before its first token. Default 0.
+	// before its first token. Default 0. The draws are a deterministic
+	// sequence from Seed, in request arrival order.
 	FailBeforeFirst float64 `yaml:"fail_before_first"`
 	// DieAfterTokens, when > 0, aborts every stream after that many tokens
 	// by closing the connection without [DONE].
@@ -32,6 +43,156 @@ type Config struct {
 	// closing) after that many tokens, for StallFor (0 = forever).
 	StallAfterTokens int           `yaml:"stall_after_tokens"`
 	StallFor         time.Duration `yaml:"stall_for"`
-	// SlowStart delays the response headers of every request.
+	// SlowStart delays the response headers of every request. Zero means
+	// no delay.
 	SlowStart time.Duration `yaml:"slow_start"`
+
+	// KVCacheTokens is the simulated KV-cache capacity in tokens. A
+	// sequence is admitted only when its prompt plus its max tokens fit
+	// beside the reservations of the running sequences (no preemption);
+	// a request that could never fit is refused with 400.
+	// vllm:kv_cache_usage_perc is the tokens held by running sequences
+	// (prompt + generated so far) over this capacity. Default 16384.
+	KVCacheTokens int `yaml:"kv_cache_tokens"`
+	// EmbeddingDim is the length of /v1/embeddings vectors. Default 64.
+	EmbeddingDim int `yaml:"embedding_dim"`
+	// LoadHeader, when true, adds an ORCA endpoint-load-metrics header
+	// (TEXT form, queue depth, running sequences, KV-cache usage) to every
+	// model-endpoint response. Default off.
+	LoadHeader bool `yaml:"load_header"`
+}
+
+// Defaults of the zero Config fields.
+const (
+	DefaultModel           = "sim-small"
+	DefaultMaxBatch        = 8
+	DefaultStepBase        = 20 * time.Millisecond
+	DefaultStepPerSeq      = 2 * time.Millisecond
+	DefaultPrefillPerToken = time.Millisecond
+	DefaultPrefillBase     = 100 * time.Millisecond
+	DefaultOutputTokens    = 64
+	DefaultSeed            = 1
+	DefaultKVCacheTokens   = 16384
+	DefaultEmbeddingDim    = 64
+)
+
+// WithDefaults returns c with every zero field set to its default and
+// every negative "none" duration set to 0.
+func (c Config) WithDefaults() Config {
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
+	c.StepBase = durationDefault(c.StepBase, DefaultStepBase)
+	c.StepPerSeq = durationDefault(c.StepPerSeq, DefaultStepPerSeq)
+	c.PrefillPerToken = durationDefault(c.PrefillPerToken, DefaultPrefillPerToken)
+	c.PrefillBase = durationDefault(c.PrefillBase, DefaultPrefillBase)
+	if c.DefaultMaxTokens == 0 {
+		c.DefaultMaxTokens = DefaultOutputTokens
+	}
+	if c.Seed == 0 {
+		c.Seed = DefaultSeed
+	}
+	if c.KVCacheTokens == 0 {
+		c.KVCacheTokens = DefaultKVCacheTokens
+	}
+	if c.EmbeddingDim == 0 {
+		c.EmbeddingDim = DefaultEmbeddingDim
+	}
+	return c
+}
+
+// durationDefault maps 0 to def and a negative value to 0.
+func durationDefault(d, def time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return 0
+	}
+	return d
+}
+
+// Validate reports every invalid field, joined. It accepts a Config before
+// or after WithDefaults.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.MaxBatch < 0 {
+		bad("max_batch: %d is negative", c.MaxBatch)
+	}
+	if c.DefaultMaxTokens < 0 {
+		bad("default_max_tokens: %d is negative", c.DefaultMaxTokens)
+	}
+	if !(c.FailBeforeFirst >= 0 && c.FailBeforeFirst <= 1) {
+		bad("fail_before_first: %v is not a probability in [0, 1]", c.FailBeforeFirst)
+	}
+	if c.DieAfterTokens < 0 {
+		bad("die_after_tokens: %d is negative", c.DieAfterTokens)
+	}
+	if c.StallAfterTokens < 0 {
+		bad("stall_after_tokens: %d is negative", c.StallAfterTokens)
+	}
+	if c.StallFor < 0 {
+		bad("stall_for: %v is negative", c.StallFor)
+	}
+	if c.SlowStart < 0 {
+		bad("slow_start: %v is negative", c.SlowStart)
+	}
+	if c.KVCacheTokens < 0 {
+		bad("kv_cache_tokens: %d is negative", c.KVCacheTokens)
+	}
+	if c.EmbeddingDim < 0 {
+		bad("embedding_dim: %d is negative", c.EmbeddingDim)
+	}
+	d := c.WithDefaults()
+	if d.KVCacheTokens > 0 && d.DefaultMaxTokens >= d.KVCacheTokens {
+		bad("default_max_tokens: %d does not fit in kv_cache_tokens %d", d.DefaultMaxTokens, d.KVCacheTokens)
+	}
+	return errors.Join(errs...)
+}
+
+// sanitized returns c with defaults applied and invalid values clamped to
+// the nearest valid one, so New never fails or panics on bad input.
+func (c Config) sanitized() Config {
+	c = c.WithDefaults()
+	c.MaxBatch = max(c.MaxBatch, 1)
+	c.DefaultMaxTokens = max(c.DefaultMaxTokens, 1)
+	c.FailBeforeFirst = min(max(c.FailBeforeFirst, 0), 1)
+	if c.FailBeforeFirst != c.FailBeforeFirst { // NaN
+		c.FailBeforeFirst = 0
+	}
+	c.DieAfterTokens = max(c.DieAfterTokens, 0)
+	c.StallAfterTokens = max(c.StallAfterTokens, 0)
+	c.StallFor = max(c.StallFor, 0)
+	c.SlowStart = max(c.SlowStart, 0)
+	c.KVCacheTokens = max(c.KVCacheTokens, c.DefaultMaxTokens+1)
+	c.EmbeddingDim = max(c.EmbeddingDim, 1)
+	return c
+}
+
+// RegisterFlags defines one flag per field on fs, writing into c. It first
+// sets c to c.WithDefaults(), so the flag defaults printed by -help are the
+// real ones. Durations are Go durations ("20ms"); for the step and prefill
+// durations 0 means the default and a negative value means none.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	*c = c.WithDefaults()
+	fs.StringVar(&c.Model, "model", c.Model, "model name served")
+	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "sequences that decode together")
+	fs.DurationVar(&c.StepBase, "step-base", c.StepBase, "fixed part of one decode step (negative: none)")
+	fs.DurationVar(&c.StepPerSeq, "step-per-seq", c.StepPerSeq, "decode step cost per sequence in the batch (negative: none)")
+	fs.DurationVar(&c.PrefillBase, "prefill-base", c.PrefillBase, "fixed prefill cost per request (negative: none)")
+	fs.DurationVar(&c.PrefillPerToken, "prefill-per-token", c.PrefillPerToken, "prefill cost per prompt token (negative: none)")
+	fs.IntVar(&c.DefaultMaxTokens, "default-max-tokens", c.DefaultMaxTokens, "output tokens when a request names no max_tokens")
+	fs.Int64Var(&c.Seed, "seed", c.Seed, "seed of the generated text and of fault draws")
+	fs.Float64Var(&c.FailBeforeFirst, "fail-before-first", c.FailBeforeFirst, "probability of a 500 before the first token")
+	fs.IntVar(&c.DieAfterTokens, "die-after-tokens", c.DieAfterTokens, "abort every stream after this many tokens (0: never)")
+	fs.IntVar(&c.StallAfterTokens, "stall-after-tokens", c.StallAfterTokens, "stall every stream after this many tokens (0: never)")
+	fs.DurationVar(&c.StallFor, "stall-for", c.StallFor, "how long a stall lasts (0: forever)")
+	fs.DurationVar(&c.SlowStart, "slow-start", c.SlowStart, "delay before the response headers")
+	fs.IntVar(&c.KVCacheTokens, "kv-cache-tokens", c.KVCacheTokens, "simulated KV-cache capacity in tokens")
+	fs.IntVar(&c.EmbeddingDim, "embedding-dim", c.EmbeddingDim, "length of embedding vectors")
+	fs.BoolVar(&c.LoadHeader, "load-header", c.LoadHeader, "send an ORCA endpoint-load-metrics response header")
 }

@@ -1,0 +1,163 @@
+package gpusim
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+)
+
+// renderer builds a stream's SSE events from fragments rendered once per
+// request, so a token costs a few appends to a reused buffer.
+type renderer struct {
+	chat   bool
+	seed   uint64
+	prefix []byte // `{"id":…,"object":…,"created":…,"model":…,`
+	head   []byte // `data: ` prefix `"choices":[{"index":0,"delta":` (chat) or `"text":`
+	usage  bool   // chunks carry "usage":null (stream_options.include_usage)
+	buf    []byte // pending events
+}
+
+const (
+	tailNull  = `,"logprobs":null,"finish_reason":null}]}` + "\n\n"
+	tailUsage = `,"logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n"
+	doneEvent = "data: [DONE]\n\n"
+)
+
+func newRenderer(model string, j *job) *renderer {
+	object := "text_completion"
+	if j.chat {
+		object = "chat.completion.chunk"
+	}
+	p := make([]byte, 0, 128)
+	p = append(p, `{"id":"`...)
+	p = append(p, j.id...)
+	p = append(p, `","object":"`...)
+	p = append(p, object...)
+	p = append(p, `","created":`...)
+	p = strconv.AppendInt(p, j.created, 10)
+	p = append(p, `,"model":`...)
+	p = append(p, mustJSON(model)...)
+	p = append(p, ',')
+	rd := &renderer{chat: j.chat, seed: j.seed, prefix: p, usage: j.includeUsage}
+	rd.head = append(append([]byte("data: "), p...), `"choices":[{"index":0,`...)
+	if j.chat {
+		rd.head = append(rd.head, `"delta":`...)
+	} else {
+		rd.head = append(rd.head, `"text":`...)
+	}
+	rd.buf = make([]byte, 0, 1024)
+	return rd
+}
+
+func (rd *renderer) tail() string {
+	if rd.usage {
+		return tailUsage
+	}
+	return tailNull
+}
+
+// role appends the chat stream's first chunk, which carries the role.
+func (rd *renderer) role() {
+	rd.buf = append(rd.buf, rd.head...)
+	rd.buf = append(rd.buf, `{"role":"assistant","content":""}`...)
+	rd.buf = append(rd.buf, rd.tail()...)
+}
+
+// token appends the chunk of token i.
+func (rd *renderer) token(i int) {
+	rd.buf = append(rd.buf, rd.head...)
+	if rd.chat {
+		rd.buf = append(rd.buf, `{"content":`...)
+		rd.buf = append(rd.buf, tokenJSON(rd.seed, i, true)...)
+		rd.buf = append(rd.buf, '}')
+	} else {
+		rd.buf = append(rd.buf, tokenJSON(rd.seed, i, false)...)
+	}
+	rd.buf = append(rd.buf, rd.tail()...)
+}
+
+// finish appends the chunk that carries finish_reason.
+func (rd *renderer) finish(reason string) {
+	rd.buf = append(rd.buf, rd.head...)
+	if rd.chat {
+		rd.buf = append(rd.buf, `{}`...)
+	} else {
+		rd.buf = append(rd.buf, `""`...)
+	}
+	rd.buf = append(rd.buf, `,"logprobs":null,"finish_reason":"`...)
+	rd.buf = append(rd.buf, reason...)
+	rd.buf = append(rd.buf, `"}]`...)
+	if rd.usage {
+		rd.buf = append(rd.buf, `,"usage":null`...)
+	}
+	rd.buf = append(rd.buf, "}\n\n"...)
+}
+
+// usageChunk appends the include_usage chunk: no choices, only usage.
+func (rd *renderer) usageChunk(prompt, completion int) {
+	rd.buf = append(rd.buf, "data: "...)
+	rd.buf = append(rd.buf, rd.prefix...)
+	rd.buf = append(rd.buf, `"choices":[],"usage":`...)
+	rd.buf = appendUsage(rd.buf, prompt, completion)
+	rd.buf = append(rd.buf, "}\n\n"...)
+}
+
+func appendUsage(b []byte, prompt, completion int) []byte {
+	b = append(b, `{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(completion), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt+completion), 10)
+	return append(b, '}')
+}
+
+// Usage is the OpenAI usage object.
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+type chatMessageOut struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type choiceOut struct {
+	Index        int             `json:"index"`
+	Message      *chatMessageOut `json:"message,omitempty"`
+	Text         *string         `json:"text,omitempty"`
+	Logprobs     any             `json:"logprobs"`
+	FinishReason string          `json:"finish_reason"`
+}
+
+type responseOut struct {
+	ID      string      `json:"id"`
+	Object  string      `json:"object"`
+	Created int64       `json:"created"`
+	Model   string      `json:"model"`
+	Choices []choiceOut `json:"choices"`
+	Usage   usage       `json:"usage"`
+}
+
+// responseBody renders the non-streamed answer to j.
+func responseBody(model string, j *job) []byte {
+	var b strings.Builder
+	for i := range j.limit {
+		b.WriteString(tokenText(j.seed, i, j.chat))
+	}
+	text := b.String()
+	c := choiceOut{FinishReason: j.finish}
+	out := responseOut{ID: j.id, Object: "text_completion", Created: j.created, Model: model,
+		Usage: usage{j.prompt, j.limit, j.prompt + j.limit}}
+	if j.chat {
+		out.Object = "chat.completion"
+		c.Message = &chatMessageOut{Role: "assistant", Content: text}
+	} else {
+		c.Text = &text
+	}
+	out.Choices = []choiceOut{c}
+	body, _ := json.Marshal(out) // cannot fail: plain strings and numbers
+	return body
+}
