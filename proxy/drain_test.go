@@ -30,8 +30,8 @@ func TestShutdownDrainsStreams(t *testing.T) {
 		}()
 		return out
 	}
-	short := stream("10")   // ~0.2 s: finishes within the drain timeout
-	long := stream("100000") // cannot finish
+	short := stream("10")  // ~0.2 s: finishes within the drain timeout
+	long := stream("5000") // ~100 s: cannot finish
 	waitFor(t, 2*time.Second, "both streams running", func() bool { return sim.Stats().Running == 2 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)

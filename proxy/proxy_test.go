@@ -172,6 +172,7 @@ func TestUsageChunkStrippedOrKept(t *testing.T) {
 
 func TestErrorStatuses(t *testing.T) {
 	slow := fastSim()
+	slow.Model = "slow-model"
 	slow.SlowStart = 2 * time.Second
 	_, slowURL := startSim(t, slow)
 	_, simURL := startSim(t, fastSim())
@@ -206,7 +207,7 @@ func TestErrorStatuses(t *testing.T) {
 		{"body too large", url, `{"model":"sim-small","pad":"` + strings.Repeat("x", 5<<10) + `"}`, nil, 413, "request_too_large"},
 		{"backend unreachable", url, `{"model":"dead-model","messages":[]}`, nil, 502, "upstream_unreachable"},
 		{"no healthy backend", url, `{"model":"dead-model","messages":[]}`, nil, 503, "no_healthy_backend"},
-		{"backend timeout", url, `{"model":"slow-model","stream":true,"messages":[]}`, nil, 504, "upstream_timeout"},
+		{"backend timeout", url, `{"model":"slow-model","stream":true,"messages":[{"role":"user","content":"x"}]}`, nil, 504, "upstream_timeout"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

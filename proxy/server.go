@@ -103,7 +103,6 @@ func (s *Server) newServer(kind string, h http.Handler) *http.Server {
 		MaxHeaderBytes:    64 << 10,
 		BaseContext:       func(net.Listener) context.Context { return s.base },
 		ErrorLog:          slog.NewLogLogger(s.Log.Handler(), slog.LevelDebug),
-		TLSConfig:         s.TLSConfig,
 	}
 }
 

@@ -17,7 +17,7 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return flagExit(err)
 	}
 	if *file == "" || fs.NArg() > 0 {
 		fs.Usage()

@@ -17,7 +17,7 @@ func cmdHashKey(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "Usage: sluice hash-key KEY\n       sluice hash-key - < keyfile\n\nPrints the hash of an API key, the form tenants' keys take in the config.\nUse - to read the key from standard input (keeps it out of shell history).\n")
 	}
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return flagExit(err)
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()

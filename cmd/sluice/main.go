@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -65,4 +67,12 @@ func versionString() string {
 		goVersion = bi.GoVersion
 	}
 	return fmt.Sprintf("sluice %s (%s)", v, goVersion)
+}
+
+// flagExit is the exit code for a flag parsing error: 0 for --help.
+func flagExit(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 2
 }

@@ -29,7 +29,7 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return flagExit(err)
 	}
 	log, err := newLogger(stderr, *logFormat, *logLevel)
 	if err != nil {

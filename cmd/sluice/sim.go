@@ -26,10 +26,7 @@ func cmdSim(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+		return flagExit(err)
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
