@@ -4,11 +4,19 @@
 // continuous-batching scheduler modelled on vLLM. At most MaxBatch sequences
 // decode together; every decode step takes StepBase + StepPerSeq × batch size
 // and emits one token to each running sequence; a newly admitted sequence
-// first pays its prefill (PrefillBase + PrefillPerToken × prompt tokens),
-// which lengthens that step for the whole batch; the rest wait in a FIFO
-// queue. It exports vLLM's Prometheus metric names, optionally an ORCA
-// endpoint-load-metrics header, and has fault knobs (fail before the first
-// token, die mid-stream, stall, slow headers), settable for every request in
-// Config or for one request through X-Sim-* request headers. It is the test
-// and benchmark backend for Sluice and the engine behind "sluice sim".
+// first pays its prefill (PrefillBase + PrefillPerToken × prompt tokens, about
+// four characters a token), which lengthens that step for the whole batch;
+// the rest wait in a FIFO queue. A client that goes away frees its slot at
+// once; a client that reads slowly does not slow the batch (its tokens are
+// generated on schedule and sent in one write when it catches up, as vLLM
+// coalesces a lagging request's output). Text is deterministic words derived
+// from Seed and the prompt. It exports vLLM's Prometheus metric names
+// (vllm:num_requests_running, vllm:num_requests_waiting,
+// vllm:kv_cache_usage_perc, TTFT/ITL/E2E histograms, token counters, one
+// registry per Sim), optionally an ORCA endpoint-load-metrics header, and has
+// fault knobs (fail before the first token, die mid-stream, stall, slow
+// headers) set for every request in Config or for one request with the
+// X-Sim-Fail, X-Sim-Die-After, X-Sim-Stall-After, X-Sim-Stall-For and
+// X-Sim-Slow-Start request headers. It is the test and benchmark backend for
+// Sluice and the engine behind "sluice sim".
 package gpusim

@@ -25,6 +25,33 @@ func TestServe(t *testing.T) {
 		t.Errorf("done=%v err=%v", done, err)
 	}
 	resp.Body.Close()
+
+	// HTTP/2 without TLS (prior knowledge): streaming, and die-after as a
+	// stream reset.
+	var h2c http.Protocols
+	h2c.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &h2c}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	for _, die := range []string{"0", "2"} {
+		req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", stringsReader(chatBody(4, true, false)))
+		req.Header.Set(HeaderDieAfter, die)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.ProtoMajor != 2 {
+			t.Errorf("protocol %s; want HTTP/2", resp.Proto)
+		}
+		evs, done, err := readEvents(t, resp.Body)
+		resp.Body.Close()
+		if die == "0" && (!done || err != nil || len(evs) != 6) {
+			t.Errorf("h2c stream: %d events done=%v err=%v", len(evs), done, err)
+		}
+		if die == "2" && (done || err == nil || len(evs) != 3) {
+			t.Errorf("h2c die-after 2: %d events done=%v err=%v; want 3 events and a reset", len(evs), done, err)
+		}
+	}
 	cancel()
 	select {
 	case err := <-served:

@@ -142,11 +142,16 @@ func serveHealth(w http.ResponseWriter, _ *http.Request) {
 // context is done, before it closes their connections.
 const shutdownGrace = 5 * time.Second
 
-// Serve answers HTTP/1.1 requests on ln with s until ctx is done, then shuts
-// the server down (requests in flight get shutdownGrace to finish) and
-// returns nil. It does not Close s. It returns an error when ln fails.
+// Serve answers requests on ln with s until ctx is done, then shuts the
+// server down (requests in flight get shutdownGrace to finish) and returns
+// nil. It speaks HTTP/1.1 and unencrypted HTTP/2 (h2c with prior
+// knowledge), as vLLM does. It does not Close s. It returns an error when
+// ln fails.
 func (s *Sim) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, Protocols: &protocols}
 	errc := make(chan error, 1)
 	go serveServer(srv, ln, errc)
 	select {
