@@ -115,7 +115,7 @@ type exchange struct {
 	start, bodyRead, authDone, admitted, picked, upstreamHeaders, firstToken, lastToken time.Time
 
 	status      int   // sent to the client; 0 until headers are written
-	events      int64 // data events relayed
+	tokens      int64 // chunks carrying generated text
 	usage       *limiter.Usage
 	retries     int
 	clientGone  bool
@@ -228,7 +228,7 @@ func (x *exchange) fail(err error) {
 // finish settles the request's tokens and writes the access log.
 func (x *exchange) finish() {
 	if x.ticket != nil {
-		u := limiter.Usage{InputTokens: x.meta.InputTokens, OutputTokens: x.events}
+		u := limiter.Usage{InputTokens: x.meta.InputTokens, OutputTokens: x.tokens}
 		if x.usage != nil {
 			u = *x.usage
 		}

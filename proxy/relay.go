@@ -68,8 +68,8 @@ func (x *exchange) relayOpenAI(ctx context.Context, resp *http.Response, wd *wat
 				if usageOnly && !x.meta.ClientUsage {
 					continue
 				}
-			} else {
-				x.events++
+			} else if isToken(data) {
+				x.tokens++
 			}
 			x.lastToken = now
 		}
@@ -151,7 +151,6 @@ func (x *exchange) relayRaw(ctx context.Context, resp *http.Response, wd *watchd
 			if x.firstToken.IsZero() {
 				x.firstToken = time.Now()
 			}
-			x.events++
 			if !x.send(rc, buf[:n]) {
 				return context.Canceled
 			}
@@ -205,7 +204,21 @@ var (
 	doneMarker = []byte("[DONE]")
 	dataPrefix = []byte("data:")
 	usageKey   = []byte(`"usage":`)
+	contentKey = []byte(`"content":"`)
+	textKey    = []byte(`"text":"`)
 )
+
+// isToken reports whether a chunk carries generated text (a chat delta's
+// content or a completion's text), as opposed to the role chunk, the finish
+// chunk or the usage chunk.
+func isToken(data []byte) bool {
+	for _, key := range [][]byte{contentKey, textKey} {
+		if i := bytes.Index(data, key); i >= 0 && i+len(key) < len(data) && data[i+len(key)] != '"' {
+			return true
+		}
+	}
+	return false
+}
 
 // readEvent appends the next SSE event to buf: its lines up to and including
 // the blank line that ends it. A stream that ends (before [DONE], which the

@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/sluice-proxy/sluice/internal/gpusim"
 )
@@ -40,17 +37,10 @@ func cmdSim(args []string, stdout, stderr io.Writer) int {
 	}
 	sim := gpusim.New(cfg)
 	defer sim.Close()
-	srv := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(sctx)
-	}()
-	fmt.Fprintf(stdout, "simulated GPU serving %s at http://%s (max_batch %d)\n", cfg.Model, ln.Addr(), cfg.MaxBatch)
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	fmt.Fprintf(stdout, "simulated GPU serving %s at http://%s (HTTP/1.1 and h2c, max_batch %d)\n", cfg.Model, ln.Addr(), cfg.MaxBatch)
+	if err := sim.Serve(ctx, ln); err != nil {
 		fmt.Fprintf(stderr, "sluice sim: %v\n", err)
 		return 1
 	}
