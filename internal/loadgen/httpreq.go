@@ -78,7 +78,7 @@ func readErrorBody(body io.Reader) string {
 	}
 	var c chunk
 	if _, err := c.parse(b); err == nil && c.hasError() {
-		return errorMessage(c.Error)
+		return errorMessage(c.errRaw)
 	}
 	return truncate(string(bytes.TrimSpace(b)), 200)
 }
@@ -145,11 +145,11 @@ func (st *streamState) event(now time.Time, event, data []byte) error {
 		return errBadEvent
 	}
 	if st.c.hasError() {
-		st.streamError(now, st.c.Error)
+		st.streamError(now, st.c.errRaw)
 		return nil
 	}
-	if st.c.Usage != nil {
-		st.usageSeen, st.res.TokensOut = true, st.c.Usage.CompletionTokens
+	if st.c.hasUsage {
+		st.usageSeen, st.res.TokensOut = true, st.c.completionTokens
 	}
 	st.tokens(now, n)
 	return nil
@@ -222,9 +222,9 @@ func readWhole(ctx context.Context, body io.Reader, start time.Time, res *Result
 	case err != nil:
 		res.Class, res.Err = ClassProtocol, fmt.Sprintf("bad body: %v", err)
 	case c.hasError():
-		res.Class, res.Err = ClassStreamError, errorMessage(c.Error)
-	case c.Usage != nil:
-		res.TokensOut = c.Usage.CompletionTokens
+		res.Class, res.Err = ClassStreamError, errorMessage(c.errRaw)
+	case c.hasUsage:
+		res.TokensOut = c.completionTokens
 	default:
 		res.TokensOut = n
 	}

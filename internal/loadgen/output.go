@@ -55,30 +55,32 @@ func (t *TargetReport) writeTable(ew *errWriter) {
 	ew.printf("  throughput  %.1f req/s  %.0f output tok/s  (%d tokens in %.1fs)\n\n",
 		t.RequestsPerSec, t.OutputTokensPerSec, t.OutputTokens, t.WallSeconds)
 	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "  client (ms)\tn\tp50\tp95\tp99\tmax\t\n")
+	fmt.Fprintf(tw, "  %-26s\tn\tp50\tp95\tp99\tmax\t\n", "client (ms)")
 	for _, row := range []struct {
 		name string
 		p    Percentiles
-	}{{"ttft", t.TTFT}, {"itl", t.ITL}, {"e2e", t.E2E}} {
-		fmt.Fprintf(tw, "  %s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t\n", row.name, row.p.N, ms(row.p.P50), ms(row.p.P95), ms(row.p.P99), ms(row.p.Max))
-	}
-	if t.DispatchLag.N > 0 && t.DispatchLag.Max > 0 {
-		p := t.DispatchLag
-		fmt.Fprintf(tw, "  dispatch lag\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t\n", p.N, ms(p.P50), ms(p.P95), ms(p.P99), ms(p.Max))
+	}{{"ttft", t.TTFT}, {"itl", t.ITL}, {"e2e", t.E2E}, {"dispatch lag", t.DispatchLag}} {
+		if row.name == "dispatch lag" && row.p.Max == 0 {
+			continue // closed loop: no schedule to lag behind
+		}
+		fmt.Fprintf(tw, "  %-26s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t\n", row.name, row.p.N, ms(row.p.P50), ms(row.p.P95), ms(row.p.P99), ms(row.p.Max))
 	}
 	if len(t.Stages) > 0 {
-		fmt.Fprintf(tw, "\t\t\t\t\t\t\n  server-timing\tn\tp50\tp95\tp99\tmax\t\n")
+		fmt.Fprintf(tw, "  %-26s\tn\tp50\tp95\tp99\tmax\t\n", "server-timing (ms)")
 		for _, s := range t.Stages {
 			name := s.Name
-			if s.Unit == "" {
+			switch {
+			case s.Name == "network":
+				name = "network (client − server)"
+			case s.Unit == "":
 				name += " (count)"
 			}
-			fmt.Fprintf(tw, "  %s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t\n", name, s.N, s.P50, s.P95, s.P99, s.Max)
+			fmt.Fprintf(tw, "  %-26s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t\n", name, s.N, s.P50, s.P95, s.P99, s.Max)
 		}
 	}
 	_ = tw.Flush()
 	if hasStage(t.Stages, "network") {
-		ew.printf("  (network = client TTFT − server ttft, per request)\n")
+		ew.printf("  network = client TTFT − server ttft, per request\n")
 	}
 	t.writeCPU(ew)
 	for _, e := range t.Errors {
@@ -110,15 +112,30 @@ func (t *TargetReport) writeCPU(ew *errWriter) {
 func (c *Comparison) writeTable(ew *errWriter, ts []TargetReport) {
 	ew.printf("\ncomparison: %s vs baseline %s (ratio = target / baseline, delta = target − baseline)\n", c.Target, c.Baseline)
 	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "  metric\tstat\ttarget ms\tbaseline ms\tratio\tdelta ms\t\n")
+	fmt.Fprintf(tw, "  %-14s\tstat\ttarget ms\tbaseline ms\tratio\tdelta ms\t\n", "metric")
 	for _, r := range c.Rows {
-		fmt.Fprintf(tw, "  %s\t%s\t%.3f\t%.3f\t%.3f\t%+.3f\t\n", r.Metric, r.Stat, r.TargetMs, r.BaselineMs, r.Ratio, r.DeltaMs)
+		fmt.Fprintf(tw, "  %-14s\t%s\t%.3f\t%.3f\t%.3f\t%+.3f\t\n", r.Metric, r.Stat, r.TargetMs, r.BaselineMs, r.Ratio, r.DeltaMs)
 	}
-	fmt.Fprintf(tw, "  output tok/s\t\t%.0f\t%.0f\t%.3f\t\t\n", ts[0].OutputTokensPerSec, ts[1].OutputTokensPerSec,
+	fmt.Fprintf(tw, "  %-14s\t\t%.0f\t%.0f\t%.3f\t\t\n", "output tok/s", ts[0].OutputTokensPerSec, ts[1].OutputTokensPerSec,
 		ratio(ts[0].OutputTokensPerSec, ts[1].OutputTokensPerSec))
-	fmt.Fprintf(tw, "  requests/s\t\t%.1f\t%.1f\t%.3f\t\t\n", ts[0].RequestsPerSec, ts[1].RequestsPerSec,
+	fmt.Fprintf(tw, "  %-14s\t\t%.1f\t%.1f\t%.3f\t\t\n", "requests/s", ts[0].RequestsPerSec, ts[1].RequestsPerSec,
 		ratio(ts[0].RequestsPerSec, ts[1].RequestsPerSec))
+	for _, u := range ts[0].CPU {
+		if b := cpuOf(ts[1].CPU, u.PID); u.Err == "" && b != nil {
+			fmt.Fprintf(tw, "  %-14s\t\t%.2f\t%.2f\t%.3f\t%+.2f\t\n", fmt.Sprintf("cpu/1k tok %d", u.PID),
+				u.MsPer1kTokens, b.MsPer1kTokens, ratio(u.MsPer1kTokens, b.MsPer1kTokens), u.MsPer1kTokens-b.MsPer1kTokens)
+		}
+	}
 	_ = tw.Flush()
+}
+
+func cpuOf(us []CPUUsage, pid int) *CPUUsage {
+	for i := range us {
+		if us[i].PID == pid && us[i].Err == "" {
+			return &us[i]
+		}
+	}
+	return nil
 }
 
 func ratio(a, b float64) float64 {

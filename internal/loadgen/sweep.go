@@ -192,14 +192,15 @@ func WriteSweepCSV(w io.Writer, points []Point) error {
 
 // WriteSweepTable writes the points as aligned text.
 func WriteSweepTable(w io.Writer, points []Point) error {
+	fmt.Fprintln(w, "latency in ms; knee: first point with P95 TTFT > 2× the first point's, or < 10% more throughput than the previous point")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "load\treq/s\ttok/s\tttft p50\tttft p95\tttft p99\titl p50\titl p95\titl p99\tok\t429\t5xx\terrors\ttruncated\t\t\n")
+	fmt.Fprintf(tw, "load\treq/s\ttok/s\tttft p50\tttft p95\tttft p99\titl p50\titl p95\titl p99\tok\t429\t5xx\terrors\ttruncated\t\n")
 	for _, p := range points {
 		knee := ""
 		if p.Knee {
 			knee = "<- knee"
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.0f\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%d\t%d\t%d\t%d\t%d\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%.1f\t%.0f\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%d\t%d\t%d\t%d\t%d\t %s\n",
 			p.Label(), p.RequestsPerSec, p.OutputTokensPerSec, ms(p.TTFT.P50), ms(p.TTFT.P95), ms(p.TTFT.P99),
 			ms(p.ITL.P50), ms(p.ITL.P95), ms(p.ITL.P99), p.Counts.OK, p.Counts.Status429, p.Counts.Status5xx,
 			p.Counts.Errors, p.Counts.Truncated, knee)

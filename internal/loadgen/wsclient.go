@@ -267,6 +267,11 @@ func (wc *wsConn) fail(now time.Time, err error) {
 	}
 }
 
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
 type wsFrame struct {
 	Type   string          `json:"type"`
 	ID     string          `json:"id"`
