@@ -81,8 +81,8 @@ func httpTransport(p Protocol, tc *tls.Config) *http.Transport {
 		DisableCompression:  true,
 		MaxIdleConnsPerHost: 1 << 20, // as many as were ever concurrent
 		IdleConnTimeout:     90 * time.Second,
-		ReadBufferSize:      16 << 10,
-		WriteBufferSize:     16 << 10,
+		ReadBufferSize:      4 << 10, // small: thousands of idle streams must fit
+		WriteBufferSize:     4 << 10,
 		Protocols:           &ps,
 	}
 }

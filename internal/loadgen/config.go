@@ -160,6 +160,9 @@ type Config struct {
 	// Progress is auto (a live line on stderr when it is a terminal),
 	// always or never. Empty means auto.
 	Progress string
+
+	// label names the run in the progress line (set by Sweep).
+	label string
 }
 
 // Defaults for zero Config fields.

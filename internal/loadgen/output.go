@@ -215,7 +215,8 @@ func (t *TargetReport) csvRows(row func(metric, stat string, v float64)) {
 		row(name, "p99", s.P99)
 		row(name, "max", s.Max)
 	}
-	for _, u := range append([]CPUUsage{t.GeneratorCPU}, t.CPU...) {
+	row("cpu_ms_per_1k_tokens", "generator", t.GeneratorCPU.MsPer1kTokens)
+	for _, u := range t.CPU {
 		row("cpu_ms_per_1k_tokens", "pid_"+strconv.Itoa(u.PID), u.MsPer1kTokens)
 	}
 }

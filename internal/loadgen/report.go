@@ -18,8 +18,8 @@ type Report struct {
 	// Comparison relates Targets[0] to Targets[1]; nil without Compare.
 	Comparison *Comparison `json:"comparison,omitempty"`
 	// Results are the records of every measured request (warm-up
-	// excluded), in completion order. Not in the JSON output; see
-	// WriteRequestsCSV.
+	// excluded): the target's in completion order, then the baseline's.
+	// Not in the JSON output; see WriteRequestsCSV.
 	Results []Result `json:"-"`
 }
 

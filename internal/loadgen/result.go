@@ -49,8 +49,11 @@ type Result struct {
 	Status int
 	// Class is how the request ended; ClassOK is success.
 	Class ErrorClass
-	// Truncated is true when a 2xx stream ended without [DONE] and without
-	// an explicit error event (Class is then ClassTruncated).
+	// Truncated is true when a stream whose 2xx response headers had
+	// arrived ended without [DONE] and without an explicit error event
+	// (Class is then ClassTruncated). A connection lost before the headers
+	// is an error, not a truncation; note that a QUIC stream reset may
+	// discard headers the client had not read yet.
 	Truncated bool
 	// Done is true when the stream ended with [DONE] (or a done frame).
 	Done bool

@@ -121,6 +121,9 @@ func runSingle(ctx context.Context, cfg Config, t *target, lv *live) measurement
 	var m measurement
 	ph := newPhase(cfg, t, cfg.Warmup, cfg.Duration, cfg.Requests, 0)
 	ph.label = t.role
+	if cfg.label != "" {
+		ph.label = cfg.label
+	}
 	before := readCPU(cfg.PIDs)
 	out := runPhase(ctx, ph, lv)
 	m.add(out, readCPU(cfg.PIDs).since(before))

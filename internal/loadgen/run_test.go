@@ -349,6 +349,16 @@ func TestProtocols(t *testing.T) {
 				t.Errorf("server saw %s; want %s", got, tt.wantProto)
 			}
 			checkStages(t, tr.Stages, "network", "queue", "decode") // decode is the trailer
+
+			// The interval lets the client read the headers first: a QUIC
+			// reset discards data the client has not read yet.
+			cut := &sseServer{DieAfter: 2, Interval: 5 * time.Millisecond}
+			cfg.Target = tt.start(cut)
+			cfg.Requests = 4
+			tr = mustRun(t, cfg).Targets[0]
+			if tr.Counts.Truncated != 4 || tr.Counts.OK != 0 {
+				t.Errorf("cut streams: counts %+v errors %+v; want 4 truncated", tr.Counts, tr.Errors)
+			}
 		})
 	}
 }

@@ -40,7 +40,7 @@ type sseReader struct {
 }
 
 func newSSEReader(r io.Reader) *sseReader {
-	return &sseReader{br: bufio.NewReaderSize(r, 16<<10)}
+	return &sseReader{br: bufio.NewReaderSize(r, 4<<10)} // longer lines take the slow path
 }
 
 // next reads until an event is dispatched or a server-timing comment is

@@ -104,6 +104,7 @@ func Sweep(ctx context.Context, cfg Config, progress io.Writer) ([]Point, error)
 	for _, v := range cfg.Sweep.Values {
 		c := cfg
 		c.Sweep = SweepSpec{}
+		c.label = Point{Kind: cfg.Sweep.Kind, Value: v}.Label()
 		if cfg.Sweep.Kind == SweepRate {
 			c.Rate = v
 		} else {

@@ -64,8 +64,8 @@ func newWSRequester(c Config, target string, tc *tls.Config, header http.Header)
 		dialer: &websocket.Dialer{
 			TLSClientConfig:  tc,
 			HandshakeTimeout: 10 * time.Second,
-			ReadBufferSize:   16 << 10,
-			WriteBufferSize:  16 << 10,
+			ReadBufferSize:   4 << 10,
+			WriteBufferSize:  4 << 10,
 		},
 		slots: make([]wsSlot, max(c.WSConns, 1)),
 	}, nil
@@ -120,9 +120,8 @@ func (w *wsRequester) do(ctx context.Context, j *job, res *Result) {
 	}
 	id := "r" + strconv.FormatUint(w.ids.Add(1), 10)
 	frame, _ := json.Marshal(wsRequest{Type: "request", ID: id, Path: w.path, Body: j.Body})
-	call := &wsCall{st: streamState{res: res}, finished: make(chan struct{})}
+	call := &wsCall{st: streamState{res: res, start: time.Now()}, finished: make(chan struct{})}
 	wc.add(id, call)
-	call.st.start = time.Now()
 	if err := wc.write(frame); err != nil {
 		if wc.remove(id) {
 			res.Class, res.Err = ClassTransport, err.Error()
