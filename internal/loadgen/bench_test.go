@@ -61,3 +61,44 @@ func BenchmarkLoopbackH1(b *testing.B) {
 	}
 	b.ReportMetric(float64(tokens)/wall.Seconds(), "tokens/s")
 }
+
+// BenchmarkSparseStreams holds 2,000 concurrent streams that each get a
+// token every second (the server is in the same process) and reports how
+// far the measured inter-token latency strays above the server's 1 s:
+// the generator's own added delay at that scale.
+func BenchmarkSparseStreams(b *testing.B) {
+	srv := &sseServer{Interval: time.Second}
+	url := startH1(b, srv)
+	cfg := Config{Target: url, Workload: WorkloadCustom, PromptTokens: Dist{Kind: Fixed, A: 4},
+		OutputTokens: Dist{Kind: Fixed, A: 4}, Concurrency: 2000, Requests: 2000, Timeout: time.Minute}
+	for b.Loop() {
+		rep, err := Run(context.Background(), cfg, nil)
+		tr := rep.Targets[0]
+		if err != nil || tr.Counts.OK != 2000 {
+			b.Fatalf("run: %v %+v %+v", err, tr.Counts, tr.Errors)
+		}
+		b.ReportMetric(ms(tr.ITL.P50-time.Second), "itl-p50-over-1s-ms")
+		b.ReportMetric(ms(tr.ITL.P99-time.Second), "itl-p99-over-1s-ms")
+		b.ReportMetric(tr.GeneratorCPU.MsPer1kTokens, "cpu-ms/1k-tokens")
+	}
+}
+
+// BenchmarkStreams64 runs the streaming shape (64 concurrent
+// streams, 200 tokens 10 ms apart, HTTP/1.1; server in the same process)
+// and reports how far measured ITL strays above 10 ms.
+func BenchmarkStreams64(b *testing.B) {
+	srv := &sseServer{Interval: 10 * time.Millisecond}
+	url := startH1(b, srv)
+	cfg := Config{Target: url, Workload: WorkloadCustom, PromptTokens: Dist{Kind: Fixed, A: 16},
+		OutputTokens: Dist{Kind: Fixed, A: 200}, Concurrency: 64, Requests: 128}
+	for b.Loop() {
+		rep, err := Run(context.Background(), cfg, nil)
+		tr := rep.Targets[0]
+		if err != nil || tr.Counts.OK != 128 {
+			b.Fatalf("run: %v %+v %+v", err, tr.Counts, tr.Errors)
+		}
+		b.ReportMetric(ms(tr.ITL.P50-10*time.Millisecond), "itl-p50-over-10ms-ms")
+		b.ReportMetric(ms(tr.ITL.P99-10*time.Millisecond), "itl-p99-over-10ms-ms")
+		b.ReportMetric(tr.GeneratorCPU.MsPer1kTokens, "cpu-ms/1k-tokens")
+	}
+}

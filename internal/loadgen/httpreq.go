@@ -50,6 +50,7 @@ func (h *httpRequester) do(ctx context.Context, j *job, res *Result) {
 	defer resp.Body.Close()
 	res.Headers = time.Since(start)
 	res.Status = resp.StatusCode
+	res.RequestID = resp.Header.Get("X-Request-Id")
 	res.Timing = ParseServerTiming(res.Timing, resp.Header.Values("Server-Timing")...)
 	if cls := classifyStatus(resp.StatusCode); cls != ClassOK {
 		res.Class, res.Err = cls, readErrorBody(resp.Body)

@@ -228,7 +228,7 @@ func (r *Report) WriteRequestsCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
 	_ = cw.Write([]string{"target", "seq", "start_ms", "lag_ms", "prompt_tokens", "max_tokens", "status", "class",
 		"truncated", "done", "headers_ms", "ttft_ms", "e2e_ms", "tokens_out", "events", "itl_n", "itl_p50_ms",
-		"itl_max_ms", "server_timing", "error"})
+		"itl_max_ms", "request_id", "server_timing", "error"})
 	for i := range r.Results {
 		x := &r.Results[i]
 		itl := Summarize(append([]time.Duration(nil), x.ITL...))
@@ -237,7 +237,7 @@ func (r *Report) WriteRequestsCSV(w io.Writer) error {
 			strconv.Itoa(x.PromptTokens), strconv.Itoa(x.MaxTokens), strconv.Itoa(x.Status), string(x.Class),
 			strconv.FormatBool(x.Truncated), strconv.FormatBool(x.Done), fmtMsF(x.Headers), fmtMsF(x.TTFT),
 			fmtMsF(x.E2E), strconv.Itoa(x.TokensOut), strconv.Itoa(x.Events), strconv.Itoa(itl.N),
-			fmtMsF(itl.P50), fmtMsF(itl.Max), formatTiming(x.Timing), x.Err,
+			fmtMsF(itl.P50), fmtMsF(itl.Max), x.RequestID, formatTiming(x.Timing), x.Err,
 		})
 	}
 	cw.Flush()

@@ -70,6 +70,9 @@ type Result struct {
 	TokensOut int
 	// Events is the number of SSE events (or WebSocket frames) received.
 	Events int
+	// RequestID is the X-Request-Id response header, for finding the
+	// request in the proxy's access log; empty when absent.
+	RequestID string
 	// Timing is the Server-Timing metrics from the response headers,
 	// trailers, SSE comment lines or the WebSocket done frame, in order.
 	Timing []Metric

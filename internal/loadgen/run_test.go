@@ -43,7 +43,7 @@ func TestClosedLoopH1(t *testing.T) {
 	for _, r := range rep.Results {
 		wantTokens += r.MaxTokens
 		wantITL += r.MaxTokens - 1
-		if !r.Done || r.Class != ClassOK || r.Status != 200 || r.TokensOut != r.MaxTokens {
+		if !r.Done || r.Class != ClassOK || r.Status != 200 || r.TokensOut != r.MaxTokens || !strings.HasPrefix(r.RequestID, "req-") {
 			t.Errorf("result %+v; want done, ok, %d tokens", r, r.MaxTokens)
 		}
 	}

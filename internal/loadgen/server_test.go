@@ -69,6 +69,7 @@ func (s *sseServer) stream(ctx context.Context, w http.ResponseWriter, n int) {
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
+	h.Set("X-Request-Id", fmt.Sprintf("req-%d", s.requests.Load()))
 	h.Set("Server-Timing", `queue;dur=1.5, prefill;dur=3;desc="prefill, 12 tokens"`)
 	h.Add("Server-Timing", "ttft;dur=0.5")
 	w.WriteHeader(http.StatusOK)
