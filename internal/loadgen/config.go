@@ -21,7 +21,10 @@ const (
 	H2 Protocol = "h2"
 	// H2C is cleartext HTTP/2 with prior knowledge (http URLs only).
 	H2C Protocol = "h2c"
-	// H3 is HTTP/3 over QUIC (https URLs only).
+	// H3 is HTTP/3 over QUIC (https URLs only), one QUIC connection per
+	// target. Requests beyond the server's concurrent-stream limit
+	// (quic-go's default is 100) wait on the client for a stream, and that
+	// wait counts in TTFT: raise the server's limit above the concurrency.
 	H3 Protocol = "h3"
 	// WS is the Sluice WebSocket bridge: JSON request frames on one socket,
 	// answered by chunk, done and error frames.
