@@ -79,6 +79,7 @@ func (h *Handler) State() *State { return h.state.Load() }
 // ServeHTTP runs one request through the pipeline.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	x := &exchange{h: h, st: h.state.Load(), w: w, r: r, start: time.Now()}
+	x.conn, _ = ConnInfoFrom(r.Context())
 	x.id = requestID(r.Header.Get("X-Request-Id"))
 	hdr := w.Header()
 	hdr.Set("X-Request-Id", x.id)
@@ -111,8 +112,16 @@ type exchange struct {
 	ticket  *limiter.Ticket
 	backend *routing.Backend
 
-	// Marks on the request's timeline (monotonic clock).
-	start, bodyRead, authDone, admitted, picked, upstreamHeaders, firstToken, lastToken time.Time
+	// Marks on the request's timeline (monotonic clock); see timing.go.
+	start, authDone, bodyRead, routed, limited, admitted, picked, upstreamHeaders, firstToken, lastToken time.Time
+	// queueWait is the time spent in the edge admission queue.
+	queueWait time.Duration
+	// conn describes the client's connection.
+	conn ConnInfo
+	// itl holds inter-token gaps in microseconds; lastTokenAt is the
+	// previous token's arrival.
+	itl         *[]uint32
+	lastTokenAt time.Time
 
 	status      int   // sent to the client; 0 until headers are written
 	tokens      int64 // chunks carrying generated text
@@ -167,6 +176,7 @@ func (x *exchange) intake(pre *routing.Route) error {
 	x.bodyRead = time.Now()
 	x.route = pre
 	if pre.Kind != routing.KindOpenAI || r.Method != http.MethodPost || !isJSON(r) {
+		x.routed = x.bodyRead
 		return nil
 	}
 	meta, body, err := parseOpenAI(x.body)
@@ -180,12 +190,13 @@ func (x *exchange) intake(pre *routing.Route) error {
 			Message: "the model " + strconv.Quote(meta.Model) + " does not exist or is not served here"}
 	}
 	x.route = route
+	x.routed = time.Now()
 	return nil
 }
 
 // admit asks the limiter whether the request may start.
 func (x *exchange) admit() error {
-	defer func() { x.admitted = time.Now() }()
+	defer func() { x.limited = time.Now(); x.admitted = x.limited }()
 	lim := x.st.Limiter
 	if lim == nil {
 		return nil
@@ -216,6 +227,9 @@ func (x *exchange) fail(err error) {
 		err = cause
 		x.err = err
 	}
+	if st := x.serverTiming(); st != "" {
+		x.w.Header().Set("Server-Timing", st)
+	}
 	if rf, ok := err.(*refusal); ok {
 		x.status = rf.write(x.w)
 		return
@@ -240,6 +254,7 @@ func (x *exchange) finish() {
 		cancel()
 	}
 	x.h.observe(x)
+	x.releaseITL()
 }
 
 // requestID returns the client's id when it is sane, else a new one.
