@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -82,6 +83,9 @@ type Decision struct {
 	// Requests, Tokens and Concurrency describe the limits for headers.
 	// A zero Limit means that limit is not configured.
 	Requests, Tokens, Concurrency Quota
+	// InputTokens and OutputTokens describe the optional per-direction
+	// token limits (zero Limit when not configured).
+	InputTokens, OutputTokens Quota
 	// Ticket is non-nil when the request was admitted; it must be passed
 	// to Settle exactly once when the request ends (extra calls are no-ops).
 	Ticket *Ticket
@@ -93,14 +97,22 @@ type Usage struct {
 }
 
 // Ticket is an admitted request's lease and charged estimate. Its fields are
-// owned by the limiter implementation.
+// owned by the limiter implementation; callers read them and pass the
+// ticket to Settle of the limiter that issued it.
 type Ticket struct {
-	ID            string
-	Tenant        string
-	Model         string
+	ID     string
+	Tenant string
+	Model  string
+	// ChargedInput and ChargedOutput are the input and output tokens charged
+	// at admission (the estimate, after the cap at half the burst). Every
+	// configured token bucket was charged their sum (tokens), ChargedInput
+	// (input tokens) or ChargedOutput (output tokens).
 	ChargedInput  int64
 	ChargedOutput int64
-	impl          any // implementation-specific state
+
+	plan    plan        // the limits as they were at admission
+	settled atomic.Bool // set by the first Settle
+	impl    any         // implementation-specific state
 }
 
 // Limiter admits and settles requests. Implementations are safe for
