@@ -2,11 +2,17 @@ module github.com/sluice-proxy/sluice
 
 go 1.26.8
 
-require github.com/redis/go-redis/v9 v9.23.0
-
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/fsnotify/fsnotify v1.10.1 // indirect
+	github.com/gorilla/websocket v1.5.3 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/quic-go/quic-go v0.65.0 // indirect
+	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/crypto v0.59.0 // indirect
+	golang.org/x/net v0.63.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
 )
