@@ -204,6 +204,16 @@ func (l *Local) quotas(d *Decision, p plan, s *localScope, n float64) {
 // bucket (debt allowed, refunds never beyond a full bucket) and releases
 // the in-flight slot. Only the first call for a ticket has an effect.
 func (l *Local) SettleAt(now time.Time, t *Ticket, u Usage) error {
+	return l.settleAt(now, t, u, false)
+}
+
+// undoAt takes back an admission entirely (its request, its token charge
+// and its slot), for a request the shared store then refused.
+func (l *Local) undoAt(now time.Time, t *Ticket) {
+	_ = l.settleAt(now, t, Usage{}, true)
+}
+
+func (l *Local) settleAt(now time.Time, t *Ticket, u Usage, undo bool) error {
 	if t == nil {
 		return nil
 	}
@@ -224,5 +234,8 @@ func (l *Local) SettleAt(now time.Time, t *Ticket, u Usage) error {
 	s.tok = adjustIf(p.tok, s.tok, n, in+out-p.total())
 	s.in = adjustIf(p.in, s.in, n, in-p.costIn)
 	s.out = adjustIf(p.out, s.out, n, out-p.costOut)
+	if undo {
+		s.req = adjustIf(p.req, s.req, n, -1)
+	}
 	return nil
 }

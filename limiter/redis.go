@@ -180,6 +180,18 @@ func (r *Redis) Settle(ctx context.Context, t *Ticket, u Usage) error {
 	return nil
 }
 
+// settleLater releases t's lease from the heartbeat set and queues its
+// settle for the next beat, without calling Redis now.
+func (r *Redis) settleLater(t *Ticket, u Usage) {
+	if t == nil || t.impl != r || !t.settled.CompareAndSwap(false, true) {
+		return
+	}
+	r.mu.Lock()
+	delete(r.live, t)
+	r.pending = append(r.pending, pendingSettle{t: t, u: u, since: time.Now()})
+	r.mu.Unlock()
+}
+
 type pendingSettle struct {
 	t     *Ticket
 	u     Usage
