@@ -258,4 +258,3 @@ func (s *Shared) Close() error {
 	}
 	return s.closer()
 }
-

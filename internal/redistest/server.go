@@ -3,8 +3,8 @@ package redistest
 import (
 	"bufio"
 	"errors"
-	"io"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
