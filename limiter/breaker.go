@@ -69,6 +69,16 @@ func (b *breaker) failure(now time.Time) {
 	}
 }
 
+// abort ends a call that neither succeeded nor failed (the caller went
+// away): a half-open probe makes room for the next probe at once.
+func (b *breaker) abort() {
+	b.mu.Lock()
+	if b.state == breakerHalfOpen {
+		b.state, b.openedAt = breakerOpen, time.Time{}
+	}
+	b.mu.Unlock()
+}
+
 // isOpen reports whether calls are currently withheld (open or probing).
 func (b *breaker) isOpen() bool {
 	b.mu.Lock()

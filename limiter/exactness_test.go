@@ -116,3 +116,17 @@ func TestExactnessRedis(t *testing.T) {
 	t.Run("concurrency", func(t *testing.T) { exactnessConcurrency(t, nodes, "exact-c") })
 	t.Run("tokens", func(t *testing.T) { exactnessTokens(t, nodes, "exact-t") })
 }
+
+// TestExactnessShared runs the exactness test through the Shared wrapper
+// (deny cache and local ceiling in front of Redis) on four nodes.
+func TestExactnessShared(t *testing.T) {
+	t.Parallel()
+	srv := startRedis(t)
+	var nodes []Limiter
+	for i := 0; i < 4; i++ {
+		// A generous timeout: degraded decisions would not be exact.
+		nodes = append(nodes, newShared(t, srv.Addr(), RedisOptions{}, SharedOptions{AdmissionTimeout: 2 * time.Second}))
+	}
+	t.Run("concurrency", func(t *testing.T) { exactnessConcurrency(t, nodes, "sh-exact-c") })
+	t.Run("tokens", func(t *testing.T) { exactnessTokens(t, nodes, "sh-exact-t") })
+}

@@ -27,8 +27,7 @@ type Local struct {
 	share atomic.Uint64 // float64 bits
 	base  time.Time     // monotonic origin of the TATs
 
-	mu      sync.RWMutex
-	tenants map[string]*localTenant
+	tenants sync.Map // tenant name -> *localTenant
 }
 
 type localTenant struct {
@@ -48,7 +47,7 @@ var _ Limiter = (*Local)(nil)
 // NewLocal returns a Local enforcing share (0 < share ≤ 1) of every limit;
 // a share outside that range means 1.
 func NewLocal(share float64) *Local {
-	l := &Local{base: time.Now(), tenants: make(map[string]*localTenant)}
+	l := &Local{base: time.Now()}
 	l.SetShare(share)
 	return l
 }
@@ -88,19 +87,11 @@ func (l *Local) Close() error { return nil }
 func (l *Local) ns(t time.Time) float64 { return float64(t.Sub(l.base)) }
 
 func (l *Local) tenant(name string) *localTenant {
-	l.mu.RLock()
-	t := l.tenants[name]
-	l.mu.RUnlock()
-	if t != nil {
-		return t
+	if t, ok := l.tenants.Load(name); ok {
+		return t.(*localTenant)
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if t = l.tenants[name]; t == nil {
-		t = &localTenant{}
-		l.tenants[name] = t
-	}
-	return t
+	t, _ := l.tenants.LoadOrStore(name, &localTenant{})
+	return t.(*localTenant)
 }
 
 // scope returns the lease set and buckets for p; t.mu must be held.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 )
+
+// ErrAbandoned is returned by Redis.Admit for an id whose admission was
+// abandoned (its caller timed out and took a local decision).
+var ErrAbandoned = errors.New("limiter: admission abandoned after a timeout")
+
+// maxPending bounds the settles queued for the heartbeat.
+const maxPending = 100000
 
 // Client is what Redis needs of a go-redis client; *redis.Client,
 // *redis.ClusterClient and *redis.Ring satisfy it.
@@ -39,11 +47,15 @@ func (o RedisOptions) withDefaults() RedisOptions {
 		o.Heartbeat = o.LeaseTTL / 3
 	}
 	if o.NodeID == "" {
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		o.NodeID = hex.EncodeToString(b[:])
+		o.NodeID = randomID()
 	}
 	return o
+}
+
+func randomID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // Redis is the shared limiter: every decision is one Lua script on Redis
@@ -85,8 +97,12 @@ func (r *Redis) Nodes() int { return int(r.nodes.Load()) }
 // recordTTL is how long an unsettled admission record lives between beats.
 func (r *Redis) recordTTL() time.Duration { return 2 * r.opt.LeaseTTL }
 
-// Admit runs the admission script. A refused admission writes nothing.
+// Admit runs the admission script. A refused admission writes nothing. A
+// request without an ID gets a random one (and no retry protection).
 func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
+	if req.ID == "" {
+		req.ID = randomID()
+	}
 	p := newPlan(req, 1)
 	pre := scopePrefix(req.Tenant, req.Model, p.scoped)
 	keys := []string{pre + ":c", pre + ":r", pre + ":k", pre + ":i", pre + ":o",
@@ -101,6 +117,9 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 	if len(vals) != 11 {
 		return Decision{}, fmt.Errorf("admission script: %d values, want 11", len(vals))
+	}
+	if vals[0] == 4 {
+		return Decision{}, ErrAbandoned
 	}
 	return r.decision(req, p, vals), nil
 }
@@ -172,9 +191,7 @@ func (r *Redis) Settle(ctx context.Context, t *Ticket, u Usage) error {
 	ps := pendingSettle{t: t, u: u, since: time.Now()}
 	sc := r.settleCall(ps)
 	if err := sc.script.Run(ctx, r.client, sc.keys, sc.args...).Err(); err != nil {
-		r.mu.Lock()
-		r.pending = append(r.pending, ps)
-		r.mu.Unlock()
+		r.queue(ps)
 		return fmt.Errorf("settle script: %w", err)
 	}
 	return nil
@@ -188,14 +205,15 @@ func (r *Redis) settleLater(t *Ticket, u Usage) {
 	}
 	r.mu.Lock()
 	delete(r.live, t)
-	r.pending = append(r.pending, pendingSettle{t: t, u: u, since: time.Now()})
 	r.mu.Unlock()
+	r.queue(pendingSettle{t: t, u: u, since: time.Now()})
 }
 
 type pendingSettle struct {
-	t     *Ticket
-	u     Usage
-	since time.Time
+	t       *Ticket
+	u       Usage
+	since   time.Time
+	abandon bool // undo an admission whose answer was lost
 }
 
 // settleCall is the settle script call for ps.
@@ -203,10 +221,33 @@ func (r *Redis) settleCall(ps pendingSettle) *scriptCall {
 	t, p := ps.t, ps.t.plan
 	in, out := max(ps.u.InputTokens, 0), max(ps.u.OutputTokens, 0)
 	pre := scopePrefix(t.Tenant, t.Model, p.scoped)
+	mode := "settle"
+	if ps.abandon {
+		mode = "abandon"
+	}
 	return &scriptCall{script: settleScript,
-		keys: []string{pre + ":c", pre + ":k", pre + ":i", pre + ":o", recordKey(t.Tenant, t.ID)},
+		keys: []string{pre + ":c", pre + ":k", pre + ":i", pre + ":o", recordKey(t.Tenant, t.ID), pre + ":r"},
 		args: []any{t.ID, r.opt.LeaseTTL.Milliseconds(), p.tok.rate, p.in.rate, p.out.rate,
-			in + out - p.total(), in - p.costIn, out - p.costOut}}
+			in + out - p.total(), in - p.costIn, out - p.costOut, mode, p.req.rate}}
+}
+
+// abandonLater queues, for the next heartbeat, the undoing of an admission
+// whose outcome was not seen (timeout, lost connection): if it ran, its
+// lease, request and charge are taken back; if it has not, it never will.
+func (r *Redis) abandonLater(req Request) {
+	if req.ID == "" {
+		return
+	}
+	t := &Ticket{ID: req.ID, Tenant: req.Tenant, Model: req.Model, plan: newPlan(req, 1)}
+	r.queue(pendingSettle{t: t, since: time.Now(), abandon: true})
+}
+
+func (r *Redis) queue(ps pendingSettle) {
+	r.mu.Lock()
+	if len(r.pending) < maxPending {
+		r.pending = append(r.pending, ps)
+	}
+	r.mu.Unlock()
 }
 
 // Snapshot reads tenant's limits and use from Redis (writes nothing).

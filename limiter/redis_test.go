@@ -184,3 +184,35 @@ func TestRedisSettleRetriedByHeartbeat(t *testing.T) {
 		t.Errorf("in-flight = %d; want the queued settle to release the lease", st.InFlight)
 	}
 }
+
+func TestRedisAbandonedAdmission(t *testing.T) {
+	t.Parallel()
+	srv := startRedis(t)
+	r := newRedis(t, srv.Addr(), RedisOptions{})
+	lim := Limits{MaxConcurrency: 2, TokensPerMinute: 6000, RequestsPerMinute: 10}
+
+	// The admission ran but its answer was lost: abandoning takes it back.
+	req := Request{ID: "lost", Tenant: "abandon", Limits: lim, InputTokens: 100, OutputTokens: 100}
+	admit(t, r, req)
+	r.abandonLater(req)
+	if err := r.Beat(context.Background()); err != nil {
+		t.Fatalf("Beat: %v", err)
+	}
+	st := snapshot(t, r, "abandon", lim)
+	if st.InFlight != 0 || st.Tokens.Remaining != 6000 || st.Requests.Remaining != 10 {
+		t.Errorf("after abandon: %+v; want no lease, full tokens and requests", st)
+	}
+
+	// The admission had not run yet: it never will.
+	late := Request{ID: "late", Tenant: "abandon", Limits: lim}
+	r.abandonLater(late)
+	if err := r.Beat(context.Background()); err != nil {
+		t.Fatalf("Beat: %v", err)
+	}
+	if _, err := r.Admit(context.Background(), late); err != ErrAbandoned {
+		t.Errorf("late admission: %v; want ErrAbandoned", err)
+	}
+	if st := snapshot(t, r, "abandon", lim); st.InFlight != 0 {
+		t.Errorf("in-flight %d after a late abandoned admission; want 0", st.InFlight)
+	}
+}

@@ -144,11 +144,16 @@ func (s *Shared) Admit(ctx context.Context, req Request) (Decision, error) {
 	if !s.br.allow(now) {
 		return s.degraded(req, p, cd.Ticket, now), nil
 	}
+	if req.ID == "" {
+		req.ID = randomID() // needed to abandon a timed-out admission
+	}
 	actx, cancel := context.WithTimeout(ctx, s.opt.AdmissionTimeout)
 	d, err := s.store.Admit(actx, req)
 	cancel()
 	if err != nil {
+		s.store.abandonLater(req) // it may have run: take it back at the next beat
 		if ctx.Err() != nil {
+			s.br.abort()
 			s.ceiling.undoAt(now, cd.Ticket)
 			return Decision{}, fmt.Errorf("admission: %w", ctx.Err())
 		}

@@ -10,7 +10,8 @@
 --           requests TAT, tokens TAT, input TAT, output TAT,
 --           charged input, charged output}
 -- status: 0 refused, 1 admitted, 2 already admitted (retried id),
---         3 admitted in shadow mode although the limits refused.
+--         3 admitted in shadow mode although the limits refused,
+--         4 abandoned: the client gave up on this id (nothing written).
 -- reason: 0 none, 1 concurrency, 2 requests, 3 tokens, 4 input, 5 output.
 -- A TAT at or before now (or 0) means a full bucket.
 
@@ -44,11 +45,14 @@ local tats = {tat_of(KEYS[2]), tat_of(KEYS[3]), tat_of(KEYS[4]), tat_of(KEYS[5])
 
 -- A retried admission of a live request is charged once.
 local rec = redis.call('GET', KEYS[6])
+if rec == 'x' then
+  return {4, 0, 0, 0, now, 0, 0, 0, 0, 0, 0}
+end
 if rec and rec ~= 's' then
   local ci, co = string.match(rec, '^(%-?%d+) (%-?%d+)$')
   redis.call('ZADD', KEYS[1], now + ttl, id)
   keep_leases()
-  local n = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+  local n = redis.call('ZCOUNT', KEYS[1], string.format('(%.0f', now), '+inf')
   return {2, 0, 0, n, now, tats[1], tats[2], tats[3], tats[4], tonumber(ci), tonumber(co)}
 end
 
@@ -59,7 +63,7 @@ local function refuse(r, w)
   if reason == 0 or w > wait then reason, wait = r, w end
 end
 
-local inflight = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+local inflight = redis.call('ZCOUNT', KEYS[1], string.format('(%.0f', now), '+inf')
 if maxc > 0 and inflight >= maxc then refuse(1, 1000000) end
 
 -- GCRA: T = 60 s / rate, tau = burst * T; admit iff max(tat, now) + n*T - now <= tau.

@@ -2,7 +2,7 @@
 --
 -- KEYS: 1 leases, 2.. one admission record per lease.
 -- ARGV: 1 lease TTL us, 2 record TTL ms, then per lease: id, "charged-in charged-out".
--- A lease whose request was settled is left alone; any other lease is
+-- A lease whose request was settled (or abandoned) is left alone; any other lease is
 -- (re-)added with a fresh expiry, which also restores leases and records
 -- lost in a Redis restart. Returns the number renewed.
 
@@ -11,7 +11,8 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local ttl = tonumber(ARGV[1])
 local n = 0
 for i = 2, #KEYS do
-  if redis.call('GET', KEYS[i]) ~= 's' then
+  local rec = redis.call('GET', KEYS[i])
+  if rec ~= 's' and rec ~= 'x' then
     redis.call('ZADD', KEYS[1], now + ttl, ARGV[2 * i - 1])
     redis.call('SET', KEYS[i], ARGV[2 * i], 'PX', ARGV[2])
     n = n + 1

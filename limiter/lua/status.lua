@@ -5,7 +5,7 @@
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local r = {now, redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')}
+local r = {now, redis.call('ZCOUNT', KEYS[1], string.format('(%.0f', now), '+inf')}
 for i = 2, 5 do
   r[#r + 1] = tonumber(redis.call('GET', KEYS[i]) or '0')
 end
