@@ -36,7 +36,7 @@ func TestCluster(t *testing.T) {
 		r := newClusterRedis(t, c, RedisOptions{})
 		lim := Limits{MaxConcurrency: 5, Models: map[string]Limits{"m": {MaxConcurrency: 2}}}
 		var tickets []*Ticket
-		for i, tenant := range []string{"alpha", "beta", "gamma", "delta", "epsilon", "zeta"} {
+		for i, tenant := range []string{"alpha", "beta", "we{ird}:ten%ant", "delta", "}epsilon{", "zeta"} {
 			model := ""
 			if i%2 == 0 {
 				model = "m"

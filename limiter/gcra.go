@@ -14,6 +14,9 @@ import (
 // time now is admitted iff max(tat, now) + n·T − now ≤ tau; the new TAT is
 // then max(tat, now) + n·T. A TAT at or before now means a full bucket.
 
+// maxAhead caps how far debt moves a TAT ahead of now: 1e16 ns (~115 days).
+const maxAhead = 1e16
+
 // interval is T in ns.
 func (b bucket) interval() float64 { return 60e9 / b.rate }
 
@@ -40,7 +43,9 @@ func (b bucket) force(tat, now float64, n int64) float64 {
 func (b bucket) adjust(tat, now float64, d int64) float64 {
 	T := b.interval()
 	if d > 0 {
-		return math.Max(tat, now) + float64(d)*T
+		// Unbounded in principle; capped ~115 days ahead like the Lua script,
+		// so the TAT stays representable.
+		return math.Min(math.Max(tat, now)+float64(d)*T, now+maxAhead)
 	}
 	return math.Max(tat+float64(d)*T, now)
 }
@@ -57,4 +62,11 @@ func (b bucket) quota(tat, now float64) Quota {
 	}
 }
 
-func durationNS(ns float64) time.Duration { return time.Duration(math.Ceil(ns)) }
+// durationNS converts ns to a Duration, saturating instead of overflowing
+// (a tenant deep in debt has a very distant reset).
+func durationNS(ns float64) time.Duration {
+	if ns >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(math.Ceil(ns))
+}

@@ -221,7 +221,7 @@ func (l *Local) settleAt(now time.Time, t *Ticket, u Usage, undo bool) error {
 	defer lt.mu.Unlock()
 	s := lt.scope(t.Model, p.scoped)
 	s.inflight = max(s.inflight-1, 0)
-	in, out := max(u.InputTokens, 0), max(u.OutputTokens, 0)
+	in, out := clampUsage(u)
 	s.tok = adjustIf(p.tok, s.tok, n, in+out-p.total())
 	s.in = adjustIf(p.in, s.in, n, in-p.costIn)
 	s.out = adjustIf(p.out, s.out, n, out-p.costOut)

@@ -151,5 +151,14 @@ func estimate(p plan, l Limits, req Request) (in, out int64) {
 	return in, out
 }
 
+// maxUsage bounds the tokens one settle applies per direction, so that a
+// bogus usage report cannot push a TAT beyond what int64 and float64 hold.
+const maxUsage = 1 << 40
+
+// clampUsage returns u with each count in [0, maxUsage].
+func clampUsage(u Usage) (in, out int64) {
+	return min(max(u.InputTokens, 0), maxUsage), min(max(u.OutputTokens, 0), maxUsage)
+}
+
 // total is the charge to the tokens bucket.
 func (p plan) total() int64 { return p.costIn + p.costOut }

@@ -219,7 +219,7 @@ type pendingSettle struct {
 // settleCall is the settle script call for ps.
 func (r *Redis) settleCall(ps pendingSettle) *scriptCall {
 	t, p := ps.t, ps.t.plan
-	in, out := max(ps.u.InputTokens, 0), max(ps.u.OutputTokens, 0)
+	in, out := clampUsage(ps.u)
 	pre := scopePrefix(t.Tenant, t.Model, p.scoped)
 	mode := "settle"
 	if ps.abandon {

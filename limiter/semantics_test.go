@@ -141,6 +141,18 @@ var semanticsCases = []struct {
 			t.Fatal("third half-burst admitted: the refund created credit beyond the burst")
 		}
 	}},
+	{"absurd usage stays representable", func(t *testing.T, l snapshotter, tenant string) {
+		lim := Limits{TokensPerMinute: 27}
+		d := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 1})
+		settle(t, l, d.Ticket, Usage{OutputTokens: 1 << 62})
+		d = admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 1})
+		if d.Allowed || d.RetryAfter < 24*time.Hour {
+			t.Errorf("after absurd usage: allowed %v retry %v; want a refusal for days", d.Allowed, d.RetryAfter)
+		}
+		if st := snapshot(t, l, tenant, lim); st.Tokens.Remaining != 0 || st.Tokens.Reset < 24*time.Hour {
+			t.Errorf("status %+v; want no tokens for days", st.Tokens)
+		}
+	}},
 	{"settle is idempotent", func(t *testing.T, l snapshotter, tenant string) {
 		lim := Limits{MaxConcurrency: 5, TokensPerMinute: 600}
 		a := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 100, OutputTokens: 100})

@@ -126,3 +126,22 @@ type Limiter interface {
 	// lease. It is idempotent.
 	Settle(ctx context.Context, t *Ticket, u Usage) error
 }
+
+// Service is a Limiter with what the command wires around it: Snapshot for
+// the /v1/usage endpoint, Run for background work (the Redis heartbeat;
+// Local has none) and Close. Local, Redis and Shared implement it.
+type Service interface {
+	Limiter
+	// Snapshot reports a tenant's limits, use and what remains.
+	Snapshot(ctx context.Context, tenant string, l Limits) (Status, error)
+	// Run does the background work until ctx is done.
+	Run(ctx context.Context) error
+	// Close releases resources; call it after Run has returned.
+	Close() error
+}
+
+var (
+	_ Service = (*Local)(nil)
+	_ Service = (*Redis)(nil)
+	_ Service = (*Shared)(nil)
+)

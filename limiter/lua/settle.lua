@@ -30,7 +30,9 @@ local function adjust(key, rate, d)
   local T = 60000000 / rate
   local tat = tonumber(redis.call('GET', key) or '0')
   if d > 0 then
-    tat = math.max(tat, now) + d * T
+    -- Debt is unbounded in principle; cap it at ~115 days ahead so the
+    -- TAT and its expiry stay representable.
+    tat = math.min(math.max(tat, now) + d * T, now + 1e13)
   else
     tat = math.max(tat + d * T, now)
   end
