@@ -19,6 +19,21 @@ func exactnessConcurrency(t *testing.T, nodes []Limiter, tenant string) {
 	ctx, cancel := context.WithTimeout(context.Background(), dur)
 	defer cancel()
 	var wg sync.WaitGroup
+	// Sample the store's own count of leases too.
+	var samples, storePeak atomic.Int64
+	if sn, ok := nodes[0].(snapshotter); ok {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if st, err := sn.Snapshot(context.Background(), tenant, lim); err == nil && !st.Degraded {
+					samples.Add(1)
+					if st.InFlight > storePeak.Load() {
+						storePeak.Store(st.InFlight)
+					}
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
 	for _, l := range nodes {
 		for g := 0; g < perNode; g++ {
 			wg.Go(func() {
@@ -47,7 +62,11 @@ func exactnessConcurrency(t *testing.T, nodes []Limiter, tenant string) {
 		}
 	}
 	wg.Wait()
-	t.Logf("concurrency: admitted %d refused %d peak in-flight %d of %d", admitted.Load(), refused.Load(), peak.Load(), maxConc)
+	t.Logf("concurrency: admitted %d refused %d peak in-flight %d of %d (store: peak %d in %d samples)",
+		admitted.Load(), refused.Load(), peak.Load(), maxConc, storePeak.Load(), samples.Load())
+	if storePeak.Load() > maxConc {
+		t.Errorf("store reported %d leases > max_concurrency %d", storePeak.Load(), maxConc)
+	}
 	if peak.Load() > maxConc {
 		t.Errorf("peak in-flight %d > max_concurrency %d", peak.Load(), maxConc)
 	}

@@ -35,7 +35,10 @@ type Limits struct {
 	// or "closed" (refuse with 503).
 	OnStoreFailure string `yaml:"on_store_failure"`
 	// Enforce, when set to false, computes and reports limits without
-	// refusing anything (shadow mode). Nil means true.
+	// refusing anything (shadow mode): every request is admitted, charged
+	// and leased exactly as an admitted request would be (so the buckets
+	// and lease counts show the real load), and Decision.WouldRefuse tells
+	// when the limits would have refused it. Nil means true.
 	Enforce *bool `yaml:"enforce"`
 }
 
@@ -87,7 +90,9 @@ type Decision struct {
 	// token limits (zero Limit when not configured).
 	InputTokens, OutputTokens Quota
 	// Ticket is non-nil when the request was admitted; it must be passed
-	// to Settle exactly once when the request ends (extra calls are no-ops).
+	// to Settle of the same limiter when the request ends, however it ends
+	// (extra calls are no-ops). An unsettled Redis ticket keeps its lease
+	// renewed by the heartbeat for as long as the process runs.
 	Ticket *Ticket
 }
 
