@@ -106,3 +106,19 @@ func TestNewFromConfigCluster(t *testing.T) {
 		t.Errorf("Beat: %v", err)
 	}
 }
+
+func TestLimitsValidate(t *testing.T) {
+	good := Limits{MaxConcurrency: 8, TokensPerMinute: 20000, RequestsPerMinute: 120,
+		Models: map[string]Limits{"big": {MaxConcurrency: 1}}, OnStoreFailure: "closed"}
+	if err := good.Validate(); err != nil {
+		t.Errorf("Validate(good) = %v", err)
+	}
+	bad := Limits{MaxConcurrency: -1, Burst: -5, OnStoreFailure: "maybe",
+		Models: map[string]Limits{"m": {TokensPerMinute: -1, Models: map[string]Limits{"x": {}}}}}
+	err := bad.Validate()
+	for _, want := range []string{"max_concurrency", "burst", "on_store_failure", "models.m.tokens_per_minute", "models.m.models"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate(bad) = %v; want it to name %s", err, want)
+		}
+	}
+}

@@ -13,8 +13,9 @@ import (
 // issued.
 var ErrForeignTicket = errors.New("limiter: ticket issued by another limiter")
 
-// Local is the in-process limiter: GCRA token buckets (the arithmetic of
-// golang.org/x/time/rate, with debt and capped refunds) and an in-flight
+// Local is the in-process limiter: GCRA token buckets (the rate + burst
+// model of golang.org/x/time/rate, plus debt and capped refunds, with the
+// same arithmetic as the Redis scripts) and an in-flight
 // counter per tenant, and per model with an override. It serves a single
 // node on its own (the embedded default) and is the degraded-mode fallback
 // of Shared, enforcing this node's Share of every limit.

@@ -1,6 +1,10 @@
 package limiter
 
-import "math"
+import (
+	"errors"
+	"fmt"
+	"math"
+)
 
 // Defaults of Limits fields.
 const (
@@ -162,3 +166,38 @@ func clampUsage(u Usage) (in, out int64) {
 
 // total is the charge to the tokens bucket.
 func (p plan) total() int64 { return p.costIn + p.costOut }
+
+// Validate reports every problem in l, each naming the YAML field
+// (models.<name>.<field> inside overrides).
+func (l Limits) Validate() error {
+	errs := l.validate("")
+	for _, m := range modelNames(l) {
+		o := l.Models[m]
+		if len(o.Models) > 0 {
+			errs = append(errs, fmt.Errorf("models.%s.models: overrides do not nest", m))
+		}
+		errs = append(errs, o.validate("models."+m+".")...)
+	}
+	if _, ok := l.Models[""]; ok {
+		errs = append(errs, errors.New("models: a model name must not be empty"))
+	}
+	return errors.Join(errs...)
+}
+
+func (l Limits) validate(prefix string) []error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"max_concurrency", int64(l.MaxConcurrency)}, {"tokens_per_minute", l.TokensPerMinute},
+		{"input_tokens_per_minute", l.InputTokensPerMinute}, {"output_tokens_per_minute", l.OutputTokensPerMinute},
+		{"requests_per_minute", l.RequestsPerMinute}, {"burst", l.Burst}, {"default_max_tokens", l.DefaultMaxTokens}} {
+		if f.v < 0 {
+			errs = append(errs, fmt.Errorf("%s%s: must not be negative, got %d", prefix, f.name, f.v))
+		}
+	}
+	if err := ValidatePolicy(l.OnStoreFailure); err != nil {
+		errs = append(errs, fmt.Errorf("%s%w", prefix, err))
+	}
+	return errs
+}

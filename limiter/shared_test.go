@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,8 +17,10 @@ import (
 
 func newShared(t testing.TB, addr string, ropt RedisOptions, sopt SharedOptions) *Shared {
 	t.Helper()
-	s := NewShared(newRedis(t, addr, ropt), sopt)
-	return s
+	if sopt.Logger == nil {
+		sopt.Logger = slog.New(slog.DiscardHandler)
+	}
+	return NewShared(newRedis(t, addr, ropt), sopt)
 }
 
 // evalCalls counts scripts run by the server (EVALSHA + EVAL).
