@@ -41,7 +41,11 @@ local function keep_leases()
   end
 end
 
-local tats = {tat_of(KEYS[2]), tat_of(KEYS[3]), tat_of(KEYS[4]), tat_of(KEYS[5])}
+-- TATs of the configured buckets (0 for the others: never read or written).
+local tats = {0, 0, 0, 0}
+for i = 1, 4 do
+  if tonumber(ARGV[3 + 2 * i]) > 0 then tats[i] = tat_of(KEYS[1 + i]) end
+end
 
 -- A retried admission of a live request is charged once.
 local rec = redis.call('GET', KEYS[6])
