@@ -28,6 +28,11 @@ type BackendStat struct {
 	URL      string `json:"url"`
 	Healthy  bool   `json:"healthy"`
 	InFlight int64  `json:"in_flight"`
+	// Running and Waiting are the engine's own gauges when scraped; nil
+	// when unknown. Capacity is the engine's batch slots when configured.
+	Running  *float64 `json:"running,omitempty"`
+	Waiting  *float64 `json:"waiting,omitempty"`
+	Capacity int      `json:"capacity,omitempty"`
 }
 
 // StatsSnapshot is the JSON of /debug/stats.
