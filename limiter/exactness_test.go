@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -109,7 +110,8 @@ type attempt struct {
 //
 //   - at most burst + rate·(end of the last admission − start): the bucket
 //     was full at start and refills at rate;
-//   - at least what the refusals prove was there: see tokenLowerBound.
+//   - every refusal justified: by the time of each refusal, enough was
+//     admitted to empty the bucket (see checkRefusals).
 func exactnessTokens(t *testing.T, nodes []Limiter, tenant string) {
 	const tpm, burst, est, perNode = 60000, 2000, 200, 8 // 1000 tokens/s
 	const dur = 2 * time.Second
@@ -166,54 +168,76 @@ func exactnessTokens(t *testing.T, nodes []Limiter, tenant string) {
 	}
 	// 20 tokens (20 ms) of slack: Redis decides on its own clock.
 	upper := int64(burst+tpm/60*lastAdmit.Sub(start).Seconds()) + 20
-	lower := tokenLowerBound(all, burst, tpm/60, est)
-	t.Logf("tokens: admitted %d in %d attempts (%d refused) over %v; bound [%d, %d]",
-		tokens, len(all), refusals, time.Since(start).Round(time.Millisecond), lower, upper)
+	t.Logf("tokens: admitted %d (at most %d) in %d attempts, %d refused, over %v",
+		tokens, upper, len(all), refusals, time.Since(start).Round(time.Millisecond))
 	if refusals == 0 {
 		t.Fatal("no refusal: the load did not press on the limit")
 	}
-	within(t, "tokens admitted", tokens, lower, upper)
+	within(t, "tokens admitted", tokens, 0, upper)
+	checkRefusals(t, all, burst, tpm/60, est)
 }
 
-// tokenLowerBound is the fewest tokens a correct limiter must have admitted
-// given the refusals seen. The bucket is full at start and every request
-// costs est, so a refusal decided at D proves the bucket held less than est
-// at D. For two refusals decided at D1 ≤ D2:
+// checkRefusals fails the test if a refusal in all was not justified: the
+// bucket (full at first, refilling at rate per second) must have held less
+// than est, the cost of every request, when the refusal was decided.
 //
-//   - by D1 at least burst − est was admitted (the bucket went from full to
-//     under est);
-//   - between D1 and D2 the bucket gained rate·(D2−D1), lost only what
-//     overflowed while it was full, and again held under est at D2: at
-//     least rate·(D2−D1) − est − overflow was admitted;
+// The store decided each attempt at an unknown instant D within [start,
+// end]. Take r1, the refusal that ended first, and any refusal r decided
+// after it:
+//
+//   - by D(r1) at least burst − est was admitted (the bucket went from full
+//     to under est);
+//   - from D(r1) to D(r) the bucket gained rate·(D(r)−D(r1)), lost what
+//     overflowed while it was full, and again held under est: at least
+//     rate·(D(r)−D(r1)) − est − overflow more was admitted;
 //   - it overflows only while full, which it cannot be before
-//     (burst−est)/rate after D1: overflow ≤ rate·max(0, D2−D1 − (burst−est)/rate).
+//     (burst−est)/rate after D(r1), so overflow ≤ rate·(D(r)−D(r1) − (burst−est)/rate).
 //
-// D is only known to lie within [start, end] of its attempt, so D2−D1 is
-// taken at its least for the gain and at its most for the overflow. D1 is
-// the refusal that ended first; the best D2 is searched. Refusals by a
-// deny cache or a local ceiling prove the same, if those are right.
-func tokenLowerBound(all []attempt, burst, rate, est float64) int64 {
-	var refused []attempt
+// D(r)−D(r1) is taken at its least for the gain and at its most for the
+// overflow. What was admitted by D(r) is at most the admissions that
+// started before r ended. Refusals by a deny cache or a local ceiling must
+// be justified the same way: they claim the store would refuse.
+func checkRefusals(t *testing.T, all []attempt, burst, rate, est float64) {
+	t.Helper()
+	var refused, admitted []attempt
 	for _, a := range all {
-		if !a.allowed {
+		if a.allowed {
+			admitted = append(admitted, a)
+		} else {
 			refused = append(refused, a)
 		}
 	}
-	if len(refused) == 0 {
-		return 0
+	slices.SortFunc(admitted, func(a, b attempt) int { return a.start.Compare(b.start) })
+	slices.SortFunc(refused, func(a, b attempt) int { return a.start.Compare(b.start) })
+	cum := make([]int64, len(admitted)+1) // cum[i]: tokens of admitted[:i]
+	for i, a := range admitted {
+		cum[i+1] = cum[i] + a.tokens
 	}
 	first := slices.MinFunc(refused, func(a, b attempt) int { return a.end.Compare(b.end) })
 	fill := (burst - est) / rate // seconds from under est to full
-	best := burst - est
+	var bad int
+	var last, worst string
 	for _, r := range refused {
-		gain := r.start.Sub(first.end).Seconds()
-		if gain <= 0 {
-			continue
+		need := burst - est
+		if gain := r.start.Sub(first.end).Seconds(); gain > 0 {
+			overflow := max(0, r.end.Sub(first.start).Seconds()-fill)
+			need += max(0, rate*gain-est-rate*overflow)
 		}
-		overflow := max(0, r.end.Sub(first.start).Seconds()-fill)
-		best = max(best, burst-est+rate*gain-est-rate*overflow)
+		n, _ := slices.BinarySearchFunc(admitted, r.end, func(a attempt, t time.Time) int { return a.start.Compare(t) })
+		msg := fmt.Sprintf("refused %v after the first refusal: at most %d tokens admitted by then; at least %d due",
+			r.start.Sub(first.start).Round(time.Millisecond), cum[n], int64(need))
+		if r.start.Equal(refused[len(refused)-1].start) {
+			last = msg
+		}
+		if float64(cum[n]) < need {
+			bad++
+			worst = msg
+		}
 	}
-	return int64(best)
+	t.Logf("last refusal: %s", last)
+	if bad > 0 {
+		t.Errorf("%d of %d refusals while the bucket held a request's tokens; e.g. %s", bad, len(refused), worst)
+	}
 }
 
 // exactnessNode makes the limiter of one edge node of an exactness test.
