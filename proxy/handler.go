@@ -111,8 +111,17 @@ type exchange struct {
 	ticket  *limiter.Ticket
 	backend *routing.Backend
 
-	// Marks on the request's timeline (monotonic clock).
-	start, bodyRead, authDone, admitted, picked, upstreamHeaders, firstToken, lastToken time.Time
+	// Marks on the request's timeline (monotonic clock). dequeued is when
+	// the request left the pool's admission queue (or went through it).
+	start, bodyRead, authDone, admitted, dequeued, picked, upstreamHeaders, firstToken, lastToken time.Time
+	// queueWait is the time spent waiting in the admission queue: the
+	// "queue" stage.
+	queueWait time.Duration
+
+	adm     routing.Admission // held from the queue until the first Begin
+	leg     leg               // storage for an unhedged attempt
+	hedging *race             // the latest hedged race, drained before return
+	hedged  bool              // a hedge was sent
 
 	status      int   // sent to the client; 0 until headers are written
 	tokens      int64 // chunks carrying generated text
@@ -151,6 +160,10 @@ func (x *exchange) serve() error {
 	if err := x.admit(); err != nil {
 		return err
 	}
+	if err := x.enqueue(); err != nil {
+		return err
+	}
+	defer x.adm.Done()
 	return x.forward()
 }
 
@@ -204,6 +217,15 @@ func (x *exchange) admit() error {
 	}
 	x.ticket = d.Ticket
 	return nil
+}
+
+// enqueue waits in the pool's admission queue while every backend is at its
+// target load; the wait is the request's queue stage.
+func (x *exchange) enqueue() error {
+	adm, err := x.route.Pool.Enter(x.r.Context(), x.route.Class, x.tenant.ID)
+	x.dequeued, x.queueWait = time.Now(), adm.Waited
+	x.adm = adm
+	return err
 }
 
 // fail answers err unless the response has already started.

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluice-proxy/sluice/internal/gpusim"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/routing"
@@ -41,8 +43,10 @@ func startSim(t testing.TB, cfg gpusim.Config) (*gpusim.Sim, string) {
 type testEdge struct {
 	handler *proxy.Handler
 	server  *proxy.Server
-	http    string // http://host:port (HTTP/1.1 and h2c)
-	https   string // https://host:port (HTTP/1.1 and h2)
+	pools   map[string]*routing.Pool
+	reg     *prometheus.Registry // proxy and routing metrics
+	http    string               // http://host:port (HTTP/1.1 and h2c)
+	https   string               // https://host:port (HTTP/1.1 and h2)
 }
 
 type edgeOpts struct {
@@ -50,6 +54,13 @@ type edgeOpts struct {
 	routes []routing.RouteConfig
 	proxy  proxy.Config
 	extra  []routing.PoolConfig
+	// start runs the pools' scrapers and health probes (off by default:
+	// some tests' backends record every request they get).
+	start bool
+	// limiter, when set, is the state's limiter.
+	limiter proxy.Limiter
+	// log receives the access log. Nil means none.
+	log io.Writer
 }
 
 // startEdge serves a handler for one pool of backends with the given routes
@@ -66,6 +77,10 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 			t.Fatal(err)
 		}
 		pools[pc.Name] = p
+		if o.start {
+			p.Start(context.Background())
+		}
+		t.Cleanup(func() { p.Close() })
 	}
 	if len(o.routes) == 0 {
 		o.routes = []routing.RouteConfig{{Pool: o.pool.Name}}
@@ -79,10 +94,18 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		Tenants: proxy.NewTenants([]proxy.TenantConfig{
 			{ID: "t1", Keys: []string{proxy.HashKey(testKey)}},
 		}),
-		Routes: routing.NewTable(routes),
+		Routes:  routing.NewTable(routes),
+		Limiter: o.limiter,
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log})
+	if o.log == nil {
+		o.log = io.Discard
+	}
+	log := slog.New(slog.NewTextHandler(o.log, nil))
+	reg := prometheus.NewRegistry()
+	if err := routing.RegisterMetrics(reg, st.Routes.Pools); err != nil {
+		t.Fatal(err)
+	}
+	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, Metrics: proxy.NewMetrics(reg)})
 	srv := &proxy.Server{
 		Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: testTLSConfig(t), Log: log,
 	}
@@ -92,7 +115,7 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	go srv.Serve()
 	t.Cleanup(func() { srv.Close() })
 	return &testEdge{
-		handler: h, server: srv,
+		handler: h, server: srv, pools: pools, reg: reg,
 		http:  "http://" + srv.Addr(proxy.ListenerHTTP),
 		https: "https://" + srv.Addr(proxy.ListenerHTTPS),
 	}
@@ -224,4 +247,36 @@ func closedURL(t testing.TB) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return "http://" + addr
+}
+
+// metric returns the value of a gauge or counter series of the edge's
+// registry whose labels include want, or -1 when absent.
+func (e *testEdge) metric(t testing.TB, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if have[k] != v {
+					continue series
+				}
+			}
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return -1
 }

@@ -15,6 +15,7 @@ type Metrics struct {
 	requests *prometheus.CounterVec
 	inflight prometheus.Gauge
 	retries  *prometheus.CounterVec
+	hedges   *prometheus.CounterVec
 	ttft     *prometheus.HistogramVec
 	e2e      *prometheus.HistogramVec
 	tokens   *prometheus.CounterVec
@@ -35,6 +36,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_upstream_retries_total", Help: "Requests retried on another backend before the first token.",
 		}, []string{"route"}),
+		hedges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_hedges_total", Help: "Hedged requests by route and outcome (fired: sent to a second backend; won: the second answered first).",
+		}, []string{"route", "outcome"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sluice_ttft_seconds", Help: "Time to first token as seen at the edge.", Buckets: latencyBuckets,
 		}, []string{"route"}),
@@ -46,7 +50,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"route", "direction"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.inflight, m.retries, m.ttft, m.e2e, m.tokens)
+		reg.MustRegister(m.requests, m.inflight, m.retries, m.hedges, m.ttft, m.e2e, m.tokens)
 	}
 	return m
 }
@@ -54,6 +58,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (m *Metrics) retry(route string) {
 	if m != nil {
 		m.retries.WithLabelValues(route).Inc()
+	}
+}
+
+func (m *Metrics) hedge(route, outcome string) {
+	if m != nil {
+		m.hedges.WithLabelValues(route, outcome).Inc()
 	}
 }
 
@@ -105,6 +115,12 @@ func (h *Handler) observe(x *exchange) {
 	}
 	if x.retries > 0 {
 		attrs = append(attrs, slog.Int("retries", x.retries))
+	}
+	if x.queueWait > 0 {
+		attrs = append(attrs, slog.Duration("queue_wait", x.queueWait))
+	}
+	if x.hedged {
+		attrs = append(attrs, slog.Bool("hedged", true))
 	}
 	if x.err != nil {
 		attrs = append(attrs, slog.String("error", x.err.Error()))

@@ -288,11 +288,16 @@ func (c PoolConfig) Validate() []FieldError {
 	}
 	errs = append(errs, c.Health.validate()...)
 	errs = append(errs, c.Queue.validate()...)
-	slots := false
+	slots := 0
 	for _, b := range c.Backends {
-		slots = slots || b.MaxBatch > 0
+		if b.MaxBatch > 0 {
+			slots++
+		}
 	}
-	if c.Queue.TargetUtilization > 0 && !slots {
+	if slots > 0 && slots < len(c.Backends) {
+		bad("backends", "set max_batch on every backend of the pool or on none (scores compare load per batch slot)")
+	}
+	if c.Queue.TargetUtilization > 0 && slots == 0 {
 		bad("queue.target_utilization", "queue.target_utilization needs the batch slots of the backends: set backends[].max_batch")
 	}
 	for i, b := range c.Backends {
@@ -300,7 +305,7 @@ func (c PoolConfig) Validate() []FieldError {
 		if b.MaxBatch < 0 {
 			bad(key+".max_batch", "max_batch must not be negative")
 		}
-		if !validDialect(b.Dialect) {
+		if b.Dialect != c.Dialect && !validDialect(b.Dialect) { // an inherited one is reported once
 			bad(key+".dialect", "dialect %q must be auto, vllm, sglang, tgi or none", b.Dialect)
 		}
 	}

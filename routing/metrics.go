@@ -6,14 +6,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// RegisterMetrics registers a collector that exports, at scrape time, the
-// state of the pools that pools returns (called on every scrape, so a
-// config reload that replaces the pools is followed): per backend the load
-// score, the engine's gauges from the freshest sample and its age, in-flight
-// requests, health, ejections, scrape and probe failures; per pool and
-// class the admission queue's depth, wait histogram and outcomes.
+// RegisterMetrics registers Collector(pools) with reg.
 func RegisterMetrics(reg prometheus.Registerer, pools func() []*Pool) error {
-	return reg.Register(&collector{pools: pools})
+	return reg.Register(Collector(pools))
+}
+
+// Collector returns a collector that exports, at scrape time, the state of
+// the pools that pools returns (called on every scrape, so a config reload
+// that replaces the pools is followed): per backend the load score, the
+// engine's gauges from the freshest sample and its age, in-flight
+// requests, health, ejections, scrape and probe failures; per pool and
+// class the admission queue's depth, wait histogram and outcomes. It is
+// unchecked: it describes no metrics up front.
+func Collector(pools func() []*Pool) prometheus.Collector {
+	return &collector{pools: pools}
 }
 
 var (

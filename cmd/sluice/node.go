@@ -27,6 +27,7 @@ type node struct {
 	reg      *prometheus.Registry
 	sims     map[string]*simServer
 	handler  *proxy.Handler
+	pools    []*routing.Pool // running scrapers and probes
 	server   *proxy.Server
 	certs    *certs.Store
 	serveErr chan error
@@ -56,12 +57,18 @@ func startNode(ctx context.Context, cfg *configs.Config, log *slog.Logger) (*nod
 	n.handler = proxy.NewHandler(st, proxy.Options{
 		Region: cfg.Node.Region, Log: log, Metrics: proxy.NewMetrics(n.reg),
 	})
+	n.reg.MustRegister(routing.Collector(func() []*routing.Pool { return n.handler.State().Routes.Pools() }))
+	n.pools = st.Routes.Pools()
+	for _, p := range n.pools {
+		p.Start(context.Background()) // stopped by closePools
+	}
 	n.server = &proxy.Server{
 		Handler: n.handler, HTTPAddr: cfg.Listeners.HTTP, AdminAddr: cfg.Listeners.Admin, Log: log,
 	}
 	if h := cfg.Listeners.HTTPS; h != nil {
 		n.certs, err = certs.New(h.Config, log, n.reg)
 		if err != nil {
+			n.closePools()
 			n.stopSimulators()
 			return nil, fmt.Errorf("loading certificates: %w", err)
 		}
@@ -70,6 +77,7 @@ func startNode(ctx context.Context, cfg *configs.Config, log *slog.Logger) (*nod
 	}
 	n.server.Admin = proxy.NewAdmin(n.reg, n.server.Draining)
 	if err := n.server.Listen(); err != nil {
+		n.closePools()
 		n.stopSimulators()
 		return nil, err
 	}
@@ -112,8 +120,16 @@ func (n *node) shutdown() error {
 	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Node.DrainTimeout)
 	defer cancel()
 	err := n.server.Shutdown(ctx)
+	n.closePools()
 	n.stopSimulators()
 	return err
+}
+
+// closePools stops the pools' scrapers and health probes.
+func (n *node) closePools() {
+	for _, p := range n.pools {
+		p.Close()
+	}
 }
 
 // buildState turns a validated config into the handler's state; simURLs
