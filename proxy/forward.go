@@ -63,14 +63,13 @@ func (x *exchange) forward() error {
 		tried = append(tried, b)
 		var l *leg
 		if x.route.HedgeAfter > 0 {
-			l, err = x.race(b, &tried)
+			l, tried, err = x.race(b, tried)
 		} else {
 			l = x.newLeg(b, &x.leg)
 			l.open()
 			err = l.err
 		}
 		if err == nil {
-			defer l.close()
 			return x.relay(l)
 		}
 		if x.r.Context().Err() != nil {

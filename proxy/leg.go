@@ -178,8 +178,10 @@ func (l *leg) close() {
 	l.end()
 }
 
-// relay commits the winning leg to the client and relays the rest.
+// relay commits the winning leg to the client, relays the rest and closes
+// the leg.
 func (x *exchange) relay(l *leg) error {
+	defer l.close()
 	x.backend, x.upstreamHeaders = l.b, l.headers
 	switch l.mode {
 	case modeEvents:
@@ -216,7 +218,7 @@ func (l *leg) run() {
 // route's hedge_after, on a second backend too. The first leg to produce a
 // first token wins; the other is cancelled at once (its backend frees the
 // slot). It fails only when every leg failed.
-func (x *exchange) race(b *routing.Backend, tried *[]*routing.Backend) (*leg, error) {
+func (x *exchange) race(b *routing.Backend, tried []*routing.Backend) (*leg, []*routing.Backend, error) {
 	rc := &race{out: make(chan *leg, len(race{}.legs))}
 	x.hedging = rc
 	x.startLeg(rc, b, false)
@@ -241,19 +243,19 @@ func (x *exchange) race(b *routing.Backend, tried *[]*routing.Backend) (*leg, er
 			if l.hedge {
 				x.h.metrics.hedge(x.route.Name, "won")
 			}
-			return l, nil
+			return l, tried, nil
 		case <-timer.C:
-			hb, err := x.route.Pool.Pick(*tried)
+			hb, err := x.route.Pool.Pick(tried)
 			if err != nil {
 				continue // nowhere to hedge: keep waiting for the first leg
 			}
-			*tried = append(*tried, hb)
+			tried = append(tried, hb)
 			x.hedged = true
 			x.h.metrics.hedge(x.route.Name, "fired")
 			x.startLeg(rc, hb, true)
 		}
 	}
-	return nil, lastErr
+	return nil, tried, lastErr
 }
 
 func (x *exchange) startLeg(rc *race, b *routing.Backend, hedge bool) {

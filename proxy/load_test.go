@@ -29,7 +29,6 @@ func fleet(batch [3]int, stepBase [3]time.Duration) []gpusim.Config {
 	return out
 }
 
-
 // testFleet is a fast, a medium and a small slow GPU: about 31, 16 and 1.8
 // requests/s at 16 output tokens. Round robin's third of any load above
 // ~6 requests/s overloads the slow one.

@@ -44,8 +44,8 @@ func TestLeastQueuedBeatsRoundRobin(t *testing.T) {
 	if lq.share[2] > rr.share[2] {
 		t.Errorf("slowest backend's share: least_queued %.2f, round_robin %.2f; want less", lq.share[2], rr.share[2])
 	}
-	if float64(lq.p95) > 0.6*float64(rr.p95) {
-		t.Errorf("P95 TTFT: least_queued %v, round_robin %v; want least_queued clearly lower (under 60%%)", lq.p95, rr.p95)
+	if float64(lq.p95) > 0.8*float64(rr.p95) {
+		t.Errorf("P95 TTFT: least_queued %v, round_robin %v; want least_queued clearly lower (under 80%%)", lq.p95, rr.p95)
 	}
 }
 
@@ -147,7 +147,7 @@ func TestFailoverInvisible(t *testing.T) {
 			pool := poolOf(tc.first, goodURL)
 			pool.Policy = routing.PolicyRoundRobin // the first pick is the bad backend
 			e := startEdge(t, edgeOpts{pool: pool,
-				routes: []routing.RouteConfig{{Pool: "p", FirstTokenTimeout: 300 * time.Millisecond}}})
+				routes: []routing.RouteConfig{{Pool: "p", FirstTokenTimeout: time.Second}}})
 			resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
 			events, done := readEvents(t, resp.Body)
 			resp.Body.Close()
