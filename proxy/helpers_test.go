@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
@@ -10,8 +11,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/quic-go/quic-go/http3"
 
 	"github.com/sluice-proxy/sluice/internal/gpusim"
 	"github.com/sluice-proxy/sluice/proxy"
@@ -43,6 +47,8 @@ type testEdge struct {
 	server  *proxy.Server
 	http    string // http://host:port (HTTP/1.1 and h2c)
 	https   string // https://host:port (HTTP/1.1 and h2)
+	h3      string // https://host:port of the UDP listener (HTTP/3)
+	log     *logBuffer
 }
 
 type edgeOpts struct {
@@ -50,6 +56,9 @@ type edgeOpts struct {
 	routes []routing.RouteConfig
 	proxy  proxy.Config
 	extra  []routing.PoolConfig
+	http3  proxy.HTTP3Config
+	tls    *tls.Config // nil: httptest's certificate
+	quic   *tls.Config // nil: derived from tls
 }
 
 // startEdge serves a handler for one pool of backends with the given routes
@@ -81,10 +90,15 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		}),
 		Routes: routing.NewTable(routes),
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logs := &logBuffer{}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
 	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log})
+	if o.tls == nil {
+		o.tls = testTLSConfig(t)
+	}
 	srv := &proxy.Server{
-		Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: testTLSConfig(t), Log: log,
+		Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: o.tls,
+		HTTP3: o.http3, QUICTLSConfig: o.quic, Log: log,
 	}
 	if err := srv.Listen(); err != nil {
 		t.Fatal(err)
@@ -95,7 +109,38 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		handler: h, server: srv,
 		http:  "http://" + srv.Addr(proxy.ListenerHTTP),
 		https: "https://" + srv.Addr(proxy.ListenerHTTPS),
+		h3:    "https://" + srv.Addr(proxy.ListenerHTTP3),
+		log:   logs,
 	}
+}
+
+// logBuffer collects a server's JSON log lines; safe for concurrent use.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// lines returns the log lines that contain every one of subs.
+func (b *logBuffer) lines(subs ...string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for _, l := range strings.Split(b.buf.String(), "\n") {
+		ok := l != ""
+		for _, s := range subs {
+			ok = ok && strings.Contains(l, s)
+		}
+		if ok {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // testTLSConfig uses httptest's certificate for the TLS listener.
@@ -131,6 +176,17 @@ func h2Client() *http.Client {
 	var p http.Protocols
 	p.SetHTTP2(true)
 	return &http.Client{Transport: &http.Transport{Protocols: &p, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+}
+
+// h3Client speaks HTTP/3 (quic-go's client) and trusts any certificate.
+func h3Client(t testing.TB) *http.Client {
+	return h3ClientTLS(t, &tls.Config{InsecureSkipVerify: true})
+}
+
+func h3ClientTLS(t testing.TB, cfg *tls.Config) *http.Client {
+	tr := &http3.Transport{TLSClientConfig: cfg}
+	t.Cleanup(func() { tr.Close() })
+	return &http.Client{Transport: tr}
 }
 
 func chatBody(extra string) string {
@@ -225,3 +281,5 @@ func closedURL(t testing.TB) string {
 	ln.Close()
 	return "http://" + addr
 }
+
+func insecure() *tls.Config { return &tls.Config{InsecureSkipVerify: true} }

@@ -82,11 +82,15 @@ func (h *Handler) observe(x *exchange) {
 	if !h.log.Enabled(context.Background(), slog.LevelInfo) {
 		return
 	}
+	proto := x.r.Proto
+	if ci, ok := ConnInfoFrom(x.r.Context()); ok && ci.Proto != "" {
+		proto = ci.Proto
+	}
 	attrs := []slog.Attr{
 		slog.String("request_id", x.id),
 		slog.String("method", x.r.Method),
 		slog.String("path", x.r.URL.Path),
-		slog.String("proto", x.r.Proto),
+		slog.String("proto", proto),
 		slog.Int("status", status),
 		slog.String("route", route),
 		slog.Duration("duration", end.Sub(x.start)),
