@@ -141,11 +141,13 @@ func (q *h3Listener) close() error {
 // GET and HEAD are served (marked "Early-Data: 1" for the backend, RFC
 // 8470); anything else is answered 425 Too Early and the client retries
 // once the handshake is done.
-func earlyOK(w http.ResponseWriter, r *http.Request) bool {
+func (s *Server) earlyOK(w http.ResponseWriter, r *http.Request) bool {
 	if r.Method == http.MethodGet || r.Method == http.MethodHead {
 		r.Header.Set("Early-Data", "1")
 		return true
 	}
+	s.Log.Debug("refused a request sent in 0-RTT early data", "status", http.StatusTooEarly,
+		"method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
 	writeError(w, &apiError{Status: http.StatusTooEarly, Type: "invalid_request_error", Code: "too_early",
 		Message: "this request arrived in 0-RTT early data, which may be replayed; retry after the handshake"})
 	return false

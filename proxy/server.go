@@ -196,7 +196,7 @@ func (s *Server) wrap(kind string, h http.Handler) http.Handler {
 		if altSvc != nil {
 			w.Header()["Alt-Svc"] = altSvc
 		}
-		if early && r.TLS != nil && !r.TLS.HandshakeComplete && !earlyOK(w, r) {
+		if early && r.TLS != nil && !r.TLS.HandshakeComplete && !s.earlyOK(w, r) {
 			return
 		}
 		h.ServeHTTP(w, r)
