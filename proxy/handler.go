@@ -28,6 +28,10 @@ type State struct {
 	Routes  *routing.Table
 	// Limiter enforces tenant limits. Nil means no limits.
 	Limiter Limiter
+	// Transports carry requests to each pool's backends, keyed by pool
+	// name (see NewPoolTransport). A pool without one uses the handler's
+	// transport.
+	Transports map[string]http.RoundTripper
 }
 
 // Options configures a Handler.

@@ -69,12 +69,19 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		o.pool.Name = "p"
 	}
 	pools := map[string]*routing.Pool{}
+	transports := map[string]http.RoundTripper{}
 	for _, pc := range append([]routing.PoolConfig{o.pool}, o.extra...) {
 		p, err := routing.NewPool(pc)
 		if err != nil {
 			t.Fatal(err)
 		}
 		pools[pc.Name] = p
+		tr, err := proxy.NewPoolTransport(o.proxy, p.Config())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(tr.CloseIdleConnections)
+		transports[pc.Name] = tr
 	}
 	if len(o.routes) == 0 {
 		o.routes = []routing.RouteConfig{{Pool: o.pool.Name}}
@@ -88,7 +95,8 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		Tenants: proxy.NewTenants([]proxy.TenantConfig{
 			{ID: "t1", Keys: []string{proxy.HashKey(testKey)}},
 		}),
-		Routes: routing.NewTable(routes),
+		Routes:     routing.NewTable(routes),
+		Transports: transports,
 	}
 	logs := &logBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
