@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
 	"github.com/sluice-proxy/sluice/proxy"
@@ -210,4 +212,30 @@ func TestHTTP3ShutdownDrainsStreams(t *testing.T) {
 		t.Fatalf("UDP port still bound after Shutdown: %v", err)
 	}
 	pc.Close()
+}
+
+// A client that keeps an idle QUIC connection open after GOAWAY does not
+// hold up Shutdown until the drain timeout.
+func TestHTTP3ShutdownWithIdleConnection(t *testing.T) {
+	e := startEdge(t, edgeOpts{pool: poolOf(closedURL(t))})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// A bare QUIC connection speaking no HTTP/3: it never closes by itself.
+	conn, err := quic.DialAddr(ctx, strings.TrimPrefix(e.h3, "https://"),
+		&tls.Config{InsecureSkipVerify: true, NextProtos: []string{http3.NextProtoH3}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseWithError(0, "")
+	time.Sleep(50 * time.Millisecond) // let the server take the connection
+	start := time.Now()
+	e.server.Shutdown(ctx)
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Shutdown took %v with one idle connection; want it not to wait for the drain timeout", d)
+	}
+	select {
+	case <-conn.Context().Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("the idle connection was not closed by Shutdown")
+	}
 }

@@ -48,6 +48,7 @@ type Server struct {
 	base     context.Context
 	stopBase context.CancelCauseFunc
 	active   sync.WaitGroup
+	running  atomic.Int64 // handlers running now (active, readable)
 	draining atomic.Bool
 }
 
@@ -191,7 +192,8 @@ func (s *Server) wrap(kind string, h http.Handler) http.Handler {
 	early := kind == ListenerHTTP3 && s.HTTP3.Allow0RTT
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.active.Add(1)
-		defer s.active.Done()
+		s.running.Add(1)
+		defer func() { s.running.Add(-1); s.active.Done() }()
 		r = noteRequest(r)
 		if altSvc != nil {
 			w.Header()["Alt-Svc"] = altSvc
@@ -276,10 +278,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	wg.Wait()
 	if s.h3 != nil {
-		select {
-		case <-h3drained:
-		case <-ctx.Done():
-		}
+		s.waitRequests(ctx, h3drained)
 	}
 	s.stopBase(errDraining)
 	done := make(chan struct{})
@@ -300,6 +299,23 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		t.Stop()
 	}
 	return s.Close()
+}
+
+// waitRequests waits, after the TCP servers shut down, until the HTTP/3
+// connections have all ended, or no request runs any more (a client may
+// keep an idle connection open after GOAWAY; Close ends it), or ctx is done.
+func (s *Server) waitRequests(ctx context.Context, h3drained <-chan struct{}) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for s.running.Load() > 0 {
+		select {
+		case <-h3drained:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Close closes every listener and connection at once.
