@@ -15,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go/http3"
 
 	"github.com/sluice-proxy/sluice/internal/gpusim"
+	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/routing"
 )
@@ -52,13 +54,17 @@ type testEdge struct {
 }
 
 type edgeOpts struct {
-	pool   routing.PoolConfig
-	routes []routing.RouteConfig
-	proxy  proxy.Config
-	extra  []routing.PoolConfig
-	http3  proxy.HTTP3Config
-	tls    *tls.Config // nil: httptest's certificate
-	quic   *tls.Config // nil: derived from tls
+	pool    routing.PoolConfig
+	routes  []routing.RouteConfig
+	proxy   proxy.Config
+	extra   []routing.PoolConfig
+	limits  limiter.Limits // the test tenant's limits
+	limiter proxy.Limiter  // nil: none
+	log     *slog.Logger   // access log; nil: JSON lines into testEdge.log
+	metrics *proxy.Metrics // nil: none
+	http3   proxy.HTTP3Config
+	tls     *tls.Config // nil: httptest's certificate
+	quic    *tls.Config // nil: derived from tls
 }
 
 // startEdge serves a handler for one pool of backends with the given routes
@@ -93,14 +99,19 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	st := &proxy.State{
 		Config: o.proxy,
 		Tenants: proxy.NewTenants([]proxy.TenantConfig{
-			{ID: "t1", Keys: []string{proxy.HashKey(testKey)}},
+			{ID: "t1", Keys: []string{proxy.HashKey(testKey)}, Limits: o.limits},
 		}),
 		Routes:     routing.NewTable(routes),
+		Limiter:    o.limiter,
 		Transports: transports,
 	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	logs := &logBuffer{}
-	log := slog.New(slog.NewJSONHandler(logs, nil))
-	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log})
+	if o.log == nil {
+		o.log = slog.New(slog.NewJSONHandler(logs, nil))
+	}
+	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, AccessLog: o.log,
+		Metrics: o.metrics, Stats: proxy.NewStats()})
 	if o.tls == nil {
 		o.tls = testTLSConfig(t)
 	}
@@ -291,3 +302,11 @@ func closedURL(t testing.TB) string {
 }
 
 func insecure() *tls.Config { return &tls.Config{InsecureSkipVerify: true} }
+
+// httptestAdmin serves the edge's admin handler on a loopback listener.
+func httptestAdmin(t testing.TB, e *testEdge) string {
+	t.Helper()
+	srv := httptest.NewServer(proxy.NewAdmin(prometheus.NewRegistry(), func() bool { return false }, e.handler))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -128,15 +127,19 @@ func TestAltSvc(t *testing.T) {
 // A UDP port that is taken is a start-up error naming it, not a node that
 // silently serves TCP only.
 func TestHTTP3PortInUse(t *testing.T) {
-	busy, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	var busy net.PacketConn
+	for i := 0; busy == nil; i++ { // a UDP port whose TCP twin is free
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil || i == 20 {
+			t.Fatalf("no port free on both TCP and UDP: %v", err)
+		}
+		busy, _ = net.ListenPacket("udp", ln.Addr().String())
+		ln.Close()
 	}
 	defer busy.Close()
-	port := busy.LocalAddr().(*net.UDPAddr).Port
-	addr := "127.0.0.1:" + strconv.Itoa(port)
+	addr := busy.LocalAddr().String()
 	srv := &proxy.Server{Handler: http.NotFoundHandler(), HTTPSAddr: addr, TLSConfig: testTLSConfig(t)}
-	err = srv.Listen()
+	err := srv.Listen()
 	if err == nil {
 		srv.Close()
 		t.Fatal("Listen succeeded with the UDP port taken")

@@ -178,10 +178,7 @@ routes:
 
 // A UDP port already in use stops "sluice serve" with an error naming it.
 func TestServeUDPPortInUse(t *testing.T) {
-	busy, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	busy := takeUDPOnly(t)
 	defer busy.Close()
 	addr := busy.LocalAddr().String()
 	dir := t.TempDir()
@@ -192,6 +189,25 @@ func TestServeUDPPortInUse(t *testing.T) {
 	if code != 1 || !strings.Contains(errs, "udp "+addr+" (http3)") || !strings.Contains(errs, "address already in use") {
 		t.Fatalf("code %d, stderr %q; want 1 and an error naming udp %s", code, errs, addr)
 	}
+}
+
+// takeUDPOnly binds a loopback UDP port whose TCP twin is free (it was
+// bound a moment ago to find the number).
+func takeUDPOnly(t *testing.T) net.PacketConn {
+	t.Helper()
+	for range 20 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pc, err := net.ListenPacket("udp", ln.Addr().String())
+		ln.Close()
+		if err == nil {
+			return pc
+		}
+	}
+	t.Fatal("no port free on both TCP and UDP")
+	return nil
 }
 
 func TestParseCurlVersion(t *testing.T) {
