@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/internal/gpusim"
+	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/routing"
 	"github.com/sluice-proxy/sluice/tls/certs"
@@ -25,6 +26,7 @@ type Config struct {
 	Node       Node                  `yaml:"node"`
 	Listeners  Listeners             `yaml:"listeners"`
 	Proxy      proxy.Config          `yaml:"proxy"`
+	Redis      limiter.RedisConfig   `yaml:"redis"`
 	Tenants    []proxy.TenantConfig  `yaml:"tenants"`
 	Pools      []routing.PoolConfig  `yaml:"pools"`
 	Routes     []routing.RouteConfig `yaml:"routes"`
@@ -52,7 +54,8 @@ type Listeners struct {
 	// HTTP is a cleartext listener serving HTTP/1.1 and HTTP/2 (h2c).
 	// Empty means none.
 	HTTP string `yaml:"http"`
-	// HTTPS is a TLS listener serving HTTP/1.1 and HTTP/2. Nil means none.
+	// HTTPS is a TLS listener serving HTTP/1.1 and HTTP/2, with HTTP/3 on
+	// the same port number over UDP. Nil means none.
 	HTTPS *HTTPS `yaml:"https"`
 	// Admin serves /healthz, /readyz and /metrics. Empty means none.
 	Admin string `yaml:"admin"`
@@ -63,6 +66,9 @@ type HTTPS struct {
 	// Addr is the listen address, e.g. "0.0.0.0:443".
 	Addr         string `yaml:"addr"`
 	certs.Config `yaml:",inline"`
+	// HTTP3 configures HTTP/3 over QUIC beside the TLS listener (on by
+	// default, on the same port number over UDP).
+	HTTP3 proxy.HTTP3Config `yaml:"http3"`
 }
 
 // Simulator is a simulated GPU backend started inside the Sluice process;
@@ -122,6 +128,12 @@ func (c *Config) applyDefaults() {
 		c.Node.DrainTimeout = 30 * time.Second
 	}
 	c.Proxy = c.Proxy.WithDefaults()
+	if c.Listeners.HTTPS != nil {
+		c.Listeners.HTTPS.HTTP3 = c.Listeners.HTTPS.HTTP3.WithDefaults()
+	}
+	if c.Redis.Enabled() {
+		c.Redis = c.Redis.WithDefaults()
+	}
 	for i := range c.Pools {
 		c.Pools[i] = c.Pools[i].WithDefaults()
 	}

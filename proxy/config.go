@@ -27,6 +27,13 @@ type Config struct {
 	Retries *int `yaml:"retries"`
 	// MaxResponseBytes bounds a non-streamed backend response. Default 64MiB.
 	MaxResponseBytes units.Bytes `yaml:"max_response_bytes"`
+	// SLO are the node's objectives, reported at /debug/stats and checked
+	// by "sluice diagnose". Zero fields are not checked.
+	SLO SLO `yaml:"slo"`
+	// TenantMetricLabels is how many distinct tenants get their own label
+	// value on request and token counters; the rest share "other". Zero
+	// means no per-tenant labels (bounded cardinality).
+	TenantMetricLabels int `yaml:"tenant_metric_labels"`
 }
 
 // WithDefaults returns c with zero fields set to their defaults.

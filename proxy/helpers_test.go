@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
@@ -10,12 +11,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quic-go/quic-go/http3"
 
 	"github.com/sluice-proxy/sluice/internal/gpusim"
+	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/routing"
 )
@@ -43,24 +47,32 @@ func startSim(t testing.TB, cfg gpusim.Config) (*gpusim.Sim, string) {
 type testEdge struct {
 	handler *proxy.Handler
 	server  *proxy.Server
+	http    string // http://host:port (HTTP/1.1 and h2c)
+	https   string // https://host:port (HTTP/1.1 and h2)
+	h3      string // https://host:port of the UDP listener (HTTP/3)
+	log     *logBuffer
 	pools   map[string]*routing.Pool
-	reg     *prometheus.Registry // proxy and routing metrics
-	http    string               // http://host:port (HTTP/1.1 and h2c)
-	https   string               // https://host:port (HTTP/1.1 and h2)
+	reg     *prometheus.Registry // the pools' metrics, and the proxy's with promMetrics
 }
 
 type edgeOpts struct {
-	pool   routing.PoolConfig
-	routes []routing.RouteConfig
-	proxy  proxy.Config
-	extra  []routing.PoolConfig
+	pool    routing.PoolConfig
+	routes  []routing.RouteConfig
+	proxy   proxy.Config
+	extra   []routing.PoolConfig
+	limits  limiter.Limits // the test tenant's limits
+	limiter proxy.Limiter  // nil: none
+	log     *slog.Logger   // access log; nil: JSON lines into testEdge.log
+	metrics *proxy.Metrics // nil: none
+	http3   proxy.HTTP3Config
+	tls     *tls.Config // nil: httptest's certificate
+	quic    *tls.Config // nil: derived from tls
 	// start runs the pools' scrapers and health probes (off by default:
 	// some tests' backends record every request they get).
 	start bool
-	// limiter, when set, is the state's limiter.
-	limiter proxy.Limiter
-	// log receives the access log. Nil means none.
-	log io.Writer
+	// promMetrics registers the proxy's metrics in testEdge.reg (when
+	// metrics is nil).
+	promMetrics bool
 }
 
 // startEdge serves a handler for one pool of backends with the given routes
@@ -71,6 +83,7 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		o.pool.Name = "p"
 	}
 	pools := map[string]*routing.Pool{}
+	transports := map[string]http.RoundTripper{}
 	for _, pc := range append([]routing.PoolConfig{o.pool}, o.extra...) {
 		p, err := routing.NewPool(pc)
 		if err != nil {
@@ -81,6 +94,12 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 			p.Start(context.Background())
 		}
 		t.Cleanup(func() { p.Close() })
+		tr, err := proxy.NewPoolTransport(o.proxy, p.Config())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(tr.CloseIdleConnections)
+		transports[pc.Name] = tr
 	}
 	if len(o.routes) == 0 {
 		o.routes = []routing.RouteConfig{{Pool: o.pool.Name}}
@@ -92,22 +111,32 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	st := &proxy.State{
 		Config: o.proxy,
 		Tenants: proxy.NewTenants([]proxy.TenantConfig{
-			{ID: "t1", Keys: []string{proxy.HashKey(testKey)}},
+			{ID: "t1", Keys: []string{proxy.HashKey(testKey)}, Limits: o.limits},
 		}),
-		Routes:  routing.NewTable(routes),
-		Limiter: o.limiter,
+		Routes:     routing.NewTable(routes),
+		Limiter:    o.limiter,
+		Transports: transports,
 	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logs := &logBuffer{}
 	if o.log == nil {
-		o.log = io.Discard
+		o.log = slog.New(slog.NewJSONHandler(logs, nil))
 	}
-	log := slog.New(slog.NewTextHandler(o.log, nil))
 	reg := prometheus.NewRegistry()
 	if err := routing.RegisterMetrics(reg, st.Routes.Pools); err != nil {
 		t.Fatal(err)
 	}
-	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, Metrics: proxy.NewMetrics(reg)})
+	if o.metrics == nil && o.promMetrics {
+		o.metrics = proxy.NewMetrics(reg, 0)
+	}
+	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, AccessLog: o.log,
+		Metrics: o.metrics, Stats: proxy.NewStats()})
+	if o.tls == nil {
+		o.tls = testTLSConfig(t)
+	}
 	srv := &proxy.Server{
-		Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: testTLSConfig(t), Log: log,
+		Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: o.tls,
+		HTTP3: o.http3, QUICTLSConfig: o.quic, Log: log,
 	}
 	if err := srv.Listen(); err != nil {
 		t.Fatal(err)
@@ -118,7 +147,38 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		handler: h, server: srv, pools: pools, reg: reg,
 		http:  "http://" + srv.Addr(proxy.ListenerHTTP),
 		https: "https://" + srv.Addr(proxy.ListenerHTTPS),
+		h3:    "https://" + srv.Addr(proxy.ListenerHTTP3),
+		log:   logs,
 	}
+}
+
+// logBuffer collects a server's JSON log lines; safe for concurrent use.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// lines returns the log lines that contain every one of subs.
+func (b *logBuffer) lines(subs ...string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for _, l := range strings.Split(b.buf.String(), "\n") {
+		ok := l != ""
+		for _, s := range subs {
+			ok = ok && strings.Contains(l, s)
+		}
+		if ok {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // testTLSConfig uses httptest's certificate for the TLS listener.
@@ -154,6 +214,17 @@ func h2Client() *http.Client {
 	var p http.Protocols
 	p.SetHTTP2(true)
 	return &http.Client{Transport: &http.Transport{Protocols: &p, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+}
+
+// h3Client speaks HTTP/3 (quic-go's client) and trusts any certificate.
+func h3Client(t testing.TB) *http.Client {
+	return h3ClientTLS(t, &tls.Config{InsecureSkipVerify: true})
+}
+
+func h3ClientTLS(t testing.TB, cfg *tls.Config) *http.Client {
+	tr := &http3.Transport{TLSClientConfig: cfg}
+	t.Cleanup(func() { tr.Close() })
+	return &http.Client{Transport: tr}
 }
 
 func chatBody(extra string) string {
@@ -279,4 +350,14 @@ func (e *testEdge) metric(t testing.TB, name string, want map[string]string) flo
 		}
 	}
 	return -1
+}
+
+func insecure() *tls.Config { return &tls.Config{InsecureSkipVerify: true} }
+
+// httptestAdmin serves the edge's admin handler on a loopback listener.
+func httptestAdmin(t testing.TB, e *testEdge) string {
+	t.Helper()
+	srv := httptest.NewServer(proxy.NewAdmin(prometheus.NewRegistry(), func() bool { return false }, e.handler))
+	t.Cleanup(srv.Close)
+	return srv.URL
 }

@@ -74,7 +74,7 @@ func (l *leg) open() {
 		l.fail(err, false)
 		return
 	}
-	resp, err := x.h.transport.RoundTrip(req)
+	resp, err := x.transport().RoundTrip(req)
 	if err != nil {
 		l.fail(causeOf(l.ctx, err), true)
 		return

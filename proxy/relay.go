@@ -29,8 +29,8 @@ var (
 func (x *exchange) relayOpenAI(l *leg) error {
 	rc := http.NewResponseController(x.w)
 	idle := x.st.Config.StreamIdleTimeout
+	x.firstToken = l.first // before commit: the Server-Timing header reports it
 	x.commit(l.resp.Header, true)
-	x.firstToken = l.first
 	ev, now := l.ev, l.first
 	for {
 		if done, err := x.relayEvent(rc, l, ev, now); done || err != nil {
@@ -55,10 +55,13 @@ func (x *exchange) relayEvent(rc *http.ResponseController, l *leg, ev []byte, no
 	switch {
 	case data == nil: // comment, retry or id only: pass on
 	case bytes.Equal(data, doneMarker):
-		x.lastToken = now
+		if x.wantsTimingComment() && !x.send(rc, x.timingComment()) {
+			return true, context.Canceled
+		}
 		if !x.send(rc, ev) {
 			return true, context.Canceled
 		}
+		x.setTrailer()
 		x.drainAfterDone(l.br, l.wd)
 		return true, nil
 	default:
@@ -69,8 +72,9 @@ func (x *exchange) relayEvent(rc *http.ResponseController, l *leg, ev []byte, no
 			}
 		} else if isToken(data) {
 			x.tokens++
+			x.tokenAt(now)
+			x.lastToken = now
 		}
-		x.lastToken = now
 	}
 	if !x.send(rc, ev) {
 		return true, context.Canceled
@@ -116,6 +120,7 @@ func (x *exchange) streamFailed(err error) error {
 func (x *exchange) commit(upstream http.Header, stream bool) {
 	h := x.w.Header()
 	copyResponseHeader(h, upstream)
+	h.Set("Server-Timing", x.serverTiming())
 	if stream {
 		h.Set("Cache-Control", "no-cache")
 		h.Set("X-Accel-Buffering", "no")
@@ -157,7 +162,7 @@ func (x *exchange) relayRaw(l *leg) error {
 
 // relayBody delivers a non-streamed answer, read whole by the leg.
 func (x *exchange) relayBody(l *leg) error {
-	x.firstToken, x.lastToken = l.first, l.first
+	x.firstToken = l.first
 	if l.resp.StatusCode < 400 {
 		if u, _ := usageOf(l.body); u != nil {
 			x.usage = u
@@ -172,6 +177,7 @@ func (x *exchange) passThrough(resp *http.Response, body []byte) {
 	h := x.w.Header()
 	copyResponseHeader(h, resp.Header)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("Server-Timing", x.serverTiming())
 	x.status = resp.StatusCode
 	x.w.WriteHeader(resp.StatusCode)
 	n, _ := x.w.Write(body)

@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -146,7 +145,7 @@ func TestFailoverInvisible(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pool := poolOf(tc.first, goodURL)
 			pool.Policy = routing.PolicyRoundRobin // the first pick is the bad backend
-			e := startEdge(t, edgeOpts{pool: pool,
+			e := startEdge(t, edgeOpts{pool: pool, promMetrics: true,
 				routes: []routing.RouteConfig{{Pool: "p", FirstTokenTimeout: time.Second}}})
 			resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
 			events, done := readEvents(t, resp.Body)
@@ -199,7 +198,7 @@ func TestHedging(t *testing.T) {
 	pool := poolOf(slowURL, fastURL)
 	pool.Policy = routing.PolicyRoundRobin // the first leg goes to the slow backend
 	const hedgeAfter = 150 * time.Millisecond
-	e := startEdge(t, edgeOpts{pool: pool, limiter: lim,
+	e := startEdge(t, edgeOpts{pool: pool, limiter: lim, promMetrics: true,
 		routes: []routing.RouteConfig{{Pool: "p", HedgeAfter: hedgeAfter}}})
 
 	start := time.Now()
@@ -255,7 +254,7 @@ func TestHedgedLegsFailOver(t *testing.T) {
 	_, goodURL := startSim(t, fastSim())
 	pool := poolOf(badURL, goodURL, closedURL(t))
 	pool.Policy = routing.PolicyRoundRobin // first leg: bad; hedge: closed (2nd of the rest); retry: good
-	e := startEdge(t, edgeOpts{pool: pool, routes: []routing.RouteConfig{{Pool: "p", HedgeAfter: 50 * time.Millisecond}}})
+	e := startEdge(t, edgeOpts{pool: pool, promMetrics: true, routes: []routing.RouteConfig{{Pool: "p", HedgeAfter: 50 * time.Millisecond}}})
 	resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
 	_, done := readEvents(t, resp.Body)
 	resp.Body.Close()
@@ -271,36 +270,18 @@ func TestHedgedLegsFailOver(t *testing.T) {
 
 // queueEdge is an edge in front of one simulator taking one request at a
 // time, with an interactive route and a batch route (host batch.test).
-func queueEdge(t *testing.T, maxWait time.Duration) (*testEdge, *gpusim.Sim, *syncBuffer) {
+func queueEdge(t *testing.T, maxWait time.Duration) (*testEdge, *gpusim.Sim) {
 	cfg := fastSim()
 	cfg.StepBase = 5 * time.Millisecond
 	sim, url := startSim(t, cfg)
 	pool := poolOf(url)
 	pool.Backends[0].MaxConcurrency = 1
 	pool.Queue.MaxWait = maxWait
-	log := &syncBuffer{}
-	e := startEdge(t, edgeOpts{pool: pool, log: log, routes: []routing.RouteConfig{
+	e := startEdge(t, edgeOpts{pool: pool, promMetrics: true, routes: []routing.RouteConfig{
 		{Pool: "p", Name: "chat"},
 		{Pool: "p", Name: "bulk", Host: "batch.test", Class: routing.ClassBatch},
 	}})
-	return e, sim, log
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	return e, sim
 }
 
 // occupyStream starts a long stream that holds the pool's only slot until
@@ -320,7 +301,7 @@ func queueDepth(t *testing.T, e *testEdge, class string) float64 {
 // In a saturated pool, a queued interactive request is served before batch
 // requests that queued earlier.
 func TestQueueInteractiveBeforeBatch(t *testing.T) {
-	e, sim, log := queueEdge(t, 10*time.Second)
+	e, sim := queueEdge(t, 10*time.Second)
 	release := occupyStream(t, e, sim)
 	type result struct {
 		label string
@@ -364,15 +345,16 @@ func TestQueueInteractiveBeforeBatch(t *testing.T) {
 	if strings.Join(order, " ") != "interactive batch-1 batch-2" {
 		t.Fatalf("served %v; want interactive first, then the batch requests in order", order)
 	}
-	if !strings.Contains(log.String(), "queue_wait=") {
-		t.Error("the access log does not report the queue wait")
+	if lines := e.log.lines(`"route":"chat"`, `"status":200`, `"queue_ms":`); len(lines) < 2 ||
+		strings.Contains(lines[len(lines)-1], `"queue_ms":0,`) {
+		t.Errorf("access log lines %q; want the interactive request's queue wait", lines)
 	}
 }
 
 // A request that waits past max_queue_wait is answered 503 with
 // Retry-After; a client that disconnects while queued leaves the queue.
 func TestQueueTimeoutAndDisconnect(t *testing.T) {
-	e, sim, _ := queueEdge(t, 300*time.Millisecond)
+	e, sim := queueEdge(t, 300*time.Millisecond)
 	release := occupyStream(t, e, sim)
 	defer release()
 

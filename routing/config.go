@@ -59,6 +59,10 @@ type RouteConfig struct {
 	// first to produce a token wins and the other is cancelled. Zero (the
 	// default) means no hedging.
 	HedgeAfter time.Duration `yaml:"hedge_after"`
+	// TimingComment ends every stream with a ": server-timing …" SSE
+	// comment carrying the final timing (clients may also ask for it with
+	// "X-Sluice-Timing: comment"). Default false.
+	TimingComment bool `yaml:"timing_comment"`
 }
 
 // BackendConfig is one backend of a pool.
@@ -120,6 +124,16 @@ type PoolConfig struct {
 	Health HealthConfig `yaml:"health"`
 	// Queue configures the edge admission queue.
 	Queue QueueConfig `yaml:"queue"`
+	// TLS configures connections to https:// backends. Nil means the
+	// system's trusted roots and no client certificate.
+	TLS *UpstreamTLS `yaml:"tls"`
+	// HTTP2 says whether to speak HTTP/2 to https:// backends: "auto"
+	// (default: offered in ALPN, used when the backend picks it), "on"
+	// (HTTP/2 only) or "off" (HTTP/1.1 only).
+	HTTP2 string `yaml:"http2"`
+	// H2C speaks cleartext HTTP/2 with prior knowledge to http://
+	// backends (they must support it). Default false: HTTP/1.1.
+	H2C bool `yaml:"h2c"`
 }
 
 // Selection policies (PoolConfig.Policy).
@@ -183,6 +197,30 @@ type QueueConfig struct {
 	MaxLength int `yaml:"max_queue_length"`
 }
 
+// HTTP/2 modes of PoolConfig.HTTP2.
+const (
+	HTTP2Auto = "auto"
+	HTTP2On   = "on"
+	HTTP2Off  = "off"
+)
+
+// UpstreamTLS configures TLS from the proxy to a pool's https:// backends.
+type UpstreamTLS struct {
+	// CAFile is a PEM file of the certificate authorities that sign the
+	// backends' certificates. Empty means the system's trusted roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are the client certificate and key presented
+	// to backends that require one (mutual TLS). Both or neither.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName is the name verified in the backends' certificates (and
+	// sent as SNI). Empty means each backend URL's host.
+	ServerName string `yaml:"server_name"`
+	// InsecureSkipVerify accepts any backend certificate. For tests only:
+	// it gives up protection against an attacker on the path. Default false.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+}
+
 // WithDefaults returns c with zero fields set to their defaults.
 func (c RouteConfig) WithDefaults() RouteConfig {
 	if c.Path == "" {
@@ -222,6 +260,9 @@ func (c PoolConfig) WithDefaults() PoolConfig {
 	}
 	c.Health = c.Health.WithDefaults()
 	c.Queue = c.Queue.WithDefaults()
+	if c.HTTP2 == "" {
+		c.HTTP2 = HTTP2Auto
+	}
 	bs := make([]BackendConfig, len(c.Backends))
 	for i, b := range c.Backends {
 		if b.Weight == 0 {

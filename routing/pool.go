@@ -163,6 +163,14 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	return p, nil
 }
 
+// UseTransport makes the pool's scrapes and health probes go through rt
+// (for instance the transport that carries its requests, with the pool's
+// upstream TLS settings). Call it before Start. By default they use a
+// plain HTTP client of their own.
+func (p *Pool) UseTransport(rt http.RoundTripper) {
+	p.client = &http.Client{Transport: rt}
+}
+
 // Name is the pool's name.
 func (p *Pool) Name() string { return p.cfg.Name }
 

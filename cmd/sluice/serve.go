@@ -50,7 +50,7 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	n, err := startNode(ctx, cfg, log)
+	n, err := startNode(context.Background(), cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice: %v\n", err)
 		return 1
@@ -66,6 +66,7 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 	if err := n.shutdown(); err != nil {
 		log.Warn("shutdown", "err", err)
 	}
+	n.close()
 	return 0
 }
 
@@ -98,6 +99,9 @@ func printBanner(w io.Writer, n *node, embedded bool) {
 		}
 		fmt.Fprintln(w)
 	}
+	if a := n.server.Addr(proxy.ListenerHTTP3); a != "" {
+		fmt.Fprintf(w, "  http3  https://%s   HTTP/3 over QUIC (UDP), advertised to TLS clients with Alt-Svc\n", a)
+	}
 	if a := n.server.Addr(proxy.ListenerAdmin); a != "" {
 		fmt.Fprintf(w, "  admin  http://%s   /healthz /readyz /metrics\n", a)
 	}
@@ -118,6 +122,7 @@ func printBanner(w io.Writer, n *node, embedded bool) {
 	if embedded && n.handler.State().Tenants.Lookup(demoKey) != nil {
 		key = demoKey
 	}
+	defer printHTTP3(w, n, key, model)
 	if base == "" {
 		return
 	}
