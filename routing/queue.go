@@ -35,8 +35,8 @@ func (e *queueError) RetryAfter() time.Duration { return e.retryAfter }
 // has begun on a backend (Backend.Begin), or when it gives up. The zero
 // Admission (the pool does not queue) is valid and Done does nothing.
 type Admission struct {
-	// Waited is how long the request waited in the queue; zero when it
-	// went straight through.
+	// Waited is how long the request waited in the queue (also when it
+	// gave up or timed out); zero when it went straight through.
 	Waited time.Duration
 
 	q *queue
@@ -202,7 +202,7 @@ func (q *queue) wait(ctx context.Context, w *waiter, start time.Time) (Admission
 		q.signal()
 	}
 	q.observe(w.class, outcome, -1)
-	return Admission{}, err
+	return Admission{Waited: time.Since(start)}, err
 }
 
 func (q *queue) observe(c, outcome int, waited time.Duration) {

@@ -138,8 +138,10 @@ func TestQueueTimeoutAndFull(t *testing.T) {
 	})
 	defer occupy(t, p, b)()
 	errc := make(chan error, 1)
+	var waited time.Duration
 	go func() {
-		_, err := p.Enter(context.Background(), ClassBatch, "t")
+		adm, err := p.Enter(context.Background(), ClassBatch, "t")
+		waited = adm.Waited
 		errc <- err
 	}()
 	waitFor(t, 2*time.Second, "the first to queue", func() bool { return p.QueueLen(ClassBatch) == 1 })
@@ -147,8 +149,8 @@ func TestQueueTimeoutAndFull(t *testing.T) {
 		t.Fatalf("second: %v; want ErrQueueFull with a retry delay", err)
 	}
 	err := <-errc
-	if !errors.Is(err, ErrQueueTimeout) || RetryAfter(err) < time.Second {
-		t.Fatalf("first: %v; want ErrQueueTimeout with a retry delay", err)
+	if !errors.Is(err, ErrQueueTimeout) || RetryAfter(err) < time.Second || waited < 100*time.Millisecond {
+		t.Fatalf("first: %v after %v; want ErrQueueTimeout with a retry delay after max_queue_wait", err, waited)
 	}
 	if p.QueueLen(ClassBatch) != 0 {
 		t.Fatal("a timed-out request stayed in the queue")
