@@ -52,7 +52,7 @@ func TestLeastQueuedBeatsRoundRobin(t *testing.T) {
 // by power of two choices on its own dispatches plus the engines' gauges.
 func TestTwoRoutersDoNotCollapse(t *testing.T) {
 	cfg := fastSim()
-	cfg.StepBase = 20 * time.Millisecond
+	cfg.StepBase = 10 * time.Millisecond
 	var sims []*gpusim.Sim
 	pool := routing.PoolConfig{Name: "p", ScrapeInterval: 50 * time.Millisecond}
 	for i := 0; i < 3; i++ {
