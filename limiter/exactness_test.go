@@ -104,7 +104,7 @@ type attempt struct {
 }
 
 // exactnessTokens hammers one token bucket (1000 tokens/s, burst 2000) with
-// requests of est tokens for dur from every node, then checks the tokens
+// requests of est tokens for 2s from every node, then checks the tokens
 // admitted against bounds computed from when the attempts really happened
 // (the CPU may be starved for part of the run):
 //
@@ -113,47 +113,10 @@ type attempt struct {
 //   - every refusal justified: by the time of each refusal, enough was
 //     admitted to empty the bucket (see checkRefusals).
 func exactnessTokens(t *testing.T, nodes []Limiter, tenant string) {
-	const tpm, burst, est, perNode = 60000, 2000, 200, 8 // 1000 tokens/s
-	const dur = 2 * time.Second
+	const tpm, burst, est = 60000, 2000, 200 // 1000 tokens/s
 	lim := Limits{TokensPerMinute: tpm, Burst: burst}
 	start := time.Now()
-	var mu sync.Mutex
-	var all []attempt
-	var wg sync.WaitGroup
-	for _, l := range nodes {
-		for g := 0; g < perNode; g++ {
-			wg.Go(func() {
-				var mine []attempt
-				defer func() { mu.Lock(); all = append(all, mine...); mu.Unlock() }()
-				for time.Since(start) < dur {
-					a := attempt{start: time.Now()}
-					d, err := l.Admit(context.Background(), Request{ID: nextID(), Tenant: tenant, Limits: lim,
-						InputTokens: est / 2, OutputTokens: est / 2})
-					a.end = time.Now()
-					if err != nil {
-						t.Errorf("Admit: %v", err)
-						return
-					}
-					if d.Degraded {
-						t.Errorf("degraded decision %+v on a healthy store", d)
-					}
-					a.allowed = d.Allowed
-					if d.Allowed {
-						a.tokens = d.Ticket.ChargedInput + d.Ticket.ChargedOutput
-					}
-					mine = append(mine, a)
-					if !d.Allowed {
-						time.Sleep(time.Millisecond)
-						continue
-					}
-					if err := l.Settle(context.Background(), d.Ticket, Usage{InputTokens: est / 2, OutputTokens: est / 2}); err != nil {
-						t.Errorf("Settle: %v", err)
-					}
-				}
-			})
-		}
-	}
-	wg.Wait()
+	all := hammerTokens(t, nodes, Request{Tenant: tenant, Limits: lim, InputTokens: est / 2, OutputTokens: est / 2})
 	var tokens, refusals int64
 	lastAdmit := start
 	for _, a := range all {
@@ -175,6 +138,52 @@ func exactnessTokens(t *testing.T, nodes []Limiter, tenant string) {
 	}
 	within(t, "tokens admitted", tokens, 0, upper)
 	checkRefusals(t, all, burst, tpm/60, est)
+}
+
+// hammerTokens sends req (a new ID each time) from 8 goroutines per node
+// for 2s, settling admissions at their charge, and returns every attempt.
+func hammerTokens(t *testing.T, nodes []Limiter, req Request) []attempt {
+	const perNode, dur = 8, 2 * time.Second
+	start := time.Now()
+	var mu sync.Mutex
+	var all []attempt
+	var wg sync.WaitGroup
+	for _, l := range nodes {
+		for g := 0; g < perNode; g++ {
+			wg.Go(func() {
+				var mine []attempt
+				defer func() { mu.Lock(); all = append(all, mine...); mu.Unlock() }()
+				for time.Since(start) < dur {
+					req := req
+					req.ID = nextID()
+					a := attempt{start: time.Now()}
+					d, err := l.Admit(context.Background(), req)
+					a.end = time.Now()
+					if err != nil {
+						t.Errorf("Admit: %v", err)
+						return
+					}
+					if d.Degraded {
+						t.Errorf("degraded decision %+v on a healthy store", d)
+					}
+					a.allowed = d.Allowed
+					if !d.Allowed {
+						mine = append(mine, a)
+						time.Sleep(time.Millisecond)
+						continue
+					}
+					a.tokens = d.Ticket.ChargedInput + d.Ticket.ChargedOutput
+					mine = append(mine, a)
+					u := Usage{InputTokens: req.InputTokens, OutputTokens: req.OutputTokens}
+					if err := l.Settle(context.Background(), d.Ticket, u); err != nil {
+						t.Errorf("Settle: %v", err)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return all
 }
 
 // checkRefusals fails the test if a refusal in all was not justified: the
