@@ -36,6 +36,9 @@ type RedisConfig struct {
 	// AdmissionTimeout bounds one admission in Redis before the
 	// store-failure policy decides. Zero means 20ms.
 	AdmissionTimeout time.Duration `yaml:"admission_timeout"`
+	// SettleTimeout bounds one settle in Redis; a settle that fails or
+	// times out is retried by the heartbeat. Zero means 250ms.
+	SettleTimeout time.Duration `yaml:"settle_timeout"`
 	// PoolSize is the number of connections per Redis server. Zero means
 	// go-redis' default (10 per GOMAXPROCS).
 	PoolSize int `yaml:"pool_size"`
@@ -70,6 +73,7 @@ func (c RedisConfig) WithDefaults() RedisConfig {
 	def(&c.ReadTimeout, 500*time.Millisecond)
 	def(&c.WriteTimeout, 500*time.Millisecond)
 	def(&c.AdmissionTimeout, 20*time.Millisecond)
+	def(&c.SettleTimeout, 250*time.Millisecond)
 	def(&c.LeaseTTL, 30*time.Second)
 	def(&c.Heartbeat, c.LeaseTTL/3)
 	def(&c.BreakerCooldown, time.Second)
@@ -98,7 +102,7 @@ func (c RedisConfig) Validate() error {
 		field string
 		v     time.Duration
 	}{{"dial_timeout", c.DialTimeout}, {"read_timeout", c.ReadTimeout}, {"write_timeout", c.WriteTimeout},
-		{"admission_timeout", c.AdmissionTimeout}, {"lease_ttl", c.LeaseTTL}, {"heartbeat", c.Heartbeat},
+		{"admission_timeout", c.AdmissionTimeout}, {"settle_timeout", c.SettleTimeout}, {"lease_ttl", c.LeaseTTL}, {"heartbeat", c.Heartbeat},
 		{"breaker_cooldown", c.BreakerCooldown}} {
 		if d.v < 0 {
 			bad(d.field, "must not be negative, got %v", d.v)
@@ -145,7 +149,7 @@ func NewFromConfig(cfg RedisConfig, reg prometheus.Registerer, log *slog.Logger)
 	}
 	client := newUniversalClient(cfg)
 	s := NewShared(NewRedis(client, RedisOptions{LeaseTTL: cfg.LeaseTTL, Heartbeat: cfg.Heartbeat}),
-		SharedOptions{AdmissionTimeout: cfg.AdmissionTimeout, FailureThreshold: cfg.BreakerFailures,
+		SharedOptions{AdmissionTimeout: cfg.AdmissionTimeout, SettleTimeout: cfg.SettleTimeout, FailureThreshold: cfg.BreakerFailures,
 			Cooldown: cfg.BreakerCooldown, Nodes: cfg.Nodes, Registerer: reg, Logger: log})
 	s.closer = client.Close
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluice-proxy/sluice/internal/redistest"
 	"github.com/sluice-proxy/sluice/limiter"
 )
@@ -19,14 +21,19 @@ func limiterCases(t *testing.T) map[string]func() limiter.Service {
 		"local": func() limiter.Service { return limiter.NewLocal(1) },
 		"redis": func() limiter.Service {
 			srv := redistest.Start(t)
-			s, err := limiter.NewFromConfig(limiter.RedisConfig{Addrs: []string{srv.Addr()}}.WithDefaults(), nil, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			// Generous store timeouts, not the production 20ms/250ms: under
+			// go test ./... on 2 cores a starved CPU must neither turn shared
+			// decisions into degraded ones nor leave a settle to the next
+			// heartbeat (10s away by default).
+			const slow = 10 * time.Second
+			client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true,
+				DialTimeout: slow, ReadTimeout: slow, WriteTimeout: slow})
+			s := limiter.NewShared(limiter.NewRedis(client, limiter.RedisOptions{}),
+				limiter.SharedOptions{AdmissionTimeout: slow, SettleTimeout: slow})
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			go func() { defer close(done); s.Run(ctx) }()
-			t.Cleanup(func() { cancel(); <-done; s.Close() })
+			t.Cleanup(func() { cancel(); <-done; client.Close() })
 			return s
 		},
 	}
