@@ -1,7 +1,6 @@
 package configs
 
 import (
-	"encoding/hex"
 	"fmt"
 	"net"
 	"net/url"
@@ -215,40 +214,25 @@ func (v *validator) routes(pools map[string]bool) {
 }
 
 func (v *validator) tenants() {
-	ids := map[string]bool{}
-	keys := map[string]string{}
-	for i, t := range v.c.Tenants {
-		path := fmt.Sprintf("tenants[%d]", i)
-		switch {
-		case t.ID == "":
-			v.errorf(path, "%s: id is required", path)
-		case ids[t.ID]:
-			v.errorf(path+".id", "%s: duplicate tenant id %q", path, t.ID)
-		}
-		ids[t.ID] = true
-		if len(t.Keys) == 0 {
-			v.errorf(path, "tenant %q: at least one key hash is required (see sluice hash-key)", t.ID)
-		}
-		for j, k := range t.Keys {
-			kp := fmt.Sprintf("%s.keys[%d]", path, j)
-			if !validKeyHash(k) {
-				v.errorf(kp, "tenant %q: key must be a hash printed by \"sluice hash-key\" (sha256:<64 hex digits>), never the key itself", t.ID)
-			} else if other, dup := keys[k]; dup {
-				v.errorf(kp, "tenant %q: key hash already belongs to tenant %q", t.ID, other)
-			}
-			keys[k] = t.ID
-		}
-		v.limits(path+".limits", t.Limits)
+	srcs := []tenantSource{v.c.inlineTenants()}
+	if s := v.c.FileTenants; s != nil {
+		srcs = append(srcs, tenantSource{file: s.File, tenants: s.Tenants, pos: s.Pos})
 	}
+	v.errs = append(v.errs, validateTenants(srcs...)...)
 }
 
+// validKeyHash reports whether k is "sha256:" and 64 hex digits.
 func validKeyHash(k string) bool {
 	h, ok := strings.CutPrefix(k, "sha256:")
 	if !ok || len(h) != 64 {
 		return false
 	}
-	_, err := hex.DecodeString(h)
-	return err == nil
+	for i := 0; i < len(h); i++ {
+		if c := h[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
 }
 
 func (v *validator) limits(path string, l limiter.Limits) {
