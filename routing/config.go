@@ -50,6 +50,10 @@ type RouteConfig struct {
 	// Retries is how many other backends are tried when one fails before
 	// the first token. Nil means the proxy's default (1).
 	Retries *int `yaml:"retries"`
+	// EnforceLimits, when false, puts every tenant on this route in shadow
+	// mode: limits are computed, charged and reported (rate-limit headers,
+	// metrics, access log) but never refuse a request. Nil means true.
+	EnforceLimits *bool `yaml:"enforce_limits"`
 	// TimingComment ends every stream with a ": server-timing …" SSE
 	// comment carrying the final timing (clients may also ask for it with
 	// "X-Sluice-Timing: comment"). Default false.
@@ -87,6 +91,10 @@ type PoolConfig struct {
 	// consecutive ejection up to 16×. Default 2s.
 	EjectFor time.Duration `yaml:"eject_for"`
 }
+
+// LimitsEnforced reports whether the route enforces tenants' limits
+// (false: shadow mode for every tenant on it).
+func (c RouteConfig) LimitsEnforced() bool { return c.EnforceLimits == nil || *c.EnforceLimits }
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c RouteConfig) WithDefaults() RouteConfig {
