@@ -163,4 +163,3 @@ func TestSwapUnderRequests(t *testing.T) {
 		}
 	}
 }
-
