@@ -241,7 +241,7 @@ func parentPath(path string) string {
 // tenants file's, after checking them against c's own tenants (an id or key
 // hash may not be in both places). c is not changed.
 func (c *Config) WithTenants(s *TenantSet) (*Config, error) {
-	if errs := validateTenants(c.inlineTenants(), tenantSource{file: s.File, tenants: s.Tenants, pos: s.Pos}); len(errs) > 0 {
+	if errs := crossCheckTenants(c.inlineTenants(), s.source()); len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	cp := *c
@@ -272,6 +272,39 @@ func (c *Config) TenantsPath() string {
 
 func (c *Config) inlineTenants() tenantSource {
 	return tenantSource{file: c.File, tenants: c.Tenants, pos: c.Pos}
+}
+
+func (s *TenantSet) source() tenantSource {
+	return tenantSource{file: s.File, tenants: s.Tenants, pos: s.Pos}
+}
+
+// crossCheckTenants reports the tenants of file whose id or key hash is
+// also in inline; each list must have been validated on its own. It costs
+// one lookup per tenant and key of file.
+func crossCheckTenants(inline, file tenantSource) []error {
+	ids := make(map[string]bool, len(inline.tenants))
+	keys := make(map[string]string, len(inline.tenants))
+	for _, t := range inline.tenants {
+		ids[t.ID] = true
+		for _, k := range t.Keys {
+			keys[k] = t.ID
+		}
+	}
+	var errs []error
+	for i, t := range file.tenants {
+		if ids[t.ID] {
+			path := fmt.Sprintf("%s[%d]", tenantsPath, i)
+			errs = append(errs, &Error{File: file.file, Pos: file.pos(path + ".id"),
+				Msg: fmt.Sprintf("%s: tenant id %q is also defined in %s (a tenant lives in one place)", path, t.ID, inline.file)})
+		}
+		for j, k := range t.Keys {
+			if owner, dup := keys[k]; dup {
+				errs = append(errs, &Error{File: file.file, Pos: file.pos(fmt.Sprintf("%s[%d].keys[%d]", tenantsPath, i, j)),
+					Msg: fmt.Sprintf("tenant %q: key hash already belongs to tenant %q in %s", t.ID, owner, inline.file)})
+			}
+		}
+	}
+	return errs
 }
 
 // tenantSource is a list of tenants and where its entries are written.

@@ -213,12 +213,13 @@ func (v *validator) routes(pools map[string]bool) {
 	}
 }
 
+// tenants checks the inline tenants, and them against the tenants file's
+// (which ParseTenants checked on its own).
 func (v *validator) tenants() {
-	srcs := []tenantSource{v.c.inlineTenants()}
+	v.errs = append(v.errs, validateTenants(v.c.inlineTenants())...)
 	if s := v.c.FileTenants; s != nil {
-		srcs = append(srcs, tenantSource{file: s.File, tenants: s.Tenants, pos: s.Pos})
+		v.errs = append(v.errs, crossCheckTenants(v.c.inlineTenants(), s.source())...)
 	}
-	v.errs = append(v.errs, validateTenants(srcs...)...)
 }
 
 // validKeyHash reports whether k is "sha256:" and 64 hex digits.

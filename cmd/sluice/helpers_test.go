@@ -91,7 +91,7 @@ func tenant(id, limits string, keys ...string) string {
 
 // testNode is a node started from a config file in a temporary directory.
 type testNode struct {
-	t     *testing.T
+	t     testing.TB
 	n     *node
 	dir   string
 	file  string
@@ -100,7 +100,7 @@ type testNode struct {
 	logs  *logBuffer
 }
 
-func startTestNode(t *testing.T, cfg string, files ...string) *testNode {
+func startTestNode(t testing.TB, cfg string, files ...string) *testNode {
 	t.Helper()
 	tn := &testNode{t: t, dir: t.TempDir(), logs: &logBuffer{}}
 	tn.file = filepath.Join(tn.dir, "sluice.yaml")
@@ -272,3 +272,10 @@ func (n *node) simRunning(name string) int {
 }
 
 func configsHash(key string) string { return proxy.HashKey(key) }
+
+// pool is the active pool named name, as an opaque value for identity.
+func (n *node) pool(name string) any {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.pools[name]
+}

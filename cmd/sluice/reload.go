@@ -110,7 +110,7 @@ func (n *node) applyNext(cur, next *configs.Config, res *reloadResult) {
 	switch {
 	case len(d.RestartRequired) > 0:
 		res.Result, res.RestartRequired = resultRestartRequired, d.RestartRequired
-		res.Changes = d.Lines()
+		res.Changes = capLines(d.Lines())
 	case d.Empty():
 		res.Result, res.OK = resultUnchanged, true
 		if cur.Version != next.Version || tenantsVersion(cur) != tenantsVersion(next) {
@@ -122,8 +122,20 @@ func (n *node) applyNext(cur, next *configs.Config, res *reloadResult) {
 			res.Result, res.Errors = resultFailed, []string{err.Error()}
 			return
 		}
-		res.Result, res.OK, res.Changes = resultOK, true, d.Lines()
+		res.Result, res.OK, res.Changes = resultOK, true, capLines(d.Lines())
 	}
+}
+
+// maxChangeLines bounds the changes a reload reports and logs (a tenants
+// file may change 100,000 tenants at once).
+const maxChangeLines = 100
+
+func capLines(lines []string) []string {
+	if len(lines) <= maxChangeLines {
+		return lines
+	}
+	more := len(lines) - maxChangeLines
+	return append(lines[:maxChangeLines:maxChangeLines], fmt.Sprintf("… and %d more (sluice check --diff lists them all)", more))
 }
 
 // apply builds next's state and swaps it in. Simulators and pools whose
@@ -239,7 +251,7 @@ func (n *node) reloadTenants(trigger string) reloadResult {
 		return n.finishReload(res, start)
 	}
 	d := configs.Compare(cur, next)
-	res.Result, res.OK, res.Changes = resultUnchanged, true, d.Lines()
+	res.Result, res.OK, res.Changes = resultUnchanged, true, capLines(d.Lines())
 	if !d.Empty() {
 		res.Result = resultOK
 		st := *n.handler.State()
@@ -403,15 +415,4 @@ func (n *node) configStatus() configStatus {
 		cs.TenantsFile = &tenantsFileStatus{File: ft.File, Version: ft.Version, LoadedAt: s.tenantsAt.UTC(), Tenants: len(ft.Tenants)}
 	}
 	return cs
-}
-
-// describeResult is a one-line summary for logs and the serve loop.
-func describeResult(r reloadResult) string {
-	switch r.Result {
-	case resultRestartRequired:
-		return fmt.Sprintf("restart required for %v", r.RestartRequired)
-	case resultInvalid, resultFailed:
-		return fmt.Sprintf("%s: %v", r.Result, r.Errors)
-	}
-	return fmt.Sprintf("%s, version %s", r.Result, r.Version)
 }

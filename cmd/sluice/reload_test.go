@@ -352,3 +352,45 @@ func TestDebugConfigYAML(t *testing.T) {
 		t.Fatalf("/debug/config: %+v", cs)
 	}
 }
+
+// A reload keeps what it does not change: the pools (with their health
+// and load) and the simulators; a change of a simulator's settings
+// restarts that one only. A comment-only edit changes nothing but the
+// version shown.
+func TestReloadKeepsUnchanged(t *testing.T) {
+	pools := "  - {name: p, backends: [{url: \"sim://gpu-a\"}]}\n  - {name: q, backends: [{url: \"sim://gpu-b\"}]}\n"
+	routes := "  - {name: main, path: /v1/, models: [sim-small], pool: p}\n  - {name: other, host: other.test, path: /v1/, pool: q}\n"
+	base := nodeConfig{Pools: pools, Routes: routes}
+	tn := startTestNode(t, base.String())
+	poolsBefore := map[string]any{"p": tn.n.pool("p"), "q": tn.n.pool("q")}
+	simA, simB := tn.n.simURL("gpu-a"), tn.n.simURL("gpu-b")
+
+	next := base
+	next.Tenants = tenant("t1", "max_concurrency: 7", key1)
+	tn.write("sluice.yaml", next.String())
+	if code, res := tn.postReload(); code != 200 || res.Result != resultOK || len(res.Changes) != 1 {
+		t.Fatalf("limit change: %d %+v", code, res)
+	}
+	if tn.n.pool("p") != poolsBefore["p"] || tn.n.pool("q") != poolsBefore["q"] || tn.n.simURL("gpu-a") != simA || tn.n.simURL("gpu-b") != simB {
+		t.Fatal("a tenant limit change rebuilt pools or restarted simulators")
+	}
+
+	next.Sims = testSim("gpu-a", "sim-small", 1) + testSim("gpu-b", "sim-small", 99)
+	tn.write("sluice.yaml", next.String())
+	if code, res := tn.postReload(); code != 200 || res.Result != resultOK {
+		t.Fatalf("simulator change: %d %+v", code, res)
+	}
+	if tn.n.simURL("gpu-a") != simA || tn.n.simURL("gpu-b") == simB {
+		t.Fatal("want gpu-b restarted, gpu-a kept")
+	}
+	if tn.n.pool("p") != poolsBefore["p"] || tn.n.pool("q") == poolsBefore["q"] {
+		t.Fatal("want pool q (on the restarted simulator) rebuilt, p kept")
+	}
+
+	version := tn.n.config().Version
+	tn.write("sluice.yaml", "# a comment\n"+next.String())
+	code, res := tn.postReload()
+	if code != 200 || res.Result != resultUnchanged || res.Version == version || tn.debugConfig().Version != res.Version {
+		t.Fatalf("comment-only edit: %d %+v", code, res)
+	}
+}
