@@ -127,11 +127,8 @@ func fastParse(file string, data []byte) (*fnode, error) {
 // split keeps the lines with content and notes their indentation.
 func (p *fparser) split(s string) error {
 	s = strings.TrimPrefix(s, "\uFEFF")
-	if !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return r < ' ' && r != '\t' && r != '\n' && r != '\r' }) {
+	if !utf8.ValidString(s) || hasControl(s) {
 		return errUnsupported
-	}
-	if strings.Count(s, "\r") != strings.Count(s, "\r\n") {
-		return errUnsupported // a lone CR breaks lines too
 	}
 	p.lines = make([]fline, 0, strings.Count(s, "\n")+1)
 	num := 0
@@ -167,6 +164,21 @@ func (p *fparser) split(s string) error {
 		p.lines = append(p.lines, fline{num: num, indent: indent, text: text})
 	}
 	return nil
+}
+
+// hasControl reports control characters other than tab, line feed and a
+// carriage return before a line feed (a lone CR breaks lines too).
+func hasControl(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= ' ' || c == '\t' || c == '\n' {
+			continue
+		}
+		if c != '\r' || i+1 == len(s) || s[i+1] != '\n' {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *fparser) fail(err error) {

@@ -154,6 +154,7 @@ func (t *posTable) fromTree(list *fnode) {
 		return
 	}
 	t.items = make([]tenantPos, len(list.items))
+	t.keys = make([]Pos, 0, len(list.items))
 	for i, item := range list.items {
 		tp := tenantPos{item: item.pos, keys: len(t.keys)}
 		for _, e := range item.entries {

@@ -229,12 +229,19 @@ func validKeyHash(k string) bool {
 		return false
 	}
 	for i := 0; i < len(h); i++ {
-		if c := h[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+		if !isHex[h[i]] {
 			return false
 		}
 	}
 	return true
 }
+
+var isHex = func() (t [256]bool) {
+	for _, c := range "0123456789abcdefABCDEF" {
+		t[c] = true
+	}
+	return t
+}()
 
 func (v *validator) limits(path string, l limiter.Limits) {
 	if err := l.Validate(); err != nil {
