@@ -60,8 +60,8 @@ var errClosing = errors.New("the node is shutting down")
 // reload reads the config file (and its tenants file) again and, if it is
 // valid and changes nothing that needs a restart, swaps it in: new
 // requests use the new routes, pools, tenants and limits; running ones
-// finish on what they started with. Certificates are re-read too. A bad
-// config changes nothing: the old one keeps serving.
+// finish on what they started with. Certificates are re-read in any case.
+// A bad config changes nothing: the old one keeps serving.
 func (n *node) reload(trigger string) reloadResult {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -79,7 +79,9 @@ func (n *node) reload(trigger string) reloadResult {
 	default:
 		n.applyNext(cur, next, &res)
 	}
-	if n.certs != nil && res.OK {
+	// Certificates are re-read whatever became of the config: they have
+	// their own files, and a pair that fails keeps its previous certificate.
+	if n.certs != nil {
 		if err := n.certs.Reload(); err != nil {
 			res.Warnings = append(res.Warnings, "certificates: "+err.Error())
 		}
