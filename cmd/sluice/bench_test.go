@@ -25,7 +25,7 @@ func genTenantsFile(n int, revoke int) string {
 // back): read, validate, compare, index and swap in.
 func BenchmarkReloadTenants100k(b *testing.B) {
 	files := []string{genTenantsFile(100_000, -1), genTenantsFile(100_000, 500)}
-	tn := startTestNode(b, nodeConfig{TenantsRaw: "tenants_file: tenants.yaml\n"}.String(), "tenants.yaml", files[0])
+	tn := startFileNode(b, nodeConfig{TenantsRaw: "tenants_file: tenants.yaml\n"}.String(), "tenants.yaml", files[0])
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		tn.write("tenants.yaml", files[(i+1)%2])

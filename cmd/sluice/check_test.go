@@ -44,7 +44,7 @@ restart required:
 	}
 
 	// Against a running node's admin endpoint: same result.
-	tn := startTestNode(t, oldCfg)
+	tn := startFileNode(t, oldCfg)
 	code, out2, errs := runCmd(t, "", "check", "-c", newPath, "--diff", tn.admin)
 	if code != 0 || strings.SplitN(out2, "\n", 3)[2] != strings.SplitN(out, "\n", 3)[2] {
 		t.Fatalf("--diff URL: code %d %q\n%s", code, errs, out2)

@@ -19,7 +19,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 		// 6 tokens a minute refill almost nothing during the test: what the
 		// bucket lacks at the end is what the streams were charged.
 		Tenants: tenant("t1", "max_concurrency: 10, tokens_per_minute: 6, burst: 100000", key1)}.String()
-	tn := startTestNode(t, cfg)
+	tn := startFileNode(t, cfg)
 	short := startStream(t, tn.base, key1, 100) // ~0.5 s at 5 ms a token
 	long := startStream(t, tn.base, key1, 4000) // ~20 s: cannot finish
 	waitFor(t, 5*time.Second, "two streams", func() bool { return tn.n.handler.Snapshot().InFlight == 2 })

@@ -100,7 +100,7 @@ type testNode struct {
 	logs  *logBuffer
 }
 
-func startTestNode(t testing.TB, cfg string, files ...string) *testNode {
+func startFileNode(t testing.TB, cfg string, files ...string) *testNode {
 	t.Helper()
 	tn := &testNode{t: t, dir: t.TempDir(), logs: &logBuffer{}}
 	tn.file = filepath.Join(tn.dir, "sluice.yaml")
@@ -277,5 +277,5 @@ func configsHash(key string) string { return proxy.HashKey(key) }
 func (n *node) pool(name string) any {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.pools[name]
+	return n.pools.pools[name]
 }

@@ -44,7 +44,7 @@ type node struct {
 
 	mu       sync.Mutex // serialises reloads; guards the fields below
 	sims     map[string]*simServer
-	pools    map[string]*routing.Pool
+	pools    poolSet
 	draining []<-chan struct{} // replaced states some requests still use
 	closing  bool
 }
@@ -82,7 +82,7 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*
 	if err != nil {
 		return nil, err
 	}
-	st, pools, err := buildState(cfg, simURLs(sims), nil)
+	st, pools, err := buildState(cfg, simURLs(sims), poolSet{})
 	if err != nil {
 		return nil, err
 	}
@@ -105,6 +105,7 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*
 		Node: cfg.Node.Name, Region: cfg.Node.Region, Log: log, AccessLog: log,
 		Metrics: proxy.NewMetrics(n.reg, cfg.Proxy.TenantMetricLabels), Stats: proxy.NewStats(),
 	})
+	n.reg.MustRegister(routing.Collector(func() []*routing.Pool { return n.handler.State().Routes.Pools() }))
 	n.server = &proxy.Server{
 		Handler: n.handler, HTTPAddr: cfg.Listeners.HTTP, AdminAddr: cfg.Listeners.Admin, Log: log,
 	}
@@ -115,6 +116,7 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*
 		}
 		go n.certs.Run(n.bgCtx)
 		n.server.HTTPSAddr, n.server.TLSConfig = h.Addr, n.certs.TLSConfig()
+		n.server.HTTP3, n.server.QUICTLSConfig = h.HTTP3, n.certs.QUICConfig()
 	}
 	admin := proxy.NewAdmin(n.reg, n.server.Draining, n.handler)
 	n.adminRoutes(admin)
@@ -122,9 +124,7 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*
 	if err := n.server.Listen(); err != nil {
 		return nil, err
 	}
-	for _, p := range pools {
-		startPool(n.bgCtx, p)
-	}
+	pools.start(n.bgCtx, poolSet{})
 	n.status.loaded(cfg, time.Now())
 	go func() { n.serveErr <- n.server.Serve() }()
 	started = true
@@ -227,19 +227,47 @@ func (n *node) close() {
 	<-n.bgDone
 	n.workers.Wait()
 	n.mu.Lock()
-	for _, p := range n.pools {
-		closePool(p)
-	}
+	n.pools.close(poolSet{})
 	n.mu.Unlock()
 	n.limiter.Close()
 }
 
+// poolSet is a state's pools and their transports, by pool name.
+type poolSet struct {
+	pools      map[string]*routing.Pool
+	transports map[string]http.RoundTripper
+}
+
+// start starts the scrapers and probes of the pools that are not in old.
+func (s poolSet) start(ctx context.Context, old poolSet) {
+	for name, p := range s.pools {
+		if old.pools[name] != p {
+			p.Start(ctx)
+		}
+	}
+}
+
+// close stops the pools that are not in keep (scrapers, probes) and
+// closes their transports' idle connections.
+func (s poolSet) close(keep poolSet) {
+	for name, p := range s.pools {
+		if keep.pools[name] == p {
+			continue
+		}
+		p.Close()
+		if t, ok := s.transports[name].(interface{ CloseIdleConnections() }); ok {
+			t.CloseIdleConnections()
+		}
+	}
+}
+
 // buildState turns a validated config into the handler's state; simURLs
 // resolves "sim://NAME" backends. A pool whose resolved config equals one
-// in reuse is reused as it is (with its health, load and background work);
-// the others are new, not yet started. It returns the state's pools by name.
-func buildState(cfg *configs.Config, simURLs map[string]string, reuse map[string]*routing.Pool) (*proxy.State, map[string]*routing.Pool, error) {
-	pools := map[string]*routing.Pool{}
+// in reuse is reused with its transport (keeping its health, load and
+// background work), unless it reads upstream TLS files, which a reload
+// re-reads; the other pools are new, not yet started.
+func buildState(cfg *configs.Config, simURLs map[string]string, reuse poolSet) (*proxy.State, poolSet, error) {
+	set := poolSet{pools: map[string]*routing.Pool{}, transports: map[string]http.RoundTripper{}}
 	for _, pc := range cfg.Pools {
 		pc.Backends = append([]routing.BackendConfig(nil), pc.Backends...)
 		for i, b := range pc.Backends {
@@ -247,51 +275,38 @@ func buildState(cfg *configs.Config, simURLs map[string]string, reuse map[string
 			if err == nil && u.Scheme == "sim" {
 				base, ok := simURLs[u.Host]
 				if !ok {
-					return nil, nil, fmt.Errorf("pool %q: simulator %q is not running", pc.Name, u.Host)
+					return nil, poolSet{}, fmt.Errorf("pool %q: simulator %q is not running", pc.Name, u.Host)
 				}
 				pc.Backends[i].URL = base
 			}
 		}
-		if old, ok := reuse[pc.Name]; ok && reflect.DeepEqual(old.Config(), pc.WithDefaults()) {
-			pools[pc.Name] = old
+		if old, ok := reuse.pools[pc.Name]; ok && pc.TLS == nil && reflect.DeepEqual(old.Config(), pc.WithDefaults()) {
+			set.pools[pc.Name], set.transports[pc.Name] = old, reuse.transports[pc.Name]
 			continue
 		}
 		p, err := routing.NewPool(pc)
 		if err != nil {
-			return nil, nil, fmt.Errorf("pool %q: %w", pc.Name, err)
+			return nil, poolSet{}, fmt.Errorf("pool %q: %w", pc.Name, err)
 		}
-		pools[pc.Name] = p
+		tr, err := proxy.NewPoolTransport(cfg.Proxy, p.Config())
+		if err != nil {
+			return nil, poolSet{}, err
+		}
+		p.UseTransport(tr) // scrapes and probes with the pool's TLS settings
+		set.pools[pc.Name], set.transports[pc.Name] = p, tr
 	}
 	var routes []*routing.Route
 	for _, rc := range cfg.Routes {
-		p, ok := pools[rc.Pool]
+		p, ok := set.pools[rc.Pool]
 		if !ok {
-			return nil, nil, errors.New("route " + rc.Name + ": unknown pool " + rc.Pool)
+			return nil, poolSet{}, errors.New("route " + rc.Name + ": unknown pool " + rc.Pool)
 		}
 		routes = append(routes, &routing.Route{RouteConfig: rc, Pool: p})
 	}
 	return &proxy.State{
-		Config:  cfg.Proxy,
-		Tenants: proxy.NewTenants(cfg.AllTenants()),
-		Routes:  routing.NewTable(routes),
-	}, pools, nil
-}
-
-// poolWorker is what pools with background work (metric scrapers, health
-// probes) provide; pools without it have nothing to start or stop.
-type poolWorker interface {
-	Start(ctx context.Context)
-	Close() error
-}
-
-func startPool(ctx context.Context, p *routing.Pool) {
-	if w, ok := any(p).(poolWorker); ok {
-		w.Start(ctx)
-	}
-}
-
-func closePool(p *routing.Pool) {
-	if w, ok := any(p).(poolWorker); ok {
-		w.Close()
-	}
+		Config:     cfg.Proxy,
+		Tenants:    proxy.NewTenants(cfg.AllTenants()),
+		Routes:     routing.NewTable(routes),
+		Transports: set.transports,
+	}, set, nil
 }

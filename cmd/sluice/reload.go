@@ -10,7 +10,6 @@ import (
 
 	"github.com/sluice-proxy/sluice/configs"
 	"github.com/sluice-proxy/sluice/proxy"
-	"github.com/sluice-proxy/sluice/routing"
 )
 
 // Reload triggers, as reported in results and logs.
@@ -148,7 +147,7 @@ func (n *node) apply(next *configs.Config) error {
 	started := newSims(n.sims, sims)
 	if err == nil {
 		var st *proxy.State
-		var pools map[string]*routing.Pool
+		var pools poolSet
 		if st, pools, err = buildState(next, simURLs(sims), n.pools); err == nil {
 			n.swapIn(st, next, sims, pools)
 			return nil
@@ -173,36 +172,26 @@ func newSims(cur, next map[string]*simServer) []*simServer {
 
 // swapIn makes st the handler's state and retires what only the old
 // state held. n.mu is held.
-func (n *node) swapIn(st *proxy.State, next *configs.Config, sims map[string]*simServer, pools map[string]*routing.Pool) {
+func (n *node) swapIn(st *proxy.State, next *configs.Config, sims map[string]*simServer, pools poolSet) {
 	st.Limiter = n.limiter
-	for name, p := range pools {
-		if n.pools[name] != p {
-			startPool(n.bgCtx, p)
-		}
-	}
-	var oldPools []*routing.Pool
-	for name, p := range n.pools {
-		if pools[name] != p {
-			oldPools = append(oldPools, p)
-		}
-	}
+	pools.start(n.bgCtx, n.pools)
 	var oldSims []*simServer
 	for name, s := range n.sims {
 		if sims[name] != s {
 			oldSims = append(oldSims, s)
 		}
 	}
-	n.retire(n.handler.Swap(st), oldPools, oldSims)
+	n.retire(n.handler.Swap(st), n.pools, pools, oldSims)
 	n.sims, n.pools = sims, pools
 	n.cfg.Store(next)
 	n.status.loaded(next, time.Now())
 }
 
-// retire stops pools and simulators no longer in use once every replaced
-// state has been released by its requests (a pool may be shared by
-// several replaced states; waiting for all of them is simple and safe).
+// retire stops the pools of old that are not in cur, and sims, once every
+// replaced state has been released by its requests (a pool may be shared
+// by several replaced states; waiting for all of them is simple and safe).
 // n.mu is held.
-func (n *node) retire(prev <-chan struct{}, pools []*routing.Pool, sims []*simServer) {
+func (n *node) retire(prev <-chan struct{}, old, cur poolSet, sims []*simServer) {
 	waits := n.draining[:0]
 	for _, w := range n.draining {
 		select {
@@ -212,7 +201,13 @@ func (n *node) retire(prev <-chan struct{}, pools []*routing.Pool, sims []*simSe
 		}
 	}
 	n.draining = append(waits, prev)
-	if len(pools) == 0 && len(sims) == 0 {
+	retired := 0
+	for name, p := range old.pools {
+		if cur.pools[name] != p {
+			retired++
+		}
+	}
+	if retired == 0 && len(sims) == 0 {
 		return
 	}
 	waitFor := append([]<-chan struct{}(nil), n.draining...)
@@ -225,9 +220,7 @@ func (n *node) retire(prev <-chan struct{}, pools []*routing.Pool, sims []*simSe
 			case <-n.bgCtx.Done():
 			}
 		}
-		for _, p := range pools {
-			closePool(p)
-		}
+		old.close(cur)
 		for _, s := range sims {
 			s.stop()
 		}
@@ -258,7 +251,7 @@ func (n *node) reloadTenants(trigger string) reloadResult {
 		res.Result = resultOK
 		st := *n.handler.State()
 		st.Tenants = proxy.NewTenants(next.AllTenants())
-		n.retire(n.handler.Swap(&st), nil, nil)
+		n.retire(n.handler.Swap(&st), n.pools, n.pools, nil)
 	}
 	if tenantsVersion(next) != tenantsVersion(cur) {
 		n.cfg.Store(next)

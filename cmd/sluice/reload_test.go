@@ -21,7 +21,7 @@ import (
 // reload answers as soon as the reload returns; replaced simulators stop
 // once their streams are done; no concurrency lease is left behind.
 func TestReloadUnderLoad(t *testing.T) {
-	tn := startTestNode(t, nodeConfig{}.String())
+	tn := startFileNode(t, nodeConfig{}.String())
 	const workers, reloads = 6, 10
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -125,7 +125,7 @@ func TestReloadUnderLoad(t *testing.T) {
 // with its position, is answered, shown at /debug/config and counted.
 func TestReloadInvalidEdit(t *testing.T) {
 	good := nodeConfig{}.String()
-	tn := startTestNode(t, good)
+	tn := startFileNode(t, good)
 	version := tn.n.config().Version
 	cases := []struct {
 		name, text, want string
@@ -171,7 +171,7 @@ func TestReloadInvalidEdit(t *testing.T) {
 // restart: such a reload is refused whole, naming the keys.
 func TestReloadRestartRequired(t *testing.T) {
 	good := nodeConfig{}.String()
-	tn := startTestNode(t, good)
+	tn := startFileNode(t, good)
 	version := tn.n.config().Version
 	edits := map[string]string{
 		"listeners.http":  strings.Replace(good, "http: 127.0.0.1:0", "http: 127.0.0.1:1", 1),
@@ -215,7 +215,7 @@ func TestReloadLoweredLimit(t *testing.T) {
 	cfg := func(n int) string {
 		return nodeConfig{Tenants: tenant("t1", fmt.Sprintf("max_concurrency: %d", n), key1)}.String()
 	}
-	tn := startTestNode(t, cfg(3))
+	tn := startFileNode(t, cfg(3))
 	a := startStream(t, tn.base, key1, 400)
 	b := startStream(t, tn.base, key1, 400)
 	waitFor(t, 5*time.Second, "two streams", func() bool { return tn.n.handler.Snapshot().InFlight == 2 })
@@ -246,7 +246,7 @@ func TestReloadLoweredLimit(t *testing.T) {
 func TestTenantsFileRevocation(t *testing.T) {
 	both := tenant("t1", "max_concurrency: 10", key1) + tenant("t2", "", key2)
 	cfg := nodeConfig{TenantsRaw: "tenants_file: tenants.yaml\n"}.String()
-	tn := startTestNode(t, cfg, "tenants.yaml", both)
+	tn := startFileNode(t, cfg, "tenants.yaml", both)
 	routes := tn.n.handler.State().Routes
 	for _, k := range []string{key1, key2} {
 		if r := stream(context.Background(), tn.base, k, "sim-small", 2); r.status != 200 {
@@ -299,7 +299,7 @@ func TestTenantsFileRevocation(t *testing.T) {
 // SIGHUP reloads too; a file that did not change reloads nothing.
 func TestReloadTriggers(t *testing.T) {
 	good := nodeConfig{}.String()
-	tn := startTestNode(t, good)
+	tn := startFileNode(t, good)
 	if err := tn.n.startWatcher(); err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +342,7 @@ func TestReloadTriggers(t *testing.T) {
 // /debug/config?format=yaml shows the active text without secrets.
 func TestDebugConfigYAML(t *testing.T) {
 	cfg := nodeConfig{Pools: "  - name: p\n    api_key: backend-secret-123\n    backends: [{url: \"sim://gpu-a\"}]\n"}.String()
-	tn := startTestNode(t, cfg)
+	tn := startFileNode(t, cfg)
 	got := tn.get(tn.admin + "/debug/config?format=yaml")
 	if strings.Contains(got, "backend-secret-123") || !strings.Contains(got, "api_key: <redacted>") {
 		t.Fatalf("?format=yaml:\n%s", got)
@@ -361,7 +361,7 @@ func TestReloadKeepsUnchanged(t *testing.T) {
 	pools := "  - {name: p, backends: [{url: \"sim://gpu-a\"}]}\n  - {name: q, backends: [{url: \"sim://gpu-b\"}]}\n"
 	routes := "  - {name: main, path: /v1/, models: [sim-small], pool: p}\n  - {name: other, host: other.test, path: /v1/, pool: q}\n"
 	base := nodeConfig{Pools: pools, Routes: routes}
-	tn := startTestNode(t, base.String())
+	tn := startFileNode(t, base.String())
 	poolsBefore := map[string]any{"p": tn.n.pool("p"), "q": tn.n.pool("q")}
 	simA, simB := tn.n.simURL("gpu-a"), tn.n.simURL("gpu-b")
 
