@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -393,4 +394,20 @@ func TestReloadKeepsUnchanged(t *testing.T) {
 	if code != 200 || res.Result != resultUnchanged || res.Version == version || tn.debugConfig().Version != res.Version {
 		t.Fatalf("comment-only edit: %d %+v", code, res)
 	}
+}
+
+// Replaced pools stop their scrapers and probes: after many reloads the
+// node runs as many goroutines as before.
+func TestReloadStopsReplacedPools(t *testing.T) {
+	tn := startFileNode(t, nodeConfig{}.String())
+	time.Sleep(100 * time.Millisecond) // let the first pool's scrapers and probes start
+	before := runtime.NumGoroutine()
+	for i := 1; i <= 12; i++ {
+		backend := []string{"gpu-a", "gpu-b"}[i%2]
+		tn.write("sluice.yaml", nodeConfig{Pools: fmt.Sprintf("  - {name: p, backends: [{url: \"sim://%s\"}]}\n", backend)}.String())
+		if code, res := tn.postReload(); code != 200 || res.Result != resultOK {
+			t.Fatalf("reload %d: %d %+v", i, code, res)
+		}
+	}
+	waitFor(t, 5*time.Second, "replaced pools' goroutines to end", func() bool { return runtime.NumGoroutine() <= before+4 })
 }
