@@ -23,18 +23,28 @@ const DefaultName = "<embedded default.yaml>"
 
 // Config is a whole Sluice configuration file.
 type Config struct {
-	Node       Node                  `yaml:"node"`
-	Listeners  Listeners             `yaml:"listeners"`
-	Proxy      proxy.Config          `yaml:"proxy"`
-	Redis      limiter.RedisConfig   `yaml:"redis"`
-	Tenants    []proxy.TenantConfig  `yaml:"tenants"`
-	Pools      []routing.PoolConfig  `yaml:"pools"`
-	Routes     []routing.RouteConfig `yaml:"routes"`
-	Simulators []Simulator           `yaml:"simulators"`
+	Node      Node                 `yaml:"node"`
+	Listeners Listeners            `yaml:"listeners"`
+	Proxy     proxy.Config         `yaml:"proxy"`
+	Redis     limiter.RedisConfig  `yaml:"redis"`
+	Tenants   []proxy.TenantConfig `yaml:"tenants"`
+	// TenantsFile names a file holding more tenants (a YAML list with the
+	// entries of tenants), relative to this file's directory. It is
+	// reloaded on its own when it changes. Empty means none.
+	TenantsFile string                `yaml:"tenants_file"`
+	Pools       []routing.PoolConfig  `yaml:"pools"`
+	Routes      []routing.RouteConfig `yaml:"routes"`
+	Simulators  []Simulator           `yaml:"simulators"`
 
 	// File is the path the config was read from.
 	File string `yaml:"-"`
-	pos  map[string]Pos
+	// Version identifies the file's content (see Version).
+	Version string `yaml:"-"`
+	// Raw is the file's text.
+	Raw []byte `yaml:"-"`
+	// FileTenants are the tenants read from TenantsFile; nil without one.
+	FileTenants *TenantSet `yaml:"-"`
+	pos         map[string]Pos
 }
 
 // Node describes this edge node.
@@ -46,6 +56,10 @@ type Node struct {
 	// DrainTimeout is how long live streams may run on after a shutdown
 	// signal before they are cancelled. Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// DrainDelay is how long a draining node keeps accepting requests
+	// after /readyz starts failing, so that load balancers notice before
+	// the listeners close. Zero means none.
+	DrainDelay time.Duration `yaml:"drain_delay"`
 }
 
 // Listeners are the addresses Sluice listens on. At least one of HTTP and
@@ -85,9 +99,9 @@ func Default() (*Config, error) { return Parse(DefaultName, defaultYAML) }
 // DefaultYAML returns the text of the embedded default configuration.
 func DefaultYAML() []byte { return append([]byte(nil), defaultYAML...) }
 
-// Load reads, decodes, defaults and validates a config file. Every problem
-// is reported as an *Error ("file:line:col: message"); use Errors to list
-// them.
+// Load reads, decodes, defaults and validates a config file and the
+// tenants file it names. Every problem is reported as an *Error
+// ("file:line:col: message"); use Errors to list them.
 func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -96,22 +110,54 @@ func Load(path string) (*Config, error) {
 	return Parse(path, data)
 }
 
-// Parse decodes, defaults and validates config text; name is used in errors.
+// TenantsReader reads the tenants file a config names, given its path
+// (tenants_file resolved against the config's directory).
+type TenantsReader func(path string) ([]byte, error)
+
+// Parse decodes, defaults and validates config text; name is used in
+// errors. A tenants file it names is read from disk.
 func Parse(name string, data []byte) (*Config, error) {
+	return ParseWith(name, data, os.ReadFile)
+}
+
+// ParseWith is Parse with the tenants file read by read (for a config
+// fetched from a running node, whose tenants file is fetched too).
+func ParseWith(name string, data []byte, read TenantsReader) (*Config, error) {
 	d := newDecoder(name)
-	c := &Config{File: name}
+	c := &Config{File: name, Version: Version(data), Raw: data}
 	d.parse(data, c)
 	c.pos = d.pos
 	if len(d.errs) > 0 {
 		return nil, errors.Join(d.errs...)
 	}
 	c.applyDefaults()
+	var errs []error
+	if c.TenantsFile != "" {
+		errs = c.readTenants(read)
+	}
 	v := &validator{c: c}
 	v.validate()
-	if len(v.errs) > 0 {
-		return nil, errors.Join(v.errs...)
+	errs = append(errs, v.errs...)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	return c, nil
+}
+
+// readTenants loads the tenants file; its own problems are reported
+// against it (checks across both lists are the validator's).
+func (c *Config) readTenants(read TenantsReader) []error {
+	path := c.TenantsPath()
+	data, err := read(path)
+	if err != nil {
+		return []error{&Error{File: c.File, Pos: c.Pos("tenants_file"), Msg: fmt.Sprintf("tenants_file: %v", err)}}
+	}
+	s, err := ParseTenants(path, data)
+	if err != nil {
+		return []error{err}
+	}
+	c.FileTenants = s
+	return nil
 }
 
 func (c *Config) applyDefaults() {

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/goccy/go-yaml"
@@ -103,6 +104,14 @@ func nodePos(n ast.Node) Pos {
 
 // parse decodes data into v (a pointer to a struct).
 func (d *decoder) parse(data []byte, v any) {
+	if f := d.parseFile(data); f != nil {
+		d.decode(f.Docs[0].Body, reflect.ValueOf(v).Elem(), "")
+	}
+}
+
+// parseFile parses data into a syntax tree with one document, or returns
+// nil: after a syntax error (recorded), or when the file is empty.
+func (d *decoder) parseFile(data []byte) *ast.File {
 	f, err := parser.ParseBytes(data, 0)
 	if err != nil {
 		var se *yaml.SyntaxError
@@ -111,15 +120,15 @@ func (d *decoder) parse(data []byte, v any) {
 		} else {
 			d.errorf(Pos{1, 1}, "%v", err)
 		}
-		return
+		return nil
 	}
 	if len(f.Docs) == 0 || f.Docs[0].Body == nil {
-		return
+		return nil
 	}
 	if len(f.Docs) > 1 {
 		d.errorf(nodePos(f.Docs[1]), "a config file holds one YAML document")
 	}
-	d.decode(f.Docs[0].Body, reflect.ValueOf(v).Elem(), "")
+	return f
 }
 
 // resolve follows anchors, aliases and tags to the node that holds the value.
@@ -166,13 +175,8 @@ func (d *decoder) decode(n ast.Node, v reflect.Value, path string) {
 		d.decode(n, v.Elem(), path)
 		return
 	}
-	if v.Type() != durationType && reflect.PointerTo(v.Type()).Implements(textType) {
-		s, ok := d.scalar(n, path)
-		if ok {
-			if err := v.Addr().Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(s)); err != nil {
-				d.errorf(p, "%s: %v", describe(path), err)
-			}
-		}
+	if isScalarType(v.Type()) {
+		d.decodeScalar(n, v, path)
 		return
 	}
 	switch v.Kind() {
@@ -185,6 +189,12 @@ func (d *decoder) decode(n ast.Node, v reflect.Value, path string) {
 	default:
 		d.decodeScalar(n, v, path)
 	}
+}
+
+// isScalarType reports whether values of t are written as one scalar even
+// though t is a struct or slice: durations and text unmarshalers.
+func isScalarType(t reflect.Type) bool {
+	return t == durationType || reflect.PointerTo(t).Implements(textType)
 }
 
 func describe(path string) string {
@@ -222,8 +232,22 @@ func kindOf(n ast.Node) string {
 	return fmt.Sprintf("%q", scalarText(n))
 }
 
+// fieldIndexes caches fieldIndex per struct type (a large tenants list
+// decodes the same two types 100,000 times).
+var fieldIndexes sync.Map // reflect.Type -> map[string][]int
+
 // fieldIndex maps YAML keys to struct fields, following ",inline" structs.
+// The result is shared and must not be modified.
 func fieldIndex(t reflect.Type) map[string][]int {
+	if m, ok := fieldIndexes.Load(t); ok {
+		return m.(map[string][]int)
+	}
+	m := buildFieldIndex(t)
+	fieldIndexes.Store(t, m)
+	return m
+}
+
+func buildFieldIndex(t reflect.Type) map[string][]int {
 	out := map[string][]int{}
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
@@ -233,7 +257,7 @@ func fieldIndex(t reflect.Type) map[string][]int {
 		}
 		name, opts, _ := strings.Cut(tag, ",")
 		if opts == "inline" {
-			for k, idx := range fieldIndex(f.Type) {
+			for k, idx := range buildFieldIndex(f.Type) {
 				out[k] = append([]int{i}, idx...)
 			}
 			continue
@@ -365,19 +389,28 @@ func (d *decoder) decodeScalar(n ast.Node, v reflect.Value, path string) {
 	if !ok {
 		return
 	}
-	p := nodePos(n)
+	if err := setScalar(v, s); err != nil {
+		d.errorf(nodePos(n), "%s: %v", describe(path), err)
+	}
+}
+
+// setScalar parses the scalar text s into v: a duration, a value whose
+// pointer implements encoding.TextUnmarshaler, a string, bool or number.
+// The error reads well after "path: ".
+func setScalar(v reflect.Value, s string) error {
 	if v.Type() == durationType {
 		dur, err := time.ParseDuration(s)
 		if err != nil {
-			d.errorf(p, "%s: bad duration %q (use Go durations such as \"250ms\", \"30s\", \"5m\")", describe(path), s)
-			return
+			return fmt.Errorf("bad duration %q (use Go durations such as \"250ms\", \"30s\", \"5m\")", s)
 		}
 		if dur < 0 {
-			d.errorf(p, "%s: duration %q must not be negative", describe(path), s)
-			return
+			return fmt.Errorf("duration %q must not be negative", s)
 		}
 		v.SetInt(int64(dur))
-		return
+		return nil
+	}
+	if reflect.PointerTo(v.Type()).Implements(textType) {
+		return v.Addr().Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(s))
 	}
 	switch v.Kind() {
 	case reflect.String:
@@ -385,32 +418,29 @@ func (d *decoder) decodeScalar(n ast.Node, v reflect.Value, path string) {
 	case reflect.Bool:
 		b, err := strconv.ParseBool(s)
 		if err != nil {
-			d.errorf(p, "%s: expected true or false, got %q", describe(path), s)
-			return
+			return fmt.Errorf("expected true or false, got %q", s)
 		}
 		v.SetBool(b)
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		i, err := strconv.ParseInt(strings.ReplaceAll(s, "_", ""), 0, v.Type().Bits())
 		if err != nil {
-			d.errorf(p, "%s: expected a whole number, got %q", describe(path), s)
-			return
+			return fmt.Errorf("expected a whole number, got %q", s)
 		}
 		v.SetInt(i)
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		u, err := strconv.ParseUint(strings.ReplaceAll(s, "_", ""), 0, v.Type().Bits())
 		if err != nil {
-			d.errorf(p, "%s: expected a non-negative whole number, got %q", describe(path), s)
-			return
+			return fmt.Errorf("expected a non-negative whole number, got %q", s)
 		}
 		v.SetUint(u)
 	case reflect.Float32, reflect.Float64:
 		f, err := strconv.ParseFloat(s, v.Type().Bits())
 		if err != nil {
-			d.errorf(p, "%s: expected a number, got %q", describe(path), s)
-			return
+			return fmt.Errorf("expected a number, got %q", s)
 		}
 		v.SetFloat(f)
 	default:
-		d.errorf(p, "%s: unsupported type %s", describe(path), v.Type())
+		return fmt.Errorf("unsupported type %s", v.Type())
 	}
+	return nil
 }

@@ -2,7 +2,6 @@ package configs
 
 import (
 	"crypto/x509"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"net/url"
@@ -294,42 +293,35 @@ func (v *validator) routes(pools map[string]bool) {
 	}
 }
 
+// tenants checks the inline tenants, and them against the tenants file's
+// (which ParseTenants checked on its own).
 func (v *validator) tenants() {
-	ids := map[string]bool{}
-	keys := map[string]string{}
-	for i, t := range v.c.Tenants {
-		path := fmt.Sprintf("tenants[%d]", i)
-		switch {
-		case t.ID == "":
-			v.errorf(path, "%s: id is required", path)
-		case ids[t.ID]:
-			v.errorf(path+".id", "%s: duplicate tenant id %q", path, t.ID)
-		}
-		ids[t.ID] = true
-		if len(t.Keys) == 0 {
-			v.errorf(path, "tenant %q: at least one key hash is required (see sluice hash-key)", t.ID)
-		}
-		for j, k := range t.Keys {
-			kp := fmt.Sprintf("%s.keys[%d]", path, j)
-			if !validKeyHash(k) {
-				v.errorf(kp, "tenant %q: key must be a hash printed by \"sluice hash-key\" (sha256:<64 hex digits>), never the key itself", t.ID)
-			} else if other, dup := keys[k]; dup {
-				v.errorf(kp, "tenant %q: key hash already belongs to tenant %q", t.ID, other)
-			}
-			keys[k] = t.ID
-		}
-		v.limits(path+".limits", t.Limits)
+	v.errs = append(v.errs, validateTenants(v.c.inlineTenants())...)
+	if s := v.c.FileTenants; s != nil {
+		v.errs = append(v.errs, crossCheckTenants(v.c.inlineTenants(), s.source())...)
 	}
 }
 
+// validKeyHash reports whether k is "sha256:" and 64 hex digits.
 func validKeyHash(k string) bool {
 	h, ok := strings.CutPrefix(k, "sha256:")
 	if !ok || len(h) != 64 {
 		return false
 	}
-	_, err := hex.DecodeString(h)
-	return err == nil
+	for i := 0; i < len(h); i++ {
+		if !isHex[h[i]] {
+			return false
+		}
+	}
+	return true
 }
+
+var isHex = func() (t [256]bool) {
+	for _, c := range "0123456789abcdefABCDEF" {
+		t[c] = true
+	}
+	return t
+}()
 
 func (v *validator) limits(path string, l limiter.Limits) {
 	if err := l.Validate(); err != nil {

@@ -51,7 +51,7 @@ type StatsSnapshot struct {
 // Snapshot returns the node's current stats.
 func (h *Handler) Snapshot() StatsSnapshot {
 	now := time.Now()
-	st := h.state.Load()
+	st := h.State()
 	slo := st.Config.SLO
 	snap := StatsSnapshot{
 		Node: h.node, Region: h.region, GeneratedAt: now.UTC(), UptimeS: now.Sub(h.started).Round(time.Second).Seconds(),

@@ -57,7 +57,7 @@ type Options struct {
 // Handler is the request pipeline: intake, auth, route, admission, pick,
 // forward and relay. It is safe for simultaneous use by multiple goroutines.
 type Handler struct {
-	state     atomic.Pointer[State]
+	live      atomic.Pointer[liveState]
 	node      string
 	region    string
 	log       *slog.Logger
@@ -80,23 +80,29 @@ func NewHandler(st *State, opts Options) *Handler {
 		h.transport = NewTransport(st.Config)
 	}
 	st.Config = st.Config.WithDefaults()
-	h.state.Store(st)
+	h.live.Store(newLiveState(st))
 	return h
 }
 
-// Swap replaces the handler's state; requests already running keep the
-// state they started with.
-func (h *Handler) Swap(st *State) {
+// Swap replaces the handler's state atomically: new requests use st, and
+// requests already running keep the state they started with. The returned
+// channel is closed once every request that used the previous state has
+// finished (at once if none is running): then whatever only the previous
+// state held (replaced pools, their backends) can be stopped.
+func (h *Handler) Swap(st *State) (previousDone <-chan struct{}) {
 	st.Config = st.Config.WithDefaults()
-	h.state.Store(st)
+	old := h.live.Swap(newLiveState(st))
+	return old.retire()
 }
 
 // State returns the state new requests use.
-func (h *Handler) State() *State { return h.state.Load() }
+func (h *Handler) State() *State { return h.live.Load().st }
 
 // ServeHTTP runs one request through the pipeline.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	x := &exchange{h: h, st: h.state.Load(), w: w, r: r, start: time.Now()}
+	l := h.acquire()
+	defer l.release()
+	x := &exchange{h: h, st: l.st, w: w, r: r, start: time.Now()}
 	x.conn, _ = ConnInfoFrom(r.Context())
 	x.id = requestID(r.Header.Get("X-Request-Id"))
 	hdr := w.Header()
@@ -239,8 +245,12 @@ func (x *exchange) admit() error {
 	if lim == nil {
 		return nil
 	}
+	limits := x.tenant.Limits
+	if !x.route.LimitsEnforced() {
+		limits = shadowed(limits)
+	}
 	d, err := lim.Admit(x.r.Context(), limiter.Request{
-		ID: newID(), Tenant: x.tenant.ID, Model: x.meta.Model, Limits: x.tenant.Limits,
+		ID: newID(), Tenant: x.tenant.ID, Model: x.meta.Model, Limits: limits,
 		InputTokens: x.meta.InputTokens, OutputTokens: x.meta.OutputTokens,
 	})
 	if err != nil {
@@ -251,6 +261,9 @@ func (x *exchange) admit() error {
 			Message: "the rate limiter could not decide; retry", RetryAfter: 1}
 	}
 	limiter.SetHeaders(x.w.Header(), d)
+	if d.WouldRefuse {
+		x.w.Header().Set("X-Sluice-Would-Refuse", d.Reason)
+	}
 	x.decision = d
 	if !d.Allowed {
 		return &refusal{d: d}

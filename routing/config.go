@@ -54,6 +54,10 @@ type RouteConfig struct {
 	// Retries is how many other backends are tried when one fails before
 	// the first token. Nil means the proxy's default (1).
 	Retries *int `yaml:"retries"`
+	// EnforceLimits, when false, puts every tenant on this route in shadow
+	// mode: limits are computed, charged and reported (rate-limit headers,
+	// metrics, access log) but never refuse a request. Nil means true.
+	EnforceLimits *bool `yaml:"enforce_limits"`
 	// HedgeAfter, when positive, hedges a request that has no first token
 	// after this long: the same request goes to a second backend, the
 	// first to produce a token wins and the other is cancelled. Zero (the
@@ -220,6 +224,10 @@ type UpstreamTLS struct {
 	// it gives up protection against an attacker on the path. Default false.
 	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
 }
+
+// LimitsEnforced reports whether the route enforces tenants' limits
+// (false: shadow mode for every tenant on it).
+func (c RouteConfig) LimitsEnforced() bool { return c.EnforceLimits == nil || *c.EnforceLimits }
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c RouteConfig) WithDefaults() RouteConfig {

@@ -4,6 +4,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	"strings"
+	"time"
 
 	"github.com/sluice-proxy/sluice/configs"
 )
@@ -12,8 +15,20 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	file := fs.String("c", "", "config `file` to validate (required)")
+	against := fs.String("diff", "", "compare with the config in `OLD`: a file, or a running node's admin URL (http://127.0.0.1:9090)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: sluice check -c FILE\n\nValidates a config file. Prints every problem as file:line:col: message\nand exits 1, or prints ok and exits 0.\n\n")
+		fmt.Fprintf(stderr, `Usage: sluice check -c FILE [--diff OLD]
+
+Validates a config file (and its tenants_file). Prints every problem as
+file:line:col: message and exits 1, or prints ok and exits 0.
+
+With --diff, also prints what changing from OLD to FILE does: routes, pools
+and backends added, removed or changed, tenants added and removed, key
+rotations, limits raised or lowered, and the keys a running node cannot
+change without a restart. OLD is a file, or the admin URL of a running node
+(its active config is read from /debug/config?format=yaml).
+
+`)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -23,14 +38,54 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	if _, err := configs.Load(*file); err != nil {
+	cfg, err := configs.Load(*file)
+	if err != nil {
 		for _, e := range configs.Errors(err) {
 			fmt.Fprintln(stderr, e)
 		}
 		return 1
 	}
 	fmt.Fprintln(stdout, "ok")
+	if *against == "" {
+		return 0
+	}
+	old, err := loadOld(*against)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice check: reading %s: %v\n", *against, err)
+		for _, e := range configs.Errors(err) {
+			fmt.Fprintf(stderr, "  %v\n", e)
+		}
+		return 2
+	}
+	configs.Compare(old, cfg).Write(stdout)
 	return 0
+}
+
+// loadOld loads the config to compare with: a file, or a running node's
+// active config (and tenants file) from its admin listener.
+func loadOld(src string) (*configs.Config, error) {
+	if !strings.HasPrefix(src, "http://") && !strings.HasPrefix(src, "https://") {
+		return configs.Load(src)
+	}
+	base := strings.TrimSuffix(src, "/") + "/debug/config?format="
+	data, err := fetch(base + "yaml")
+	if err != nil {
+		return nil, err
+	}
+	return configs.ParseWith(src, data, func(string) ([]byte, error) { return fetch(base + "tenants") })
+}
+
+func fetch(url string) ([]byte, error) {
+	c := &http.Client{Timeout: 30 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return io.ReadAll(resp.Body)
 }
 
 func cmdConfig(args []string, stdout, stderr io.Writer) int {

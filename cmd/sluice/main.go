@@ -17,7 +17,7 @@ const usage = `sluice: an edge proxy for streaming LLM inference
 Usage:
   sluice                      serve the embedded default configuration
   sluice serve -c FILE        serve a configuration file
-  sluice check -c FILE        validate a configuration file
+  sluice check -c FILE        validate a configuration file (--diff OLD: what the change does)
   sluice hash-key KEY         print the hash of an API key for the config ("-" reads stdin)
   sluice sim [flags]          run one simulated OpenAI-compatible GPU backend
   sluice bench -target URL    load generator: TTFT/ITL percentiles, sweeps, comparisons

@@ -8,6 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"reflect"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,40 +24,51 @@ import (
 	"github.com/sluice-proxy/sluice/tls/certs"
 )
 
-// node is one running Sluice: its simulators, handler and listeners.
+// node is one running Sluice: its simulators, handler and listeners. Its
+// config can be replaced while it runs (see reload.go).
 type node struct {
-	cfg      *configs.Config
 	log      *slog.Logger
 	reg      *prometheus.Registry
-	sims     map[string]*simServer
 	handler  *proxy.Handler
-	pools    []*routing.Pool // running scrapers and probes
 	server   *proxy.Server
 	certs    *certs.Store
 	limiter  limiter.Service
 	serveErr chan error
-	stopBg   context.CancelFunc // ends background work (heartbeat, cert reload)
-	bgDone   chan struct{}
+	bgCtx    context.Context    // background work: limiter, certs, pools, watcher
+	stopBg   context.CancelFunc // ends background work
+	bgDone   chan struct{}      // closed when the limiter's Run returns
+	workers  sync.WaitGroup     // the config watcher and retirements
+
+	cfg    atomic.Pointer[configs.Config] // the active config
+	status reloadStatus
+
+	mu       sync.Mutex // serialises reloads; guards the fields below
+	sims     map[string]*simServer
+	pools    poolSet
+	draining []<-chan struct{} // replaced states some requests still use
+	closing  bool
 }
 
 // simServer is an in-process simulated backend on a loopback port.
 type simServer struct {
+	cfg gpusim.Config
 	sim *gpusim.Sim
 	srv *http.Server
 	url string
 }
 
 // startNode wires a config into a running node. Background work (limiter
-// heartbeat, certificate reloads) runs until close, or until parent is done.
-// Stop the node with shutdown, then close.
+// heartbeat, certificate reloads, pools' scrapers) runs until close, or
+// until parent is done. Stop the node with shutdown, then close.
 func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*node, error) {
-	n := &node{cfg: cfg, log: log, reg: prometheus.NewRegistry(), sims: map[string]*simServer{}, serveErr: make(chan error, 1)}
-	ctx, stopBg := context.WithCancel(parent)
-	n.stopBg = stopBg
+	n := &node{log: log, reg: prometheus.NewRegistry(), sims: map[string]*simServer{}, serveErr: make(chan error, 1)}
+	n.cfg.Store(cfg)
+	n.bgCtx, n.stopBg = context.WithCancel(parent)
 	started := false
 	defer func() {
 		if !started {
-			stopBg()
+			n.stopBg()
+			n.stopSimulators()
 			if n.bgDone != nil {
 				<-n.bgDone
 				n.limiter.Close()
@@ -62,20 +76,21 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*
 		}
 	}()
 	n.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := n.startSimulators(); err != nil {
-		n.stopSimulators()
-		return nil, err
-	}
-	st, err := buildState(cfg, n.simURLs())
+	n.status.register(n.reg)
+	sims, err := n.simulatorsFor(cfg)
+	n.sims = sims
 	if err != nil {
-		n.stopSimulators()
 		return nil, err
 	}
+	st, pools, err := buildState(cfg, simURLs(sims), poolSet{})
+	if err != nil {
+		return nil, err
+	}
+	n.pools = pools
 	n.limiter = limiter.NewLocal(1)
 	if cfg.Redis.Enabled() {
 		shared, err := limiter.NewFromConfig(cfg.Redis, n.reg, log)
 		if err != nil {
-			n.stopSimulators()
 			return nil, fmt.Errorf("redis limiter: %w", err)
 		}
 		n.limiter = shared
@@ -84,87 +99,125 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*
 	n.bgDone = make(chan struct{})
 	go func() {
 		defer close(n.bgDone)
-		n.limiter.Run(ctx)
+		n.limiter.Run(n.bgCtx)
 	}()
 	n.handler = proxy.NewHandler(st, proxy.Options{
 		Node: cfg.Node.Name, Region: cfg.Node.Region, Log: log, AccessLog: log,
 		Metrics: proxy.NewMetrics(n.reg, cfg.Proxy.TenantMetricLabels), Stats: proxy.NewStats(),
 	})
 	n.reg.MustRegister(routing.Collector(func() []*routing.Pool { return n.handler.State().Routes.Pools() }))
-	n.pools = st.Routes.Pools()
-	for _, p := range n.pools {
-		p.Start(context.Background()) // stopped by closePools
-	}
 	n.server = &proxy.Server{
 		Handler: n.handler, HTTPAddr: cfg.Listeners.HTTP, AdminAddr: cfg.Listeners.Admin, Log: log,
 	}
 	if h := cfg.Listeners.HTTPS; h != nil {
 		n.certs, err = certs.New(h.Config, log, n.reg)
 		if err != nil {
-			n.closePools()
-			n.stopSimulators()
 			return nil, fmt.Errorf("loading certificates: %w", err)
 		}
-		go n.certs.Run(ctx)
+		go n.certs.Run(n.bgCtx)
 		n.server.HTTPSAddr, n.server.TLSConfig = h.Addr, n.certs.TLSConfig()
 		n.server.HTTP3, n.server.QUICTLSConfig = h.HTTP3, n.certs.QUICConfig()
 	}
-	n.server.Admin = proxy.NewAdmin(n.reg, n.server.Draining, n.handler)
+	admin := proxy.NewAdmin(n.reg, n.server.Draining, n.handler)
+	n.adminRoutes(admin)
+	n.server.Admin = admin
 	if err := n.server.Listen(); err != nil {
-		n.closePools()
-		n.stopSimulators()
 		return nil, err
 	}
+	pools.start(n.bgCtx, poolSet{})
+	n.status.loaded(cfg, time.Now())
 	go func() { n.serveErr <- n.server.Serve() }()
 	started = true
 	return n, nil
 }
 
-func (n *node) startSimulators() error {
-	for _, s := range n.cfg.Simulators {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return fmt.Errorf("starting simulator %q: %w", s.Name, err)
+// config returns the active config.
+func (n *node) config() *configs.Config { return n.cfg.Load() }
+
+// simulatorsFor returns the simulators cfg names: running ones whose
+// config is unchanged, and new ones started for the rest. On error the
+// new ones are included, for the caller to stop.
+func (n *node) simulatorsFor(cfg *configs.Config) (map[string]*simServer, error) {
+	out := make(map[string]*simServer, len(cfg.Simulators))
+	for _, s := range cfg.Simulators {
+		if cur, ok := n.sims[s.Name]; ok && reflect.DeepEqual(cur.cfg, s.Config) {
+			out[s.Name] = cur
+			continue
 		}
-		sim := gpusim.New(s.Config)
-		srv := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
-		go srv.Serve(ln)
-		n.sims[s.Name] = &simServer{sim: sim, srv: srv, url: "http://" + ln.Addr().String()}
+		ss, err := startSimulator(s)
+		if err != nil {
+			return out, err
+		}
+		out[s.Name] = ss
 	}
-	return nil
+	return out, nil
 }
 
-func (n *node) simURLs() map[string]string {
-	m := make(map[string]string, len(n.sims))
-	for name, s := range n.sims {
+func startSimulator(s configs.Simulator) (*simServer, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("starting simulator %q: %w", s.Name, err)
+	}
+	sim := gpusim.New(s.Config)
+	srv := &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	return &simServer{cfg: s.Config, sim: sim, srv: srv, url: "http://" + ln.Addr().String()}, nil
+}
+
+func (s *simServer) stop() {
+	s.srv.Close()
+	s.sim.Close()
+}
+
+func simURLs(sims map[string]*simServer) map[string]string {
+	m := make(map[string]string, len(sims))
+	for name, s := range sims {
 		m[name] = s.url
 	}
 	return m
 }
 
+// simURL is the address of a running simulator, or "".
+func (n *node) simURL(name string) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if s, ok := n.sims[name]; ok {
+		return s.url
+	}
+	return ""
+}
+
 func (n *node) stopSimulators() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	for _, s := range n.sims {
-		s.srv.Close()
-		s.sim.Close()
+		s.stop()
 	}
 }
 
-// shutdown drains the node: /readyz fails, listeners stop accepting, live
-// streams get up to the drain timeout, then are cancelled.
+// shutdown drains the node: reloads stop, /readyz fails, after
+// node.drain_delay the listeners stop accepting, live streams get up to
+// node.drain_timeout, then are cancelled with an error event.
 func (n *node) shutdown() error {
-	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Node.DrainTimeout)
+	n.mu.Lock()
+	n.closing = true
+	n.mu.Unlock()
+	cfg := n.config()
+	n.server.StartDrain()
+	if d := cfg.Node.DrainDelay; d > 0 {
+		n.log.Info("draining: /readyz fails; listeners close after the drain delay", "drain_delay", d)
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-n.bgCtx.Done():
+		}
+		t.Stop()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Node.DrainTimeout)
 	defer cancel()
 	err := n.server.Shutdown(ctx)
-	n.closePools()
 	n.stopSimulators()
 	return err
-}
-
-// closePools stops the pools' scrapers and health probes.
-func (n *node) closePools() {
-	for _, p := range n.pools {
-		p.Close()
-	}
 }
 
 // close stops background work and releases what outlives the listeners:
@@ -172,14 +225,49 @@ func (n *node) closePools() {
 func (n *node) close() {
 	n.stopBg()
 	<-n.bgDone
+	n.workers.Wait()
+	n.mu.Lock()
+	n.pools.close(poolSet{})
+	n.mu.Unlock()
 	n.limiter.Close()
 }
 
+// poolSet is a state's pools and their transports, by pool name.
+type poolSet struct {
+	pools      map[string]*routing.Pool
+	transports map[string]http.RoundTripper
+}
+
+// start starts the scrapers and probes of the pools that are not in old.
+func (s poolSet) start(ctx context.Context, old poolSet) {
+	for name, p := range s.pools {
+		if old.pools[name] != p {
+			p.Start(ctx)
+		}
+	}
+}
+
+// close stops the pools that are not in keep (scrapers, probes) and
+// closes their transports' idle connections.
+func (s poolSet) close(keep poolSet) {
+	for name, p := range s.pools {
+		if keep.pools[name] == p {
+			continue
+		}
+		p.Close()
+		if t, ok := s.transports[name].(interface{ CloseIdleConnections() }); ok {
+			t.CloseIdleConnections()
+		}
+	}
+}
+
 // buildState turns a validated config into the handler's state; simURLs
-// resolves "sim://NAME" backends.
-func buildState(cfg *configs.Config, simURLs map[string]string) (*proxy.State, error) {
-	pools := map[string]*routing.Pool{}
-	transports := map[string]http.RoundTripper{}
+// resolves "sim://NAME" backends. A pool whose resolved config equals one
+// in reuse is reused with its transport (keeping its health, load and
+// background work), unless it reads upstream TLS files, which a reload
+// re-reads; the other pools are new, not yet started.
+func buildState(cfg *configs.Config, simURLs map[string]string, reuse poolSet) (*proxy.State, poolSet, error) {
+	set := poolSet{pools: map[string]*routing.Pool{}, transports: map[string]http.RoundTripper{}}
 	for _, pc := range cfg.Pools {
 		pc.Backends = append([]routing.BackendConfig(nil), pc.Backends...)
 		for i, b := range pc.Backends {
@@ -187,35 +275,38 @@ func buildState(cfg *configs.Config, simURLs map[string]string) (*proxy.State, e
 			if err == nil && u.Scheme == "sim" {
 				base, ok := simURLs[u.Host]
 				if !ok {
-					return nil, fmt.Errorf("pool %q: simulator %q is not running", pc.Name, u.Host)
+					return nil, poolSet{}, fmt.Errorf("pool %q: simulator %q is not running", pc.Name, u.Host)
 				}
 				pc.Backends[i].URL = base
 			}
 		}
+		if old, ok := reuse.pools[pc.Name]; ok && pc.TLS == nil && reflect.DeepEqual(old.Config(), pc.WithDefaults()) {
+			set.pools[pc.Name], set.transports[pc.Name] = old, reuse.transports[pc.Name]
+			continue
+		}
 		p, err := routing.NewPool(pc)
 		if err != nil {
-			return nil, fmt.Errorf("pool %q: %w", pc.Name, err)
+			return nil, poolSet{}, fmt.Errorf("pool %q: %w", pc.Name, err)
 		}
-		pools[pc.Name] = p
 		tr, err := proxy.NewPoolTransport(cfg.Proxy, p.Config())
 		if err != nil {
-			return nil, err
+			return nil, poolSet{}, err
 		}
-		transports[pc.Name] = tr
 		p.UseTransport(tr) // scrapes and probes with the pool's TLS settings
+		set.pools[pc.Name], set.transports[pc.Name] = p, tr
 	}
 	var routes []*routing.Route
 	for _, rc := range cfg.Routes {
-		p, ok := pools[rc.Pool]
+		p, ok := set.pools[rc.Pool]
 		if !ok {
-			return nil, errors.New("route " + rc.Name + ": unknown pool " + rc.Pool)
+			return nil, poolSet{}, errors.New("route " + rc.Name + ": unknown pool " + rc.Pool)
 		}
 		routes = append(routes, &routing.Route{RouteConfig: rc, Pool: p})
 	}
 	return &proxy.State{
 		Config:     cfg.Proxy,
-		Tenants:    proxy.NewTenants(cfg.Tenants),
+		Tenants:    proxy.NewTenants(cfg.AllTenants()),
 		Routes:     routing.NewTable(routes),
-		Transports: transports,
-	}, nil
+		Transports: set.transports,
+	}, set, nil
 }

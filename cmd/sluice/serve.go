@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -48,26 +49,46 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
 	n, err := startNode(context.Background(), cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice: %v\n", err)
 		return 1
 	}
-	printBanner(stdout, n, *file == "")
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down", "drain_timeout", cfg.Node.DrainTimeout)
-	case err := <-n.serveErr:
-		log.Error("listener failed", "err", err)
+	if err := n.startWatcher(); err != nil {
+		log.Warn("config file changes will not be noticed; reload with SIGHUP or POST /-/reload", "err", err)
 	}
-	stop()
+	printBanner(stdout, n, *file == "")
+	n.run(sigs)
+	// A second SIGINT or SIGTERM now stops the process at once.
+	signal.Reset(syscall.SIGINT, syscall.SIGTERM)
 	if err := n.shutdown(); err != nil {
 		log.Warn("shutdown", "err", err)
 	}
 	n.close()
 	return 0
+}
+
+// run serves until a shutdown signal (SIGINT, SIGTERM) or a listener
+// failure. SIGHUP reloads the config (and certificates) meanwhile.
+func (n *node) run(sigs <-chan os.Signal) {
+	for {
+		select {
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				n.reload(triggerSIGHUP)
+				continue
+			}
+			cfg := n.config()
+			n.log.Info("shutting down", "signal", sig.String(), "drain_delay", cfg.Node.DrainDelay, "drain_timeout", cfg.Node.DrainTimeout)
+			return
+		case err := <-n.serveErr:
+			n.log.Error("listener failed", "err", err)
+			return
+		}
+	}
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
@@ -87,7 +108,7 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 
 // printBanner says where the node listens and how to try it.
 func printBanner(w io.Writer, n *node, embedded bool) {
-	cfg := n.cfg
+	cfg := n.config()
 	fmt.Fprintf(w, "%s: node %s, region %s\n", versionString(), cfg.Node.Name, cfg.Node.Region)
 	if a := n.server.Addr(proxy.ListenerHTTP); a != "" {
 		fmt.Fprintf(w, "  http   http://%s   HTTP/1.1 and h2c\n", a)
@@ -106,7 +127,7 @@ func printBanner(w io.Writer, n *node, embedded bool) {
 		fmt.Fprintf(w, "  admin  http://%s   /healthz /readyz /metrics\n", a)
 	}
 	for _, s := range cfg.Simulators {
-		fmt.Fprintf(w, "  simulated GPU %q serving %s at %s\n", s.Name, s.Model, n.sims[s.Name].url)
+		fmt.Fprintf(w, "  simulated GPU %q serving %s at %s\n", s.Name, s.Model, n.simURL(s.Name))
 	}
 	base := ""
 	if a := n.server.Addr(proxy.ListenerHTTP); a != "" {

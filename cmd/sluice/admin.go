@@ -1,0 +1,61 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+)
+
+// adminRoutes adds the config endpoints to the admin listener:
+//
+//	POST /-/reload       reload the config now; JSON reloadResult
+//	GET  /debug/config   the active config's version, load time and the last reload attempt (JSON);
+//	                     ?format=yaml the active config's text (secrets redacted),
+//	                     ?format=tenants the active tenants file's text
+func (n *node) adminRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /-/reload", func(w http.ResponseWriter, r *http.Request) {
+		res := n.reload(triggerAPI)
+		writeJSON(w, reloadStatusCode(res), res)
+	})
+	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, r *http.Request) {
+		cfg := n.config()
+		switch r.URL.Query().Get("format") {
+		case "", "json":
+			writeJSON(w, http.StatusOK, n.configStatus())
+		case "yaml":
+			w.Header().Set("Content-Type", "application/yaml; charset=utf-8")
+			w.Header().Set("X-Sluice-Config-Version", cfg.Version)
+			w.Write(cfg.RedactedText())
+		case "tenants":
+			if cfg.FileTenants == nil {
+				http.Error(w, "the active config has no tenants_file", http.StatusNotFound)
+				return
+			}
+			w.Header().Set("Content-Type", "application/yaml; charset=utf-8")
+			w.Header().Set("X-Sluice-Config-Version", cfg.FileTenants.Version)
+			w.Write(cfg.FileTenants.Raw)
+		default:
+			http.Error(w, "format must be json, yaml or tenants", http.StatusBadRequest)
+		}
+	})
+}
+
+// reloadStatusCode is the HTTP status of POST /-/reload for a result.
+func reloadStatusCode(res reloadResult) int {
+	switch res.Result {
+	case resultOK, resultUnchanged:
+		return http.StatusOK
+	case resultInvalid:
+		return http.StatusUnprocessableEntity
+	case resultRestartRequired:
+		return http.StatusConflict
+	}
+	return http.StatusServiceUnavailable
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
