@@ -50,6 +50,7 @@ type Handler struct {
 	log       *slog.Logger
 	metrics   *Metrics
 	transport http.RoundTripper
+	ws        wsStats
 }
 
 // NewHandler builds a handler serving st.
@@ -78,7 +79,12 @@ func (h *Handler) State() *State { return h.state.Load() }
 
 // ServeHTTP runs one request through the pipeline.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	x := &exchange{h: h, st: h.state.Load(), w: w, r: r, start: time.Now()}
+	st := h.state.Load()
+	if st.Config.WebSocket.isBridge(r) {
+		h.serveBridge(w, r, st)
+		return
+	}
+	x := &exchange{h: h, st: st, w: w, r: r, start: time.Now()}
 	x.id = requestID(r.Header.Get("X-Request-Id"))
 	hdr := w.Header()
 	hdr.Set("X-Request-Id", x.id)
@@ -128,7 +134,11 @@ func (x *exchange) serve() error {
 	// find the path's route first (without the model) to learn that.
 	pre, _ := x.st.Routes.Match(r.Host, r.URL.Path, "")
 	allowQuery := pre != nil && pre.AllowQueryKey
-	x.tenant = x.st.Tenants.Lookup(apiKey(r, allowQuery))
+	key := apiKey(r, allowQuery)
+	if key == "" && pre != nil && pre.Kind == routing.KindWebSocket {
+		key, _ = wsKey(r) // browsers send it as a subprotocol
+	}
+	x.tenant = x.st.Tenants.Lookup(key)
 	x.authDone = time.Now()
 	if x.tenant == nil {
 		return &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
@@ -137,6 +147,9 @@ func (x *exchange) serve() error {
 	if pre == nil {
 		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
 			Message: "unknown path " + strconv.Quote(r.URL.Path)}
+	}
+	if pre.Kind == routing.KindWebSocket {
+		return x.passthrough(pre)
 	}
 	if pre.Kind == routing.KindOpenAI && r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/models") {
 		if models := x.st.Routes.Models(r.Host); len(models) > 0 {
@@ -238,6 +251,9 @@ func (x *exchange) finish() {
 			x.h.log.Warn("settle failed", "request_id", x.id, "err", err)
 		}
 		cancel()
+	}
+	if o, ok := x.r.Context().Value(outcomeKey{}).(*outcome); ok {
+		o.record(x) // a bridged request: the bridge reports it
 	}
 	x.h.observe(x)
 }

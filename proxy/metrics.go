@@ -18,6 +18,8 @@ type Metrics struct {
 	ttft     *prometheus.HistogramVec
 	e2e      *prometheus.HistogramVec
 	tokens   *prometheus.CounterVec
+	wsConns  *prometheus.GaugeVec
+	wsSlow   prometheus.Counter
 }
 
 // latencyBuckets span 1 ms to ~2 min.
@@ -44,9 +46,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_tokens_total", Help: "Tokens by route and direction (in, out).",
 		}, []string{"route", "direction"}),
+		wsConns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_websocket_connections", Help: "Open WebSocket connections by mode (bridge, passthrough).",
+		}, []string{"mode"}),
+		wsSlow: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_websocket_slow_client_total", Help: "Bridged requests cancelled because the client read too slowly.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.inflight, m.retries, m.ttft, m.e2e, m.tokens)
+		reg.MustRegister(m.requests, m.inflight, m.retries, m.ttft, m.e2e, m.tokens, m.wsConns, m.wsSlow)
 	}
 	return m
 }
@@ -54,6 +62,24 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (m *Metrics) retry(route string) {
 	if m != nil {
 		m.retries.WithLabelValues(route).Inc()
+	}
+}
+
+// WebSocket modes, the label of sluice_websocket_connections.
+const (
+	wsModeBridge      = "bridge"
+	wsModePassthrough = "passthrough"
+)
+
+func (m *Metrics) wsOpen(mode string, delta float64) {
+	if m != nil {
+		m.wsConns.WithLabelValues(mode).Add(delta)
+	}
+}
+
+func (m *Metrics) wsSlowClient() {
+	if m != nil {
+		m.wsSlow.Inc()
 	}
 }
 

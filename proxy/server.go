@@ -37,6 +37,8 @@ type Server struct {
 	stopBase context.CancelCauseFunc
 	active   sync.WaitGroup
 	draining atomic.Bool
+	drainCh  chan struct{} // closed when Shutdown begins
+	drainMu  sync.Once
 }
 
 // Addr kinds for Server.Addr.
@@ -52,7 +54,9 @@ func (s *Server) Listen() error {
 	if s.Log == nil {
 		s.Log = slog.Default()
 	}
-	s.base, s.stopBase = context.WithCancelCause(context.Background())
+	s.drainCh = make(chan struct{})
+	base := context.WithValue(context.Background(), drainKey{}, (<-chan struct{})(s.drainCh))
+	s.base, s.stopBase = context.WithCancelCause(base)
 	type want struct {
 		kind, addr string
 		h          http.Handler
@@ -156,6 +160,7 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 // event saying the node is shutting down) and closes everything.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	s.drainMu.Do(func() { close(s.drainCh) })
 	var wg sync.WaitGroup
 	for _, srv := range s.servers {
 		wg.Add(1)
@@ -165,6 +170,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}(srv)
 	}
 	wg.Wait()
+	// Hijacked connections (WebSocket) are not tracked by http.Server:
+	// their handlers drain on the drain signal and may run until ctx ends.
+	s.waitActive(ctx)
 	s.stopBase(errDraining)
 	done := make(chan struct{})
 	go func() { s.active.Wait(); close(done) }()
@@ -174,6 +182,26 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.Log.Warn("handlers still running 5s after cancel; closing connections")
 	}
 	return s.Close()
+}
+
+// waitActive waits until no handler runs or ctx is done.
+func (s *Server) waitActive(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { s.active.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+// drainKey carries the server's drain signal in every request's context.
+type drainKey struct{}
+
+// drainSignal returns a channel closed when the server serving ctx begins
+// to shut down, or nil (never closed) outside a Server.
+func drainSignal(ctx context.Context) <-chan struct{} {
+	ch, _ := ctx.Value(drainKey{}).(<-chan struct{})
+	return ch
 }
 
 // Close closes every listener and connection at once.
