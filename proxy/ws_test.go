@@ -391,33 +391,34 @@ func TestWSBridgeLimits(t *testing.T) {
 	cfg.StepBase = 20 * time.Millisecond
 	_, simURL := startSim(t, cfg)
 	e := startEdge(t, edgeOpts{pool: poolOf(simURL)})
-	lim := newConcLimiter(1)
+	lim := newConcLimiter(2)
 	setWS(e, func(c *proxy.WebSocketConfig) { c.MaxInflight = 2 }, lim)
 	c := dialWS(t, wsURL(e), keyHeader())
+	long := `{"model":"sim-small","stream":true,"max_tokens":5000,"messages":[{"role":"user","content":"x"}]}`
 
-	request(t, c, "a", `{"model":"sim-small","stream":true,"max_tokens":40,"messages":[{"role":"user","content":"x"}]}`)
-	waitFor(t, 3*time.Second, "a admitted", func() bool { return lim.streams("t1") == 1 })
-	request(t, c, "b", chatBody(""))
+	request(t, c, "a", long)
+	request(t, c, "b", long)
+	waitFor(t, 3*time.Second, "a and b admitted", func() bool { return lim.streams("t1") == 2 })
 	request(t, c, "c", chatBody("")) // over max_inflight 2
-	var b, cc wsFrame
-	for b.Type == "" || cc.Type == "" {
-		f := readFrame(t, c, 5*time.Second)
-		switch {
-		case f.ID == "b" && f.terminal():
-			b = f
-		case f.ID == "c" && f.terminal():
-			cc = f
+	other := dialWS(t, wsURL(e), keyHeader())
+	request(t, other, "d", chatBody("")) // over the tenant's 2 streams
+
+	terminal := func(c *websocket.Conn, id string) wsFrame {
+		for {
+			if f := readFrame(t, c, 5*time.Second); f.ID == id && f.terminal() {
+				return f
+			}
 		}
 	}
-	if b.Type != "error" || b.Status != 429 || b.RetryAfterMs != 1500 {
-		t.Fatalf("b: %+v; want error 429 with retry_after_ms 1500", b)
+	if f := terminal(c, "c"); f.Type != "error" || f.Status != 429 || f.Error.Code != "too_many_inflight" {
+		t.Fatalf("c: %+v; want error 429 too_many_inflight", f)
 	}
-	if cc.Type != "error" || cc.Status != 429 || cc.Error.Code != "too_many_inflight" {
-		t.Fatalf("c: %+v; want error 429 too_many_inflight", cc)
+	if f := terminal(other, "d"); f.Type != "error" || f.Status != 429 || f.RetryAfterMs != 1500 {
+		t.Fatalf("d: %+v; want error 429 with the limiter's retry_after_ms 1500", f)
 	}
-	for f := readFrame(t, c, 5*time.Second); !f.terminal(); f = readFrame(t, c, 5*time.Second) {
-	}
-	waitFor(t, 3*time.Second, "a settled", func() bool { return lim.streams("t1") == 0 })
+	sendJSON(t, c, map[string]string{"type": "cancel", "id": "a"})
+	sendJSON(t, c, map[string]string{"type": "cancel", "id": "b"})
+	waitFor(t, 3*time.Second, "a and b settled", func() bool { return lim.streams("t1") == 0 })
 }
 
 // On drain a socket refuses new requests, lets running ones finish within

@@ -82,7 +82,8 @@ type wsConn struct {
 	served     atomic.Int64
 
 	mu       sync.Mutex
-	reqs     map[string]*wsRequest
+	reqs     map[string]*wsRequest // running requests by id
+	running  int                   // requests whose terminal frame is not queued yet
 	draining bool
 	wg       sync.WaitGroup
 }
@@ -203,13 +204,14 @@ func (c *wsConn) register(id string) (*wsRequest, *apiError) {
 		return nil, statusOf(errDraining)
 	case c.reqs[id] != nil:
 		return nil, badFrame("a request with this id is already running; this frame was ignored")
-	case len(c.reqs) >= c.cfg.MaxInflight:
+	case c.running >= c.cfg.MaxInflight:
 		return nil, &apiError{Status: http.StatusTooManyRequests, Type: "invalid_request_error", Code: "too_many_inflight",
 			Message: "too many requests in flight on this socket; wait for one to finish", RetryAfter: 1}
 	}
 	rq := &wsRequest{c: c, id: id, prefix: chunkPrefix(id)}
 	rq.ctx, rq.cancel = context.WithCancel(c.ctx)
 	c.reqs[id] = rq
+	c.running++
 	c.wg.Add(1)
 	return rq, nil
 }
@@ -234,6 +236,7 @@ func (c *wsConn) run(rq *wsRequest, f clientFrame) {
 	}
 	b := getFrame()
 	*b = append(*b, w.terminal(o)...)
+	c.forget(rq) // the id may be reused as soon as the client reads this
 	c.enqueue(context.Background(), b, false)
 }
 
@@ -260,12 +263,22 @@ func (c *wsConn) routeKind(r *http.Request) string {
 	return ""
 }
 
+// forget frees a request's id.
+func (c *wsConn) forget(rq *wsRequest) {
+	c.mu.Lock()
+	if c.reqs[rq.id] == rq {
+		delete(c.reqs, rq.id)
+	}
+	c.mu.Unlock()
+}
+
 // release frees a request's slot once its terminal frame is queued.
 func (c *wsConn) release(rq *wsRequest) {
+	c.forget(rq)
 	c.lastActive.Store(time.Now().UnixNano())
 	c.mu.Lock()
-	delete(c.reqs, rq.id)
-	empty := len(c.reqs) == 0
+	c.running--
+	empty := c.running == 0
 	c.mu.Unlock()
 	if empty {
 		select {
@@ -384,7 +397,7 @@ func (c *wsConn) write(f *[]byte) bool {
 // idleFor returns how long until the socket counts as idle, or 0 if it is.
 func (c *wsConn) idleFor() time.Duration {
 	c.mu.Lock()
-	busy := len(c.reqs) > 0
+	busy := c.running > 0
 	c.mu.Unlock()
 	if busy {
 		return c.cfg.IdleTimeout
@@ -402,13 +415,13 @@ func (c *wsConn) beginDrain() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.draining = true
-	return len(c.reqs) == 0
+	return c.running == 0
 }
 
 func (c *wsConn) isDraining() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.draining && len(c.reqs) == 0
+	return c.draining && c.running == 0
 }
 
 // close writes what is queued, then the close frame, and gives the client

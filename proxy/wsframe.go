@@ -76,7 +76,7 @@ func parseClientFrame(msg []byte, bridgePath string) (clientFrame, *apiError) {
 		return f, badFrame(`request frame needs a "path", e.g. "/v1/chat/completions"`)
 	}
 	u, err := url.ParseRequestURI(f.Path)
-	if err != nil || u.Host != "" || u.Scheme != "" || !strings.HasPrefix(f.Path, "/") || len(f.Path) > 2048 {
+	if err != nil || u.Host != "" || u.Scheme != "" || !strings.HasPrefix(f.Path, "/") || strings.HasPrefix(f.Path, "//") || len(f.Path) > 2048 {
 		return f, badFrame(`"path" must be an absolute path such as "/v1/chat/completions"`)
 	}
 	f.url = u
