@@ -248,7 +248,7 @@ func TestWSBridgeBadFrames(t *testing.T) {
 	c := dialWS(t, wsURL(e), keyHeader())
 	cases := []struct {
 		name, msg, id, code string
-		status             int
+		status              int
 	}{
 		{"not json", `{"type":"request",`, "", "invalid_frame", 400},
 		{"no id", `{"type":"request","path":"/v1/chat/completions","body":{}}`, "", "invalid_frame", 400},
@@ -373,7 +373,9 @@ func TestWSBridgeOrigin(t *testing.T) {
 	}
 	dialWS(t, url, withOrigin("http://"+host)).Close() // same origin
 
-	setWS(e, func(c *proxy.WebSocketConfig) { c.AllowedOrigins = []string{"https://app.example.com", "https://*.example.org"} }, nil)
+	setWS(e, func(c *proxy.WebSocketConfig) {
+		c.AllowedOrigins = []string{"https://app.example.com", "https://*.example.org"}
+	}, nil)
 	dialWS(t, url, withOrigin("https://app.example.com")).Close()
 	dialWS(t, url, withOrigin("https://chat.example.org")).Close()
 	if status, _ := dialRefused(t, url, withOrigin("https://example.org")); status != 403 {
