@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,16 +34,11 @@ var (
 	errConnGone   = errors.New("websocket connection closed")
 )
 
-// wsWriteBuffers is shared by every socket: a connection holds a write
-// buffer only while it writes, so idle sockets cost little memory.
-var wsWriteBuffers sync.Pool
-
 func newUpgrader(subprotocols []string) *websocket.Upgrader {
 	return &websocket.Upgrader{
 		HandshakeTimeout: 10 * time.Second,
 		ReadBufferSize:   4 << 10,
 		WriteBufferSize:  4 << 10,
-		WriteBufferPool:  &wsWriteBuffers,
 		Subprotocols:     subprotocols,
 		// Origins are checked before the upgrade (checkOrigin) so that a
 		// refusal is an OpenAI-shaped JSON error.

@@ -96,6 +96,16 @@ type wsRequest struct {
 	ctx       context.Context
 	cancel    context.CancelFunc
 	cancelled atomic.Bool // by a cancel frame
+	slow      *time.Timer // the slow-client deadline, reused for every wait
+}
+
+// slowTimer returns the request's stopped slow-client timer.
+func (rq *wsRequest) slowTimer() *time.Timer {
+	if rq.slow == nil {
+		rq.slow = time.NewTimer(time.Hour)
+		rq.slow.Stop()
+	}
+	return rq.slow
 }
 
 func newWSConn(h *Handler, cfg WebSocketConfig, conn *websocket.Conn, r *http.Request, key string, fromProtocol bool) *wsConn {
@@ -230,14 +240,14 @@ func (c *wsConn) run(rq *wsRequest, f clientFrame) {
 	if w.status == http.StatusOK && !w.stream && o.err == nil && len(w.body) > 0 {
 		b := getFrame()
 		*b = appendChunk(*b, rq.prefix, "", w.body)
-		if c.enqueue(context.Background(), b, false) != nil {
+		if c.enqueue(context.Background(), b, nil) != nil {
 			return
 		}
 	}
 	b := getFrame()
 	*b = append(*b, w.terminal(o)...)
 	c.forget(rq) // the id may be reused as soon as the client reads this
-	c.enqueue(context.Background(), b, false)
+	c.enqueue(context.Background(), b, nil)
 }
 
 // request builds the pipeline request for a frame: the upgrade's headers,
@@ -292,13 +302,14 @@ func (c *wsConn) release(rq *wsRequest) {
 func (c *wsConn) reply(id string, e *apiError) {
 	b := getFrame()
 	*b = append(*b, newErrorFrame(id, "", e)...)
-	c.enqueue(context.Background(), b, false)
+	c.enqueue(context.Background(), b, nil)
 }
 
-// enqueue puts a frame in the send queue. A chunk (slow true) waits at most
-// the slow-client deadline; other frames wait until the socket is gone.
-// The frame is recycled when it cannot be queued.
-func (c *wsConn) enqueue(ctx context.Context, f *[]byte, slow bool) error {
+// enqueue puts a frame in the send queue. A chunk waits at most until
+// deadline fires (the request's slow-client timer); other frames (deadline
+// nil) wait until the socket is gone. The frame is recycled when it cannot
+// be queued.
+func (c *wsConn) enqueue(ctx context.Context, f *[]byte, deadline *time.Timer) error {
 	n := int64(len(*f))
 	c.h.ws.queued(c.queued.Add(n))
 	select {
@@ -307,10 +318,10 @@ func (c *wsConn) enqueue(ctx context.Context, f *[]byte, slow bool) error {
 	default:
 	}
 	var timeout <-chan time.Time
-	if slow {
-		t := time.NewTimer(c.cfg.SlowClientDeadline)
-		defer t.Stop()
-		timeout = t.C
+	if deadline != nil {
+		deadline.Reset(c.cfg.SlowClientDeadline)
+		defer deadline.Stop()
+		timeout = deadline.C
 	}
 	var err error
 	select {

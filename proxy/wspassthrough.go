@@ -144,7 +144,6 @@ func (x *exchange) dialBackend(b *routing.Backend) (*websocket.Conn, error) {
 		HandshakeTimeout: timeout,
 		ReadBufferSize:   4 << 10,
 		WriteBufferSize:  4 << 10,
-		WriteBufferPool:  &wsWriteBuffers,
 		Subprotocols:     protocols,
 	}
 	conn, resp, err := d.DialContext(x.r.Context(), u.String(), hdr)

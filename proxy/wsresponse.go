@@ -102,7 +102,7 @@ func (w *wsResponse) event(ev []byte) error {
 	}
 	f := getFrame()
 	*f = appendChunk(*f, w.rq.prefix, name, data)
-	return w.rq.c.enqueue(w.rq.ctx, f, true)
+	return w.rq.c.enqueue(w.rq.ctx, f, w.rq.slowTimer())
 }
 
 // eventEnd returns the length of the first complete SSE event in b
