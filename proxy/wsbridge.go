@@ -375,14 +375,14 @@ func (c *wsConn) writeLoop() {
 				c.close(websocket.CloseGoingAway, "server shutting down")
 				return
 			}
-		case <-stopped:
-			stopped = nil
+		case <-stopped: // past the drain timeout: running requests are ending
+			stopped, drain = nil, nil
 			if c.beginDrain() {
 				c.close(websocket.CloseGoingAway, "server shutting down")
 				return
 			}
 		case <-c.emptied:
-			if c.isDraining() {
+			if c.drained() {
 				c.close(websocket.CloseGoingAway, "server shutting down")
 				return
 			}
@@ -429,7 +429,8 @@ func (c *wsConn) beginDrain() bool {
 	return c.running == 0
 }
 
-func (c *wsConn) isDraining() bool {
+// drained reports whether the socket drains and no request is left.
+func (c *wsConn) drained() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.draining && c.running == 0

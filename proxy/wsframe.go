@@ -65,28 +65,35 @@ func parseClientFrame(msg []byte, bridgePath string) (clientFrame, *apiError) {
 	default:
 		return f, badFrame("unknown frame type " + strconv.Quote(f.Type) + ` (want "request" or "cancel")`)
 	}
+	return f, checkRequestFrame(&f, bridgePath)
+}
+
+// checkRequestFrame checks a request frame's method, path and body, and
+// parses its path.
+func checkRequestFrame(f *clientFrame, bridgePath string) *apiError {
 	switch f.Method {
 	case "":
 		f.Method = http.MethodPost
 	case http.MethodPost, http.MethodGet:
 	default:
-		return f, badFrame(`"method" must be POST or GET`)
+		return badFrame(`"method" must be POST or GET`)
 	}
 	if f.Path == "" {
-		return f, badFrame(`request frame needs a "path", e.g. "/v1/chat/completions"`)
+		return badFrame(`request frame needs a "path", e.g. "/v1/chat/completions"`)
 	}
 	u, err := url.ParseRequestURI(f.Path)
-	if err != nil || u.Host != "" || u.Scheme != "" || !strings.HasPrefix(f.Path, "/") || strings.HasPrefix(f.Path, "//") || len(f.Path) > 2048 {
-		return f, badFrame(`"path" must be an absolute path such as "/v1/chat/completions"`)
+	if err != nil || u.Host != "" || u.Scheme != "" || !strings.HasPrefix(f.Path, "/") ||
+		strings.HasPrefix(f.Path, "//") || len(f.Path) > 2048 {
+		return badFrame(`"path" must be an absolute path such as "/v1/chat/completions"`)
 	}
 	f.url = u
 	if u.Path == bridgePath {
-		return f, badFrame(`"path" cannot be the WebSocket endpoint itself`)
+		return badFrame(`"path" cannot be the WebSocket endpoint itself`)
 	}
 	if f.Method == http.MethodPost && (len(f.Body) == 0 || f.Body[0] != '{') {
-		return f, badFrame(`request frame needs a JSON object "body"`)
+		return badFrame(`request frame needs a JSON object "body"`)
 	}
-	return f, nil
+	return nil
 }
 
 func validFrameID(id string) string {

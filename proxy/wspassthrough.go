@@ -102,35 +102,8 @@ func (x *exchange) dialAny() (*websocket.Conn, func(), error) {
 // credentials and Origin, forwarding headers, and the client's
 // subprotocols other than Sluice's own.
 func (x *exchange) dialBackend(b *routing.Backend) (*websocket.Conn, error) {
-	r := x.r
-	u := *b.URL
-	u.Scheme = "ws"
-	if b.URL.Scheme == "https" {
-		u.Scheme = "wss"
-	}
-	u.Path = strings.TrimSuffix(b.URL.Path, "/") + r.URL.Path
-	u.RawPath = ""
-	u.RawQuery = r.URL.RawQuery
-	if x.route.AllowQueryKey && u.RawQuery != "" {
-		q := r.URL.Query()
-		q.Del(queryKeyParam)
-		u.RawQuery = q.Encode()
-	}
-	hdr := http.Header{}
-	copyRequestHeader(hdr, r.Header)
-	for _, k := range []string{"Sec-Websocket-Key", "Sec-Websocket-Version", "Sec-Websocket-Extensions",
-		"Sec-Websocket-Protocol", "Origin"} {
-		hdr.Del(k)
-	}
-	hdr.Set("X-Forwarded-For", clientIP(r))
-	hdr.Set("X-Forwarded-Proto", map[bool]string{true: "https", false: "http"}[r.TLS != nil])
-	hdr.Set("X-Forwarded-Host", r.Host)
-	hdr.Set("X-Request-Id", x.id)
-	if key := x.route.Pool.Config().APIKey; key != "" {
-		hdr.Set("Authorization", "Bearer "+key)
-	}
 	var protocols []string
-	for _, p := range websocket.Subprotocols(r) {
+	for _, p := range websocket.Subprotocols(x.r) {
 		if !strings.HasPrefix(p, "sluice.") {
 			protocols = append(protocols, p)
 		}
@@ -146,7 +119,7 @@ func (x *exchange) dialBackend(b *routing.Backend) (*websocket.Conn, error) {
 		WriteBufferSize:  4 << 10,
 		Subprotocols:     protocols,
 	}
-	conn, resp, err := d.DialContext(x.r.Context(), u.String(), hdr)
+	conn, resp, err := d.DialContext(x.r.Context(), x.backendURL(b), x.backendHeader())
 	if resp != nil && resp.Body != nil {
 		discard(resp.Body, 4<<10)
 		resp.Body.Close()
@@ -159,6 +132,50 @@ func (x *exchange) dialBackend(b *routing.Backend) (*websocket.Conn, error) {
 			Message: fmt.Sprintf("the backend answered %d to the WebSocket upgrade", resp.StatusCode)}
 	}
 	return nil, err
+}
+
+// backendURL is the backend's WebSocket URL for the client's request.
+func (x *exchange) backendURL(b *routing.Backend) string {
+	r := x.r
+	u := *b.URL
+	u.Scheme = "ws"
+	if b.URL.Scheme == "https" {
+		u.Scheme = "wss"
+	}
+	u.Path = strings.TrimSuffix(b.URL.Path, "/") + r.URL.Path
+	u.RawPath = ""
+	u.RawQuery = r.URL.RawQuery
+	if x.route.AllowQueryKey && u.RawQuery != "" {
+		q := r.URL.Query()
+		q.Del(queryKeyParam)
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}
+
+// backendHeader is the client's header without hop-by-hop fields, the
+// handshake's own fields, credentials and Origin, plus forwarding headers,
+// the request id and the pool's key.
+func (x *exchange) backendHeader() http.Header {
+	r := x.r
+	hdr := http.Header{}
+	copyRequestHeader(hdr, r.Header)
+	for _, k := range []string{"Sec-Websocket-Key", "Sec-Websocket-Version", "Sec-Websocket-Extensions",
+		"Sec-Websocket-Protocol", "Origin"} {
+		hdr.Del(k)
+	}
+	proto := "http"
+	if r.TLS != nil {
+		proto = "https"
+	}
+	hdr.Set("X-Forwarded-For", clientIP(r))
+	hdr.Set("X-Forwarded-Proto", proto)
+	hdr.Set("X-Forwarded-Host", r.Host)
+	hdr.Set("X-Request-Id", x.id)
+	if key := x.route.Pool.Config().APIKey; key != "" {
+		hdr.Set("Authorization", "Bearer "+key)
+	}
+	return hdr
 }
 
 // upgradeClient completes the client's handshake with the backend's
@@ -205,68 +222,82 @@ type pumpEnd struct {
 // pings both sides. When one side closes or fails, the other is sent the
 // matching close frame, given closeGrace to answer, and both are closed.
 func (x *exchange) relayFrames(client, backend *websocket.Conn, cfg WebSocketConfig) error {
-	for _, c := range []*websocket.Conn{client, backend} {
+	rl := &wsRelay{conns: [2]*websocket.Conn{sideClient: client, sideBackend: backend}, ends: make(chan pumpEnd, 2)}
+	for _, c := range rl.conns {
 		c.SetReadLimit(int64(cfg.MaxMessageBytes))
 		c.SetPongHandler(func(string) error { return c.SetReadDeadline(time.Now().Add(cfg.liveness())) })
 	}
-	ends := make(chan pumpEnd, 2)
 	stop := make(chan struct{})
 	defer close(stop)
-	go pumpFrames(client, backend, sideClient, cfg.liveness(), ends)
-	go pumpFrames(backend, client, sideBackend, cfg.liveness(), ends)
+	go pumpFrames(client, backend, sideClient, cfg.liveness(), rl.ends)
+	go pumpFrames(backend, client, sideBackend, cfg.liveness(), rl.ends)
 	go keepalive(stop, cfg.PingInterval, cfg.liveness(), client, backend)
 
-	var first pumpEnd
+	var err error
 	select {
-	case first = <-ends:
-		code, text := forwardClose(first)
-		to := client
-		if first.side == sideClient {
-			to = backend
-		}
-		to.WriteControl(websocket.CloseMessage, closeMessage(code, text), time.Now().Add(closeGrace))
-		if errors.Is(first.err, websocket.ErrReadLimit) {
-			from := backend
-			if first.side == sideClient {
-				from = client
-			}
-			linger(from) // gorilla has sent it 1009; let that arrive
-		}
+	case first := <-rl.ends:
+		rl.take(first)
+		rl.forward(first)
+		err = first.err
 	case <-x.r.Context().Done(): // the server stops: drain time is over
-		first = pumpEnd{side: -1, err: context.Cause(x.r.Context())}
+		err = context.Cause(x.r.Context())
 		msg := closeMessage(websocket.CloseGoingAway, "server shutting down")
-		client.WriteControl(websocket.CloseMessage, msg, time.Now().Add(closeGrace))
-		backend.WriteControl(websocket.CloseMessage, msg, time.Now().Add(closeGrace))
-	}
-	received := 0
-	if first.side >= 0 {
-		received = 1
-		x.countRelayed(first)
-	}
-	t := time.NewTimer(closeGrace)
-	defer t.Stop()
-	for received < 2 {
-		select {
-		case e := <-ends:
-			received++
-			x.countRelayed(e)
-			continue
-		case <-t.C:
+		for _, c := range rl.conns {
+			c.WriteControl(websocket.CloseMessage, msg, time.Now().Add(closeGrace))
 		}
-		break
 	}
-	client.Close()
-	backend.Close()
-	for ; received < 2; received++ {
-		x.countRelayed(<-ends)
-	}
-	if cleanClose(first.err) {
+	rl.finish()
+	x.bytesToUser += rl.relayed
+	if cleanClose(err) {
 		return nil
 	}
-	return first.err
+	return err
 }
 
-func (x *exchange) countRelayed(e pumpEnd) { x.bytesToUser += e.bytes }
+// wsRelay is a running passthrough relay: its two connections and the
+// ends of its two directions.
+type wsRelay struct {
+	conns    [2]*websocket.Conn // by side
+	ends     chan pumpEnd
+	received int
+	relayed  int64 // bytes relayed to the client
+}
+
+func (rl *wsRelay) take(e pumpEnd) {
+	rl.received++
+	rl.relayed += e.bytes
+}
+
+// forward sends the other side the close frame that matches how e ended.
+func (rl *wsRelay) forward(e pumpEnd) {
+	code, text := forwardClose(e)
+	rl.conns[1-e.side].WriteControl(websocket.CloseMessage, closeMessage(code, text), time.Now().Add(closeGrace))
+	if errors.Is(e.err, websocket.ErrReadLimit) {
+		linger(rl.conns[e.side]) // gorilla has sent it 1009; let that arrive
+	}
+}
+
+// finish gives the directions still running closeGrace to end (each side
+// answering its close frame), then closes both connections and waits.
+func (rl *wsRelay) finish() {
+	t := time.NewTimer(closeGrace)
+	defer t.Stop()
+wait:
+	for rl.received < 2 {
+		select {
+		case e := <-rl.ends:
+			rl.take(e)
+		case <-t.C:
+			break wait
+		}
+	}
+	for _, c := range rl.conns {
+		c.Close()
+	}
+	for rl.received < 2 {
+		rl.take(<-rl.ends)
+	}
+}
 
 var errWriteFailed = errors.New("write failed")
 
