@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -312,6 +313,15 @@ func TestWSBridgeAuth(t *testing.T) {
 		}
 	}
 	t.Run("bearer header", func(t *testing.T) { roundTrip(t, dialWS(t, url, keyHeader())) })
+	t.Run("tls", func(t *testing.T) {
+		d := websocket.Dialer{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
+		c, _, err := d.Dial("wss"+strings.TrimPrefix(e.https, "https")+"/v1/ws", keyHeader())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		roundTrip(t, c)
+	})
 	t.Run("x-api-key header", func(t *testing.T) {
 		roundTrip(t, dialWS(t, url, http.Header{"X-Api-Key": {testKey}}))
 	})

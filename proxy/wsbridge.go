@@ -84,7 +84,8 @@ type wsConn struct {
 	mu       sync.Mutex
 	reqs     map[string]*wsRequest // running requests by id
 	running  int                   // requests whose terminal frame is not queued yet
-	draining bool
+	draining bool                  // the server drains: no new requests
+	closing  bool                  // the socket is closing: no new requests
 	wg       sync.WaitGroup
 }
 
@@ -212,6 +213,9 @@ func (c *wsConn) register(id string) (*wsRequest, *apiError) {
 	switch {
 	case c.draining:
 		return nil, statusOf(errDraining)
+	case c.closing:
+		return nil, &apiError{Status: http.StatusServiceUnavailable, Type: "invalid_request_error", Code: "socket_closing",
+			Message: "the socket is closing (idle timeout); open a new one", RetryAfter: 1}
 	case c.reqs[id] != nil:
 		return nil, badFrame("a request with this id is already running; this frame was ignored")
 	case c.running >= c.cfg.MaxInflight:
@@ -405,18 +409,19 @@ func (c *wsConn) write(f *[]byte) bool {
 	return true
 }
 
-// idleFor returns how long until the socket counts as idle, or 0 if it is.
+// idleFor returns how long until the socket counts as idle, or 0 if it is;
+// an idle socket takes no new request (it is about to close).
 func (c *wsConn) idleFor() time.Duration {
 	c.mu.Lock()
-	busy := c.running > 0
-	c.mu.Unlock()
-	if busy {
+	defer c.mu.Unlock()
+	if c.running > 0 {
 		return c.cfg.IdleTimeout
 	}
 	left := c.cfg.IdleTimeout - time.Since(time.Unix(0, c.lastActive.Load()))
 	if left > 0 {
 		return left
 	}
+	c.closing = true
 	return 0
 }
 
