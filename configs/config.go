@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/internal/gpusim"
+	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/routing"
 	"github.com/sluice-proxy/sluice/tls/certs"
@@ -25,6 +26,7 @@ type Config struct {
 	Node       Node                  `yaml:"node"`
 	Listeners  Listeners             `yaml:"listeners"`
 	Proxy      proxy.Config          `yaml:"proxy"`
+	Redis      limiter.RedisConfig   `yaml:"redis"`
 	Tenants    []proxy.TenantConfig  `yaml:"tenants"`
 	Pools      []routing.PoolConfig  `yaml:"pools"`
 	Routes     []routing.RouteConfig `yaml:"routes"`
@@ -122,6 +124,9 @@ func (c *Config) applyDefaults() {
 		c.Node.DrainTimeout = 30 * time.Second
 	}
 	c.Proxy = c.Proxy.WithDefaults()
+	if c.Redis.Enabled() {
+		c.Redis = c.Redis.WithDefaults()
+	}
 	for i := range c.Pools {
 		c.Pools[i] = c.Pools[i].WithDefaults()
 	}

@@ -32,6 +32,35 @@ func (v *validator) validate() {
 	pools := v.pools()
 	v.routes(pools)
 	v.tenants()
+	v.redis()
+}
+
+func (v *validator) redis() {
+	r := v.c.Redis
+	if !r.Enabled() {
+		if r.Cluster || r.Password != "" || r.Username != "" {
+			v.errorf("redis", "redis: addrs is required")
+		}
+		return
+	}
+	for i, a := range r.Addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			v.errorf(fmt.Sprintf("redis.addrs[%d]", i), "redis.addrs[%d]: bad address %q (want host:port)", i, a)
+		}
+	}
+	if err := r.Validate(); err != nil {
+		for _, e := range unjoin(err) {
+			v.errorf("redis", "redis: %v", e)
+		}
+	}
+}
+
+// unjoin splits an errors.Join result into its parts.
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
 }
 
 func (v *validator) addr(path, addr string) {
@@ -253,20 +282,10 @@ func validKeyHash(k string) bool {
 }
 
 func (v *validator) limits(path string, l limiter.Limits) {
-	if l.MaxConcurrency < 0 || l.TokensPerMinute < 0 || l.InputTokensPerMinute < 0 ||
-		l.OutputTokensPerMinute < 0 || l.RequestsPerMinute < 0 || l.Burst < 0 || l.DefaultMaxTokens < 0 {
-		v.errorf(path, "%s: limits must not be negative", path)
-	}
-	switch l.OnStoreFailure {
-	case "", "local", "open", "closed":
-	default:
-		v.errorf(path+".on_store_failure", "%s.on_store_failure: %q must be local, open or closed", path, l.OnStoreFailure)
-	}
-	for m, ml := range l.Models {
-		if len(ml.Models) > 0 {
-			v.errorf(path+".models."+m, "%s.models.%s: model overrides cannot nest", path, m)
+	if err := l.Validate(); err != nil {
+		for _, e := range unjoin(err) {
+			v.errorf(path, "%s: %v", path, e)
 		}
-		v.limits(path+".models."+m, ml)
 	}
 }
 

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -34,7 +35,10 @@ type Limits struct {
 	// or "closed" (refuse with 503).
 	OnStoreFailure string `yaml:"on_store_failure"`
 	// Enforce, when set to false, computes and reports limits without
-	// refusing anything (shadow mode). Nil means true.
+	// refusing anything (shadow mode): every request is admitted, charged
+	// and leased exactly as an admitted request would be (so the buckets
+	// and lease counts show the real load), and Decision.WouldRefuse tells
+	// when the limits would have refused it. Nil means true.
 	Enforce *bool `yaml:"enforce"`
 }
 
@@ -82,8 +86,13 @@ type Decision struct {
 	// Requests, Tokens and Concurrency describe the limits for headers.
 	// A zero Limit means that limit is not configured.
 	Requests, Tokens, Concurrency Quota
+	// InputTokens and OutputTokens describe the optional per-direction
+	// token limits (zero Limit when not configured).
+	InputTokens, OutputTokens Quota
 	// Ticket is non-nil when the request was admitted; it must be passed
-	// to Settle exactly once when the request ends (extra calls are no-ops).
+	// to Settle of the same limiter when the request ends, however it ends
+	// (extra calls are no-ops). An unsettled Redis ticket keeps its lease
+	// renewed by the heartbeat for as long as the process runs.
 	Ticket *Ticket
 }
 
@@ -93,14 +102,22 @@ type Usage struct {
 }
 
 // Ticket is an admitted request's lease and charged estimate. Its fields are
-// owned by the limiter implementation.
+// owned by the limiter implementation; callers read them and pass the
+// ticket to Settle of the limiter that issued it.
 type Ticket struct {
-	ID            string
-	Tenant        string
-	Model         string
+	ID     string
+	Tenant string
+	Model  string
+	// ChargedInput and ChargedOutput are the input and output tokens charged
+	// at admission (the estimate, after the cap at half the burst). Every
+	// configured token bucket was charged their sum (tokens), ChargedInput
+	// (input tokens) or ChargedOutput (output tokens).
 	ChargedInput  int64
 	ChargedOutput int64
-	impl          any // implementation-specific state
+
+	plan    plan        // the limits as they were at admission
+	settled atomic.Bool // set by the first Settle
+	impl    any         // implementation-specific state
 }
 
 // Limiter admits and settles requests. Implementations are safe for
@@ -114,3 +131,22 @@ type Limiter interface {
 	// lease. It is idempotent.
 	Settle(ctx context.Context, t *Ticket, u Usage) error
 }
+
+// Service is a Limiter with what the command wires around it: Snapshot for
+// the /v1/usage endpoint, Run for background work (the Redis heartbeat;
+// Local has none) and Close. Local, Redis and Shared implement it.
+type Service interface {
+	Limiter
+	// Snapshot reports a tenant's limits, use and what remains.
+	Snapshot(ctx context.Context, tenant string, l Limits) (Status, error)
+	// Run does the background work until ctx is done.
+	Run(ctx context.Context) error
+	// Close releases resources; call it after Run has returned.
+	Close() error
+}
+
+var (
+	_ Service = (*Local)(nil)
+	_ Service = (*Redis)(nil)
+	_ Service = (*Shared)(nil)
+)

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bufio"
 	"bytes"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -10,6 +11,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/internal/redistest"
+	"github.com/sluice-proxy/sluice/limiter"
+	"github.com/sluice-proxy/sluice/proxy"
 )
 
 // chunk is a typical OpenAI stream event (one token).
@@ -149,6 +154,50 @@ func BenchmarkEventDelay(b *testing.B) {
 			slices.Sort(delays)
 			b.ReportMetric(float64(delays[len(delays)/2].Microseconds()), "p50-µs")
 			b.ReportMetric(float64(delays[len(delays)*99/100].Microseconds()), "p99-µs")
+		})
+	}
+}
+
+// BenchmarkAdmissionTTFT measures the client-observed time to the first
+// event of a one-event stream, with no limiter, the local limiter and the
+// Redis limiter (a private redis-server on loopback): an op is one request.
+// Compare the P50/P99 between cases; the difference is the admission cost.
+func BenchmarkAdmissionTTFT(b *testing.B) {
+	srv := httptest.NewServer(floodBackend{})
+	defer srv.Close()
+	limits := limiter.Limits{MaxConcurrency: 1000, TokensPerMinute: 1 << 40, RequestsPerMinute: 1 << 40}
+	for _, name := range []string{"none", "local", "redis"} {
+		b.Run(name, func(b *testing.B) {
+			var lim proxy.Limiter
+			switch name {
+			case "local":
+				lim = limiter.NewLocal(1)
+			case "redis":
+				rs := redistest.Start(b)
+				s, err := limiter.NewFromConfig(limiter.RedisConfig{Addrs: []string{rs.Addr()}}.WithDefaults(), nil, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer s.Close()
+				lim = s
+			}
+			e := startEdge(b, edgeOpts{pool: poolOf(srv.URL), limiter: lim, limits: limits})
+			client := h1Client()
+			url := e.http + "/v1/chat/completions?n=1"
+			ttfts := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				resp := post(b, client, url, chatBody(""))
+				br := bufio.NewReader(resp.Body)
+				br.ReadSlice('\n')
+				ttfts = append(ttfts, time.Since(start))
+				io.Copy(io.Discard, br)
+				resp.Body.Close()
+			}
+			slices.Sort(ttfts)
+			b.ReportMetric(float64(ttfts[len(ttfts)/2].Microseconds()), "p50-µs")
+			b.ReportMetric(float64(ttfts[len(ttfts)*99/100].Microseconds()), "p99-µs")
 		})
 	}
 }

@@ -29,6 +29,13 @@ type Config struct {
 	MaxResponseBytes units.Bytes `yaml:"max_response_bytes"`
 	// WebSocket tunes the WebSocket bridge and passthrough routes.
 	WebSocket WebSocketConfig `yaml:"websocket"`
+	// SLO are the node's objectives, reported at /debug/stats and checked
+	// by "sluice diagnose". Zero fields are not checked.
+	SLO SLO `yaml:"slo"`
+	// TenantMetricLabels is how many distinct tenants get their own label
+	// value on request and token counters; the rest share "other". Zero
+	// means no per-tenant labels (bounded cardinality).
+	TenantMetricLabels int `yaml:"tenant_metric_labels"`
 }
 
 // WithDefaults returns c with zero fields set to their defaults.

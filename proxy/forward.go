@@ -212,19 +212,14 @@ var backendOwned = map[string]bool{
 	"Alt-Svc": true, "Content-Length": true, "X-Request-Id": true, "Server-Timing": true,
 }
 
-func copyRequestHeader(dst, src http.Header) {
-	for k, vv := range src {
-		if hopHeaders[k] || clientOwned[k] || strings.HasPrefix(k, "X-Sluice-") {
-			continue
-		}
-		dst[k] = vv
-	}
-	dropConnectionHeaders(dst, src)
-}
+func copyRequestHeader(dst, src http.Header)  { copyHeader(dst, src, clientOwned) }
+func copyResponseHeader(dst, src http.Header) { copyHeader(dst, src, backendOwned) }
 
-func copyResponseHeader(dst, src http.Header) {
+// copyHeader copies src to dst without hop-by-hop fields, the fields in
+// owned, Sluice's own X-Sluice-* fields and those src's Connection names.
+func copyHeader(dst, src http.Header, owned map[string]bool) {
 	for k, vv := range src {
-		if hopHeaders[k] || backendOwned[k] || strings.HasPrefix(k, "X-Sluice-") {
+		if hopHeaders[k] || owned[k] || strings.HasPrefix(k, "X-Sluice-") {
 			continue
 		}
 		dst[k] = vv

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net"
 	"net/http"
@@ -32,10 +33,17 @@ type State struct {
 
 // Options configures a Handler.
 type Options struct {
+	// Node names this node in /debug/stats.
+	Node string
 	// Region is sent to clients as X-Sluice-Region. Empty means none.
 	Region string
-	// Log receives the access log and errors. Nil means slog.Default().
+	// Log receives errors. Nil means slog.Default().
 	Log *slog.Logger
+	// AccessLog receives one line per request. Nil means none.
+	AccessLog *slog.Logger
+	// Stats keeps the sliding-window percentiles of /debug/stats. Nil
+	// means none.
+	Stats *Stats
 	// Metrics records request metrics. Nil means none.
 	Metrics *Metrics
 	// Transport carries requests to backends. Nil means NewTransport(cfg).
@@ -46,16 +54,22 @@ type Options struct {
 // forward and relay. It is safe for simultaneous use by multiple goroutines.
 type Handler struct {
 	state     atomic.Pointer[State]
+	node      string
 	region    string
 	log       *slog.Logger
+	access    *slog.Logger
 	metrics   *Metrics
+	stats     *Stats
 	transport http.RoundTripper
+	started   time.Time
+	inflight  atomic.Int64
 	ws        wsStats
 }
 
 // NewHandler builds a handler serving st.
 func NewHandler(st *State, opts Options) *Handler {
-	h := &Handler{region: opts.Region, log: opts.Log, metrics: opts.Metrics, transport: opts.Transport}
+	h := &Handler{node: opts.Node, region: opts.Region, log: opts.Log, access: opts.AccessLog,
+		metrics: opts.Metrics, stats: opts.Stats, transport: opts.Transport, started: time.Now()}
 	if h.log == nil {
 		h.log = slog.Default()
 	}
@@ -85,12 +99,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x := &exchange{h: h, st: st, w: w, r: r, start: time.Now()}
+	x.conn, _ = ConnInfoFrom(r.Context())
 	x.id = requestID(r.Header.Get("X-Request-Id"))
 	hdr := w.Header()
 	hdr.Set("X-Request-Id", x.id)
 	if h.region != "" {
 		hdr.Set("X-Sluice-Region", h.region)
 	}
+	h.inflight.Add(1)
+	defer h.inflight.Add(-1)
 	if h.metrics != nil {
 		h.metrics.inflight.Inc()
 		defer h.metrics.inflight.Dec()
@@ -110,15 +127,24 @@ type exchange struct {
 	id  string
 	err error
 
-	tenant  *Tenant
-	route   *routing.Route
-	body    []byte
-	meta    requestMeta
-	ticket  *limiter.Ticket
-	backend *routing.Backend
+	tenant   *Tenant
+	route    *routing.Route
+	body     []byte
+	meta     requestMeta
+	ticket   *limiter.Ticket
+	decision limiter.Decision
+	backend  *routing.Backend
 
-	// Marks on the request's timeline (monotonic clock).
-	start, bodyRead, authDone, admitted, picked, upstreamHeaders, firstToken, lastToken time.Time
+	// Marks on the request's timeline (monotonic clock); see timing.go.
+	start, authDone, bodyRead, routed, limited, admitted, picked, upstreamHeaders, firstToken, lastToken time.Time
+	// queueWait is the time spent in the edge admission queue.
+	queueWait time.Duration
+	// conn describes the client's connection.
+	conn ConnInfo
+	// itl holds inter-token gaps in microseconds; lastTokenAt is the
+	// previous token's arrival.
+	itl         *[]uint32
+	lastTokenAt time.Time
 
 	status      int   // sent to the client; 0 until headers are written
 	tokens      int64 // chunks carrying generated text
@@ -143,6 +169,9 @@ func (x *exchange) serve() error {
 	if x.tenant == nil {
 		return &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
 			Message: "missing or unknown API key (send Authorization: Bearer <key>)"}
+	}
+	if r.URL.Path == "/v1/usage" && r.Method == http.MethodGet {
+		return x.serveUsage()
 	}
 	if pre == nil {
 		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
@@ -180,6 +209,7 @@ func (x *exchange) intake(pre *routing.Route) error {
 	x.bodyRead = time.Now()
 	x.route = pre
 	if pre.Kind != routing.KindOpenAI || r.Method != http.MethodPost || !isJSON(r) {
+		x.routed = x.bodyRead
 		return nil
 	}
 	meta, body, err := parseOpenAI(x.body)
@@ -193,25 +223,32 @@ func (x *exchange) intake(pre *routing.Route) error {
 			Message: "the model " + strconv.Quote(meta.Model) + " does not exist or is not served here"}
 	}
 	x.route = route
+	x.routed = time.Now()
 	return nil
 }
 
-// admit asks the limiter whether the request may start.
+// admit asks the limiter whether the request may start. The limiter's
+// idempotency id is generated here, never taken from the client (a reused
+// client id must not buy free retries).
 func (x *exchange) admit() error {
-	defer func() { x.admitted = time.Now() }()
+	defer func() { x.limited = time.Now(); x.admitted = x.limited }()
 	lim := x.st.Limiter
 	if lim == nil {
 		return nil
 	}
 	d, err := lim.Admit(x.r.Context(), limiter.Request{
-		ID: x.id, Tenant: x.tenant.ID, Model: x.meta.Model, Limits: x.tenant.Limits,
+		ID: newID(), Tenant: x.tenant.ID, Model: x.meta.Model, Limits: x.tenant.Limits,
 		InputTokens: x.meta.InputTokens, OutputTokens: x.meta.OutputTokens,
 	})
 	if err != nil {
+		if x.r.Context().Err() != nil {
+			return context.Canceled
+		}
 		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "limiter_unavailable",
 			Message: "the rate limiter could not decide; retry", RetryAfter: 1}
 	}
 	limiter.SetHeaders(x.w.Header(), d)
+	x.decision = d
 	if !d.Allowed {
 		return &refusal{d: d}
 	}
@@ -229,6 +266,9 @@ func (x *exchange) fail(err error) {
 		err = cause
 		x.err = err
 	}
+	if st := x.serverTiming(); st != "" {
+		x.w.Header().Set("Server-Timing", st)
+	}
 	if rf, ok := err.(*refusal); ok {
 		x.status = rf.write(x.w)
 		return
@@ -241,14 +281,10 @@ func (x *exchange) fail(err error) {
 // finish settles the request's tokens and writes the access log.
 func (x *exchange) finish() {
 	if x.ticket != nil {
-		u := limiter.Usage{InputTokens: x.meta.InputTokens, OutputTokens: x.tokens}
-		if x.usage != nil {
-			u = *x.usage
-		}
 		// Settle even when the client is gone: use a fresh, short context.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), time.Second)
-		if err := x.st.Limiter.Settle(ctx, x.ticket, u); err != nil {
-			x.h.log.Warn("settle failed", "request_id", x.id, "err", err)
+		if err := x.st.Limiter.Settle(ctx, x.ticket, x.consumed()); err != nil {
+			x.h.log.Warn("settle failed", "request_id", x.id, "tenant", x.tenant.ID, "err", err)
 		}
 		cancel()
 	}
@@ -256,6 +292,20 @@ func (x *exchange) finish() {
 		o.record(x) // a bridged request: the bridge reports it
 	}
 	x.h.observe(x)
+	x.releaseITL()
+}
+
+// consumed is what the request actually used: the backend's usage report
+// when it sent one; else the prompt estimate plus the tokens relayed; and
+// nothing when no backend produced anything (a failed request is refunded).
+func (x *exchange) consumed() limiter.Usage {
+	switch {
+	case x.usage != nil:
+		return *x.usage
+	case x.firstToken.IsZero():
+		return limiter.Usage{}
+	}
+	return limiter.Usage{InputTokens: x.meta.InputTokens, OutputTokens: x.tokens}
 }
 
 // requestID returns the client's id when it is sane, else a new one.
@@ -290,12 +340,38 @@ type refusal struct{ d limiter.Decision }
 func (r *refusal) Error() string { return "refused by limit " + r.d.Reason }
 
 func (r *refusal) write(w http.ResponseWriter) int {
-	status := http.StatusTooManyRequests
-	if r.d.Reason == "store" {
-		status = http.StatusServiceUnavailable
-	}
+	status := limiter.StatusCode(r.d)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	w.Write(append(limiter.ErrorBody(r.d), '\n'))
 	return status
+}
+
+// usageReporter is the part of a limiter that reports a tenant's use.
+type usageReporter interface {
+	Snapshot(ctx context.Context, tenant string, l limiter.Limits) (limiter.Status, error)
+}
+
+// serveUsage answers GET /v1/usage: the tenant's limits, current use and
+// what remains.
+func (x *exchange) serveUsage() error {
+	ur, ok := x.st.Limiter.(usageReporter)
+	if !ok {
+		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
+			Message: "usage is not available: no limiter is configured"}
+	}
+	st, err := ur.Snapshot(x.r.Context(), x.tenant.ID, x.tenant.Limits)
+	if err != nil {
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "limiter_unavailable",
+			Message: "usage could not be read; retry", RetryAfter: 1}
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	x.w.Header().Set("Content-Type", "application/json")
+	x.w.WriteHeader(http.StatusOK)
+	x.status = http.StatusOK
+	x.w.Write(append(b, '\n'))
+	return nil
 }

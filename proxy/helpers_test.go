@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluice-proxy/sluice/internal/gpusim"
+	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/routing"
 )
@@ -46,10 +49,14 @@ type testEdge struct {
 }
 
 type edgeOpts struct {
-	pool   routing.PoolConfig
-	routes []routing.RouteConfig
-	proxy  proxy.Config
-	extra  []routing.PoolConfig
+	pool    routing.PoolConfig
+	routes  []routing.RouteConfig
+	proxy   proxy.Config
+	extra   []routing.PoolConfig
+	limits  limiter.Limits // the test tenant's limits
+	limiter proxy.Limiter  // nil: none
+	log     *slog.Logger   // access log; nil: discarded
+	metrics *proxy.Metrics // nil: none
 }
 
 // startEdge serves a handler for one pool of backends with the given routes
@@ -77,12 +84,14 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	st := &proxy.State{
 		Config: o.proxy,
 		Tenants: proxy.NewTenants([]proxy.TenantConfig{
-			{ID: "t1", Keys: []string{proxy.HashKey(testKey)}},
+			{ID: "t1", Keys: []string{proxy.HashKey(testKey)}, Limits: o.limits},
 		}),
-		Routes: routing.NewTable(routes),
+		Routes:  routing.NewTable(routes),
+		Limiter: o.limiter,
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log})
+	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, AccessLog: o.log,
+		Metrics: o.metrics, Stats: proxy.NewStats()})
 	srv := &proxy.Server{
 		Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: testTLSConfig(t), Log: log,
 	}
@@ -224,4 +233,12 @@ func closedURL(t testing.TB) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return "http://" + addr
+}
+
+// httptestAdmin serves the edge's admin handler on a loopback listener.
+func httptestAdmin(t testing.TB, e *testEdge) string {
+	t.Helper()
+	srv := httptest.NewServer(proxy.NewAdmin(prometheus.NewRegistry(), func() bool { return false }, e.handler))
+	t.Cleanup(srv.Close)
+	return srv.URL
 }

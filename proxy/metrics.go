@@ -4,57 +4,84 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Metrics are the pipeline's Prometheus metrics. A nil *Metrics records
-// nothing.
+// nothing. Latencies are observed once a request has finished, so the
+// per-token path does no metric work.
 type Metrics struct {
 	requests *prometheus.CounterVec
 	inflight prometheus.Gauge
 	retries  *prometheus.CounterVec
+	refusals *prometheus.CounterVec
 	ttft     *prometheus.HistogramVec
+	itl      *prometheus.HistogramVec
 	e2e      *prometheus.HistogramVec
+	stages   *prometheus.HistogramVec
 	tokens   *prometheus.CounterVec
 	wsConns  *prometheus.GaugeVec
 	wsSlow   prometheus.Counter
+
+	tenantCap int
+	mu        sync.Mutex
+	tenants   map[string]bool
 }
 
-// latencyBuckets span 1 ms to ~2 min.
-var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 18)
+// latencyBuckets span 0.5 ms to ~2 min; itlBuckets 1 ms to ~8 s.
+var (
+	latencyBuckets = prometheus.ExponentialBuckets(0.0005, 2, 19)
+	itlBuckets     = prometheus.ExponentialBuckets(0.001, 1.5, 23)
+)
 
-// NewMetrics creates the metrics and registers them with reg.
-func NewMetrics(reg prometheus.Registerer) *Metrics {
+// NewMetrics creates the metrics and registers them with reg. tenantLabels
+// is how many distinct tenants get their own label value on the token and
+// request counters; later tenants share "other", and 0 means no tenant
+// label values at all ("-"), which keeps cardinality bounded.
+func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_requests_total", Help: "Requests by route and status code.",
-		}, []string{"route", "code"}),
+			Name: "sluice_requests_total", Help: "Requests by route, protocol, tenant and status code.",
+		}, []string{"route", "proto", "tenant", "code"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sluice_inflight_requests", Help: "Requests being served now.",
 		}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_upstream_retries_total", Help: "Requests retried on another backend before the first token.",
 		}, []string{"route"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_refusals_total", Help: "Requests refused by limits (enforced=false: shadow mode, would have refused).",
+		}, []string{"route", "reason", "enforced"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sluice_ttft_seconds", Help: "Time to first token as seen at the edge.", Buckets: latencyBuckets,
-		}, []string{"route"}),
+		}, []string{"route", "pool", "backend", "proto"}),
+		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sluice_itl_seconds", Help: "Inter-token latency at the edge, one sample per gap.", Buckets: itlBuckets,
+		}, []string{"route", "pool", "backend", "proto"}),
 		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sluice_request_duration_seconds", Help: "Whole request duration at the edge.", Buckets: latencyBuckets,
-		}, []string{"route"}),
+		}, []string{"route", "proto"}),
+		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sluice_stage_seconds", Help: "Duration of each request stage (see docs/TIMING.md).", Buckets: latencyBuckets,
+		}, []string{"route", "proto", "stage"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_tokens_total", Help: "Tokens by route and direction (in, out).",
-		}, []string{"route", "direction"}),
+			Name: "sluice_tokens_total", Help: "Tokens by route, tenant and direction (in, out).",
+		}, []string{"route", "tenant", "direction"}),
 		wsConns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sluice_websocket_connections", Help: "Open WebSocket connections by mode (bridge, passthrough).",
 		}, []string{"mode"}),
 		wsSlow: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_websocket_slow_client_total", Help: "Bridged requests cancelled because the client read too slowly.",
 		}),
+		tenantCap: tenantLabels,
+		tenants:   map[string]bool{},
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.inflight, m.retries, m.ttft, m.e2e, m.tokens, m.wsConns, m.wsSlow)
+		reg.MustRegister(m.requests, m.inflight, m.retries, m.refusals, m.ttft, m.itl, m.e2e, m.stages, m.tokens,
+			m.wsConns, m.wsSlow)
 	}
 	return m
 }
@@ -83,7 +110,72 @@ func (m *Metrics) wsSlowClient() {
 	}
 }
 
-// observe records a finished request in metrics and the access log.
+// tenantLabel bounds the tenant label's cardinality.
+func (m *Metrics) tenantLabel(tenant string) string {
+	if m.tenantCap == 0 || tenant == "" {
+		return "-"
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.tenants[tenant] {
+		return tenant
+	}
+	if len(m.tenants) < m.tenantCap {
+		m.tenants[tenant] = true
+		return tenant
+	}
+	return "other"
+}
+
+// record observes a finished request.
+func (m *Metrics) record(x *exchange, route, proto string, status int, end time.Time) {
+	tenant := ""
+	if x.tenant != nil {
+		tenant = x.tenant.ID
+	}
+	tl := m.tenantLabel(tenant)
+	m.requests.WithLabelValues(route, proto, tl, strconv.Itoa(status)).Inc()
+	m.e2e.WithLabelValues(route, proto).Observe(end.Sub(x.start).Seconds())
+	if d := x.decision; d.Reason != "" && (!d.Allowed || d.WouldRefuse) {
+		m.refusals.WithLabelValues(route, d.Reason, strconv.FormatBool(!d.WouldRefuse)).Inc()
+	}
+	for _, s := range headerStages {
+		if d, ok := x.stage(s); ok {
+			m.stages.WithLabelValues(route, proto, s).Observe(d.Seconds())
+		}
+	}
+	if d, ok := x.stage(StageDecode); ok {
+		m.stages.WithLabelValues(route, proto, StageDecode).Observe(d.Seconds())
+	}
+	if x.backend != nil && !x.firstToken.IsZero() {
+		pool, backend := x.route.Pool.Name(), x.backend.URL.Host
+		m.ttft.WithLabelValues(route, pool, backend, proto).Observe(x.firstToken.Sub(x.start).Seconds())
+		if x.itl != nil {
+			o := m.itl.WithLabelValues(route, pool, backend, proto)
+			for _, us := range *x.itl {
+				o.Observe(float64(us) / 1e6)
+			}
+		}
+	}
+	if x.usage != nil || x.tokens > 0 {
+		u := x.consumed()
+		m.tokens.WithLabelValues(route, tl, "in").Add(float64(u.InputTokens))
+		m.tokens.WithLabelValues(route, tl, "out").Add(float64(u.OutputTokens))
+	}
+}
+
+// errorClass names the kind of failure for logs: "" when none.
+func errorClass(x *exchange) string {
+	switch {
+	case x.err == nil:
+		return ""
+	case x.decision.Reason != "" && !x.decision.Allowed:
+		return "limit_" + x.decision.Reason
+	}
+	return statusOf(x.err).Code
+}
+
+// observe records a finished request in metrics, stats and the access log.
 func (h *Handler) observe(x *exchange) {
 	end := time.Now()
 	route := "-"
@@ -94,46 +186,63 @@ func (h *Handler) observe(x *exchange) {
 	if status == 0 {
 		status = 499
 	}
-	if m := h.metrics; m != nil {
-		m.requests.WithLabelValues(route, strconv.Itoa(status)).Inc()
-		m.e2e.WithLabelValues(route).Observe(end.Sub(x.start).Seconds())
-		if !x.firstToken.IsZero() {
-			m.ttft.WithLabelValues(route).Observe(x.firstToken.Sub(x.start).Seconds())
-		}
-		if x.usage != nil {
-			m.tokens.WithLabelValues(route, "in").Add(float64(x.usage.InputTokens))
-			m.tokens.WithLabelValues(route, "out").Add(float64(x.usage.OutputTokens))
-		}
+	proto := protoOf(x.r, x.conn)
+	if h.metrics != nil {
+		h.metrics.record(x, route, proto, status, end)
 	}
-	if !h.log.Enabled(context.Background(), slog.LevelInfo) {
+	if h.stats != nil && x.route != nil {
+		h.stats.record(x, route, end)
+	}
+	if h.access == nil || !h.access.Enabled(context.Background(), slog.LevelInfo) {
 		return
 	}
-	attrs := []slog.Attr{
-		slog.String("request_id", x.id),
-		slog.String("method", x.r.Method),
-		slog.String("path", x.r.URL.Path),
-		slog.String("proto", x.r.Proto),
-		slog.Int("status", status),
-		slog.String("route", route),
-		slog.Duration("duration", end.Sub(x.start)),
-	}
+	h.access.LogAttrs(context.Background(), slog.LevelInfo, "request", x.logAttrs(route, proto, status, end)...)
+}
+
+// logAttrs is the access log line: ids, outcome, every stage, tokens, bytes.
+// Keys and prompt text are never logged.
+func (x *exchange) logAttrs(route, proto string, status int, end time.Time) []slog.Attr {
+	attrs := make([]slog.Attr, 0, 32)
+	str := func(k, v string) { attrs = append(attrs, slog.String(k, v)) }
+	ms := func(k string, d time.Duration) { attrs = append(attrs, slog.Float64(k, millis(d))) }
+	str("request_id", x.id)
 	if x.tenant != nil {
-		attrs = append(attrs, slog.String("tenant", x.tenant.ID))
+		str("tenant", x.tenant.ID)
+	} else {
+		str("tenant", "")
 	}
+	str("method", x.r.Method)
+	str("path", x.r.URL.Path)
+	str("proto", proto)
+	attrs = append(attrs, slog.Int("status", status))
+	str("route", route)
+	backend := ""
 	if x.backend != nil {
-		attrs = append(attrs, slog.String("backend", x.backend.URL.Host))
+		backend = x.backend.URL.Host
 	}
-	if !x.firstToken.IsZero() {
-		attrs = append(attrs, slog.Duration("ttft", x.firstToken.Sub(x.start)))
+	str("backend", backend)
+	str("model", x.meta.Model)
+	for _, s := range headerStages {
+		if d, ok := x.stage(s); ok {
+			ms(s+"_ms", d)
+		}
 	}
-	if x.usage != nil {
-		attrs = append(attrs, slog.Int64("tokens_in", x.usage.InputTokens), slog.Int64("tokens_out", x.usage.OutputTokens))
+	if d, ok := x.stage(StageDecode); ok {
+		ms("decode_ms", d)
 	}
-	if x.retries > 0 {
-		attrs = append(attrs, slog.Int("retries", x.retries))
+	ms("e2e_ms", end.Sub(x.start))
+	p50, p99, _, n := x.itlPercentiles()
+	if n > 0 {
+		ms("itl_p50_ms", p50)
+		ms("itl_p99_ms", p99)
 	}
-	if x.err != nil {
-		attrs = append(attrs, slog.String("error", x.err.Error()))
+	u := x.consumed()
+	attrs = append(attrs, slog.Int64("tokens_in", u.InputTokens), slog.Int64("tokens_out", u.OutputTokens),
+		slog.Int64("bytes_out", x.bytesToUser), slog.Int64("bytes_in", int64(len(x.body))),
+		slog.Int("retries", x.retries))
+	if x.decision.WouldRefuse {
+		str("would_refuse", x.decision.Reason)
 	}
-	h.log.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
+	str("error", errorClass(x))
+	return attrs
 }

@@ -48,18 +48,21 @@ func (x *exchange) relayOpenAI(ctx context.Context, resp *http.Response, wd *wat
 			if data == nil {
 				continue // keep-alive comments are not a first token
 			}
-			x.commit(resp.Header, true)
 			x.firstToken = now
+			x.commit(resp.Header, true)
 			x.backend.Report(true, now)
 		}
 		wd.tick(idle)
 		switch {
 		case data == nil: // comment, retry or id only: pass on
 		case bytes.Equal(data, doneMarker):
-			x.lastToken = now
+			if x.wantsTimingComment() && !x.send(rc, x.timingComment()) {
+				return context.Canceled
+			}
 			if !x.send(rc, ev) {
 				return context.Canceled
 			}
+			x.setTrailer()
 			x.drainAfterDone(br, wd)
 			return nil
 		default:
@@ -70,8 +73,9 @@ func (x *exchange) relayOpenAI(ctx context.Context, resp *http.Response, wd *wat
 				}
 			} else if isToken(data) {
 				x.tokens++
+				x.tokenAt(now)
+				x.lastToken = now
 			}
-			x.lastToken = now
 		}
 		if !x.send(rc, ev) {
 			return context.Canceled
@@ -124,6 +128,7 @@ func (x *exchange) streamFailed(ctx context.Context, err error) error {
 func (x *exchange) commit(upstream http.Header, stream bool) {
 	h := x.w.Header()
 	copyResponseHeader(h, upstream)
+	h.Set("Server-Timing", x.serverTiming())
 	if stream {
 		h.Set("Cache-Control", "no-cache")
 		h.Set("X-Accel-Buffering", "no")
@@ -178,7 +183,7 @@ func (x *exchange) relayBody(ctx context.Context, resp *http.Response) error {
 		return errResponseTooLarge
 	}
 	now := time.Now()
-	x.firstToken, x.lastToken = now, now
+	x.firstToken = now
 	if resp.StatusCode < 400 {
 		x.backend.Report(true, now)
 		if u, _ := usageOf(body); u != nil {
@@ -194,6 +199,7 @@ func (x *exchange) passThrough(resp *http.Response, body []byte) {
 	h := x.w.Header()
 	copyResponseHeader(h, resp.Header)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("Server-Timing", x.serverTiming())
 	x.status = resp.StatusCode
 	x.w.WriteHeader(resp.StatusCode)
 	n, _ := x.w.Write(body)

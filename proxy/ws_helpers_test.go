@@ -29,9 +29,12 @@ type wsFrame struct {
 		TotalTokens      int64 `json:"total_tokens"`
 	} `json:"usage"`
 	Timing *struct {
-		TTFT     *float64 `json:"ttft_ms"`
-		Duration float64  `json:"duration_ms"`
-		Tokens   int64    `json:"tokens"`
+		TTFT     *float64           `json:"ttft_ms"`
+		Duration float64            `json:"duration_ms"`
+		Tokens   int64              `json:"tokens"`
+		Stages   map[string]float64 `json:"stages"`
+		ITLP50   *float64           `json:"itl_p50_ms"`
+		ITLP99   *float64           `json:"itl_p99_ms"`
 	} `json:"timing"`
 	Status int `json:"status"`
 	Error  *struct {

@@ -149,7 +149,7 @@ func TestWSResponseOpenAIAndSlowClient(t *testing.T) {
 	if _, err := w.Write([]byte("data: {}\n\n")); err != errSlowClient {
 		t.Fatalf("write after failure: %v; want the same error", err)
 	}
-	term := w.terminal(&outcome{id: "x", start: start})
+	term := w.terminal(&outcome{id: "x"})
 	if !strings.Contains(string(term), `"code":"slow_client"`) || !strings.Contains(string(term), `"status":408`) {
 		t.Fatalf("terminal %s; want a slow_client error", term)
 	}

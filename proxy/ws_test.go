@@ -80,6 +80,17 @@ func TestWSBridgeConcurrentRequests(t *testing.T) {
 		if tm == nil || tm.TTFT == nil || *tm.TTFT <= 0 || tm.Duration < *tm.TTFT || tm.Tokens != 12 {
 			t.Fatalf("%s: timing %+v; want ttft > 0, duration ≥ ttft, 12 tokens", id, tm)
 		}
+		for _, stage := range []string{"auth", "route", "upstream", "prefill", "ttft", "decode"} {
+			if _, ok := tm.Stages[stage]; !ok {
+				t.Fatalf("%s: timing stages %v lack %q", id, tm.Stages, stage)
+			}
+		}
+		if _, ok := tm.Stages["tls"]; ok {
+			t.Fatalf("%s: a request on an open socket reports a TLS handshake: %v", id, tm.Stages)
+		}
+		if tm.ITLP50 == nil || tm.ITLP99 == nil || *tm.ITLP99 < *tm.ITLP50 {
+			t.Fatalf("%s: itl p50 %v p99 %v; want both, p99 ≥ p50", id, tm.ITLP50, tm.ITLP99)
+		}
 		if d.RequestID == "" {
 			t.Fatalf("%s: done frame without request_id", id)
 		}

@@ -238,7 +238,10 @@ func (c *wsConn) run(rq *wsRequest, f clientFrame) {
 	defer rq.cancel()
 	c.served.Add(1)
 	o := &outcome{}
-	r := c.request(context.WithValue(rq.ctx, outcomeKey{}, o), f)
+	ctx := context.WithValue(rq.ctx, outcomeKey{}, o)
+	ci, _ := ConnInfoFrom(ctx)
+	ci.Proto, ci.Handshake = "ws", 0 // the socket paid the handshake once
+	r := c.request(context.WithValue(ctx, connInfoKey{}, ci), f)
 	w := &wsResponse{rq: rq, hdr: http.Header{}, openAI: c.routeKind(r) == routing.KindOpenAI}
 	c.h.ServeHTTP(w, r)
 	if w.status == http.StatusOK && !w.stream && o.err == nil && len(w.body) > 0 {

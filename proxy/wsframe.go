@@ -168,6 +168,37 @@ type timingJSON struct {
 	Duration float64 `json:"duration_ms"`
 	// Tokens counts the events that carried generated text.
 	Tokens int64 `json:"tokens"`
+	// Stages are the pipeline's stages (the Server-Timing names: auth,
+	// recv, route, limit, queue, upstream, prefill, ttft, edge, decode, …)
+	// that were measured.
+	Stages map[string]float64 `json:"stages,omitempty"`
+	// ITLP50 and ITLP99 are inter-token latency percentiles, when the
+	// stream had at least two tokens.
+	ITLP50 *float64 `json:"itl_p50_ms,omitempty"`
+	ITLP99 *float64 `json:"itl_p99_ms,omitempty"`
+}
+
+// timingOf collects x's measurements for a done frame.
+func timingOf(x *exchange, now time.Time) timingJSON {
+	end := x.lastToken
+	if end.IsZero() {
+		end = now
+	}
+	t := timingJSON{Duration: roundMillis(end.Sub(x.start)), Tokens: x.tokens, Stages: map[string]float64{}}
+	if !x.firstToken.IsZero() {
+		v := roundMillis(x.firstToken.Sub(x.start))
+		t.TTFT = &v
+	}
+	for _, s := range append(headerStages[:len(headerStages):len(headerStages)], StageDecode) {
+		if d, ok := x.stage(s); ok {
+			t.Stages[s] = roundMillis(d)
+		}
+	}
+	if p50, p99, _, n := x.itlPercentiles(); n > 0 {
+		a, b := roundMillis(p50), roundMillis(p99)
+		t.ITLP50, t.ITLP99 = &a, &b
+	}
+	return t
 }
 
 type doneFrame struct {
@@ -187,7 +218,8 @@ type errorFrame struct {
 	RetryAfterMs int64           `json:"retry_after_ms,omitempty"`
 }
 
-func millis(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }
+// roundMillis is d in milliseconds, to the microsecond.
+func roundMillis(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }
 
 // newDoneFrame builds the done frame from the pipeline's outcome.
 func newDoneFrame(id string, o *outcome) []byte {
@@ -196,7 +228,7 @@ func newDoneFrame(id string, o *outcome) []byte {
 		f.Usage = &usageJSON{PromptTokens: o.usage.InputTokens, CompletionTokens: o.usage.OutputTokens,
 			TotalTokens: o.usage.InputTokens + o.usage.OutputTokens}
 	}
-	f.Timing = o.timing()
+	f.Timing = o.timing
 	b, _ := json.Marshal(f)
 	return b
 }
@@ -260,36 +292,18 @@ type outcome struct {
 	id         string
 	err        error
 	usage      *limiter.Usage
-	tokens     int64
 	retryAfter time.Duration // a limiter refusal's exact wait
-	start      time.Time
-	firstToken time.Time
-	lastToken  time.Time
-	end        time.Time
+	timing     timingJSON
 }
 
 type outcomeKey struct{}
 
-// record copies x's results into the outcome in x's context, if any.
+// record copies x's results into the outcome.
 func (o *outcome) record(x *exchange) {
-	o.id, o.err, o.usage, o.tokens = x.id, x.err, x.usage, x.tokens
-	o.start, o.firstToken, o.lastToken, o.end = x.start, x.firstToken, x.lastToken, time.Now()
+	o.id, o.err, o.usage = x.id, x.err, x.usage
+	o.timing = timingOf(x, time.Now())
 	var rf *refusal
 	if errors.As(x.err, &rf) {
 		o.retryAfter = rf.d.RetryAfter
 	}
-}
-
-func (o *outcome) timing() timingJSON {
-	t := timingJSON{Tokens: o.tokens}
-	end := o.lastToken
-	if end.IsZero() {
-		end = o.end
-	}
-	t.Duration = millis(end.Sub(o.start))
-	if !o.firstToken.IsZero() {
-		v := millis(o.firstToken.Sub(o.start))
-		t.TTFT = &v
-	}
-	return t
 }

@@ -50,6 +50,10 @@ type RouteConfig struct {
 	// Retries is how many other backends are tried when one fails before
 	// the first token. Nil means the proxy's default (1).
 	Retries *int `yaml:"retries"`
+	// TimingComment ends every stream with a ": server-timing …" SSE
+	// comment carrying the final timing (clients may also ask for it with
+	// "X-Sluice-Timing: comment"). Default false.
+	TimingComment bool `yaml:"timing_comment"`
 }
 
 // BackendConfig is one backend of a pool.

@@ -20,6 +20,8 @@ Usage:
   sluice check -c FILE        validate a configuration file
   sluice hash-key KEY         print the hash of an API key for the config ("-" reads stdin)
   sluice sim [flags]          run one simulated OpenAI-compatible GPU backend
+  sluice bench -target URL    load generator: TTFT/ITL percentiles, sweeps, comparisons
+  sluice diagnose [--admin URL]  name a node's bottleneck stage from its /debug/stats
   sluice config default       print the embedded default configuration
   sluice version              print the version
 
@@ -44,6 +46,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return cmdHashKey(args[1:], stdin, stdout, stderr)
 	case "sim":
 		return cmdSim(args[1:], stdout, stderr)
+	case "bench":
+		return cmdBench(args[1:], stdout, stderr)
+	case "diagnose":
+		return cmdDiagnose(args[1:], stdout, stderr)
 	case "config":
 		return cmdConfig(args[1:], stdout, stderr)
 	case "version":

@@ -89,7 +89,7 @@ func TestDefaultNodeServes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer n.shutdown()
+	defer func() { n.shutdown(); cancel(); n.close() }()
 	var banner bytes.Buffer
 	printBanner(&banner, n, true)
 	if !strings.Contains(banner.String(), "Authorization: Bearer sk-sluice-demo") {
@@ -119,7 +119,7 @@ func TestDefaultNodeServes(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Fatalf("%s: %d %s", path, resp.StatusCode, b)
 		}
-		if path == "/metrics" && !strings.Contains(string(b), `sluice_requests_total{code="200",route="openai"} 1`) {
+		if path == "/metrics" && !strings.Contains(string(b), `sluice_requests_total{code="200",proto="h1",route="openai",tenant="-"} 1`) {
 			t.Fatalf("metrics do not count the request:\n%s", b)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/configs"
 	"github.com/sluice-proxy/sluice/internal/gpusim"
+	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/routing"
 	"github.com/sluice-proxy/sluice/tls/certs"
@@ -29,7 +30,10 @@ type node struct {
 	handler  *proxy.Handler
 	server   *proxy.Server
 	certs    *certs.Store
+	limiter  limiter.Service
 	serveErr chan error
+	stopBg   context.CancelFunc // ends background work (heartbeat, cert reload)
+	bgDone   chan struct{}
 }
 
 // simServer is an in-process simulated backend on a loopback port.
@@ -39,10 +43,23 @@ type simServer struct {
 	url string
 }
 
-// startNode wires a config into a running node. ctx bounds background
-// work (certificate reloads); stop the node with shutdown.
-func startNode(ctx context.Context, cfg *configs.Config, log *slog.Logger) (*node, error) {
+// startNode wires a config into a running node. Background work (limiter
+// heartbeat, certificate reloads) runs until close, or until parent is done.
+// Stop the node with shutdown, then close.
+func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*node, error) {
 	n := &node{cfg: cfg, log: log, reg: prometheus.NewRegistry(), sims: map[string]*simServer{}, serveErr: make(chan error, 1)}
+	ctx, stopBg := context.WithCancel(parent)
+	n.stopBg = stopBg
+	started := false
+	defer func() {
+		if !started {
+			stopBg()
+			if n.bgDone != nil {
+				<-n.bgDone
+				n.limiter.Close()
+			}
+		}
+	}()
 	n.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := n.startSimulators(); err != nil {
 		n.stopSimulators()
@@ -53,8 +70,24 @@ func startNode(ctx context.Context, cfg *configs.Config, log *slog.Logger) (*nod
 		n.stopSimulators()
 		return nil, err
 	}
+	n.limiter = limiter.NewLocal(1)
+	if cfg.Redis.Enabled() {
+		shared, err := limiter.NewFromConfig(cfg.Redis, n.reg, log)
+		if err != nil {
+			n.stopSimulators()
+			return nil, fmt.Errorf("redis limiter: %w", err)
+		}
+		n.limiter = shared
+	}
+	st.Limiter = n.limiter
+	n.bgDone = make(chan struct{})
+	go func() {
+		defer close(n.bgDone)
+		n.limiter.Run(ctx)
+	}()
 	n.handler = proxy.NewHandler(st, proxy.Options{
-		Region: cfg.Node.Region, Log: log, Metrics: proxy.NewMetrics(n.reg),
+		Node: cfg.Node.Name, Region: cfg.Node.Region, Log: log, AccessLog: log,
+		Metrics: proxy.NewMetrics(n.reg, cfg.Proxy.TenantMetricLabels), Stats: proxy.NewStats(),
 	})
 	n.server = &proxy.Server{
 		Handler: n.handler, HTTPAddr: cfg.Listeners.HTTP, AdminAddr: cfg.Listeners.Admin, Log: log,
@@ -68,12 +101,13 @@ func startNode(ctx context.Context, cfg *configs.Config, log *slog.Logger) (*nod
 		go n.certs.Run(ctx)
 		n.server.HTTPSAddr, n.server.TLSConfig = h.Addr, n.certs.TLSConfig()
 	}
-	n.server.Admin = proxy.NewAdmin(n.reg, n.server.Draining)
+	n.server.Admin = proxy.NewAdmin(n.reg, n.server.Draining, n.handler)
 	if err := n.server.Listen(); err != nil {
 		n.stopSimulators()
 		return nil, err
 	}
 	go func() { n.serveErr <- n.server.Serve() }()
+	started = true
 	return n, nil
 }
 
@@ -114,6 +148,14 @@ func (n *node) shutdown() error {
 	err := n.server.Shutdown(ctx)
 	n.stopSimulators()
 	return err
+}
+
+// close stops background work and releases what outlives the listeners:
+// in-flight settles during the drain still had the limiter.
+func (n *node) close() {
+	n.stopBg()
+	<-n.bgDone
+	n.limiter.Close()
 }
 
 // buildState turns a validated config into the handler's state; simURLs

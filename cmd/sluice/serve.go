@@ -50,7 +50,7 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	n, err := startNode(ctx, cfg, log)
+	n, err := startNode(context.Background(), cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice: %v\n", err)
 		return 1
@@ -66,6 +66,7 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 	if err := n.shutdown(); err != nil {
 		log.Warn("shutdown", "err", err)
 	}
+	n.close()
 	return 0
 }
 

@@ -1,0 +1,237 @@
+// Package diagnose reads a node's /debug/stats and names the stage that
+// dominates latency, following the measure-first logic of docs/TIMING.md:
+// saturated GPUs need capacity; a long queue on idle GPUs is a scheduling
+// or limits problem; high TTFT with fine ITL is prefill or queueing; high
+// ITL is decode and batch size; a dominant network stage is edge placement,
+// HTTP/3 and connection reuse.
+package diagnose
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/sluice-proxy/sluice/proxy"
+)
+
+// Thresholds decide what "high" means when no SLO is configured.
+type Thresholds struct {
+	// TTFTP95 is a high P95 time to first token, in ms. Default 1000.
+	TTFTP95 float64
+	// ITLP99 is a high P99 inter-token latency, in ms. Default 100.
+	ITLP99 float64
+	// Saturated is the engine utilisation (running / capacity) from which
+	// GPUs count as saturated. Default 0.9.
+	Saturated float64
+	// MinRequests is how many requests a window needs to be judged.
+	// Default 20.
+	MinRequests int
+}
+
+func (t Thresholds) withDefaults(slo proxy.SLOMillis) Thresholds {
+	if slo.TTFTP95 > 0 {
+		t.TTFTP95 = slo.TTFTP95
+	}
+	if slo.ITLP99 > 0 {
+		t.ITLP99 = slo.ITLP99
+	}
+	if t.TTFTP95 == 0 {
+		t.TTFTP95 = 1000
+	}
+	if t.ITLP99 == 0 {
+		t.ITLP99 = 100
+	}
+	if t.Saturated == 0 {
+		t.Saturated = 0.9
+	}
+	if t.MinRequests == 0 {
+		t.MinRequests = 20
+	}
+	return t
+}
+
+// Finding is one conclusion, with its reason and what to change.
+type Finding struct {
+	Kind   string // "capacity", "scheduling", "prefill", "queue", "decode", "network", "ok", "insufficient-data"
+	Reason string
+	Advice string
+}
+
+// RouteReport is the diagnosis of one route.
+type RouteReport struct {
+	Route    string
+	Window   string
+	Requests int
+	Stages   map[string]proxy.Percentiles
+	// Dominant is the TTFT component with the largest P95, and its share
+	// of the TTFT P95.
+	Dominant      string
+	DominantShare float64
+	Findings      []Finding
+	Breaches      []string
+}
+
+// groups are the TTFT components the verdict compares.
+var groups = []struct {
+	name   string
+	stages []string
+}{
+	{"network", []string{proxy.StageNetRTT, proxy.StageTLS, proxy.StageRecv}},
+	{"queue", []string{proxy.StageLimit, proxy.StageQueue}},
+	{"upstream", []string{proxy.StageUpstream}},
+	{"prefill", []string{proxy.StagePrefill}},
+	{"edge", []string{proxy.StageEdge}},
+}
+
+// Analyze diagnoses every route of a snapshot.
+func Analyze(s proxy.StatsSnapshot, th Thresholds) []RouteReport {
+	th = th.withDefaults(s.SLO)
+	util, known := utilisation(s.Backends)
+	var out []RouteReport
+	for _, r := range s.Routes {
+		out = append(out, analyzeRoute(r, s.SLO, th, util, known))
+	}
+	return out
+}
+
+// utilisation is the mean running/capacity over backends reporting both.
+func utilisation(bs []proxy.BackendStat) (float64, bool) {
+	var sum float64
+	n := 0
+	for _, b := range bs {
+		if b.Capacity > 0 && b.Running != nil {
+			sum += *b.Running / float64(b.Capacity)
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, false
+	}
+	return sum / float64(n), true
+}
+
+func analyzeRoute(r proxy.RouteStats, slo proxy.SLOMillis, th Thresholds, util float64, utilKnown bool) RouteReport {
+	w, label := r.Windows["5m"], "5m"
+	if w.Requests < th.MinRequests && r.Windows["1m"].Requests >= th.MinRequests {
+		w, label = r.Windows["1m"], "1m"
+	}
+	rep := RouteReport{Route: r.Route, Window: label, Requests: w.Requests, Stages: w.Stages}
+	rep.Breaches = breaches(w.Stages, slo)
+	if w.Requests < th.MinRequests {
+		rep.Findings = append(rep.Findings, Finding{Kind: "insufficient-data",
+			Reason: fmt.Sprintf("%d requests in the last 5 minutes; need %d to judge", w.Requests, th.MinRequests)})
+		return rep
+	}
+	ttft := w.Stages[proxy.StageTTFT].P95
+	itl := w.Stages[proxy.StageITL].P99
+	shares := map[string]float64{}
+	for _, g := range groups {
+		for _, st := range g.stages {
+			shares[g.name] += w.Stages[st].P95
+		}
+	}
+	for name, v := range shares {
+		if v > shares[rep.Dominant] || rep.Dominant == "" {
+			rep.Dominant = name
+		}
+	}
+	if ttft > 0 {
+		rep.DominantShare = shares[rep.Dominant] / ttft
+	}
+	ttftHigh, itlHigh := ttft > th.TTFTP95, itl > th.ITLP99
+	queueShare := 0.0
+	if ttft > 0 {
+		queueShare = shares["queue"] / ttft
+	}
+	switch {
+	case utilKnown && util >= th.Saturated:
+		rep.Findings = append(rep.Findings, Finding{Kind: "capacity",
+			Reason: fmt.Sprintf("GPUs are saturated: engines run at %.0f%% of their batch slots", util*100),
+			Advice: "add GPU capacity (more backends), or shed batch traffic; tuning will not help a full engine"})
+	case queueShare > 0.3 && (!utilKnown || util < 0.7):
+		why := "engine utilisation is unknown"
+		if utilKnown {
+			why = fmt.Sprintf("engines run at only %.0f%% of their slots", util*100)
+		}
+		rep.Findings = append(rep.Findings, Finding{Kind: "scheduling",
+			Reason: fmt.Sprintf("requests wait at the edge (queue+limit %.0f%% of TTFT P95) while %s", queueShare*100, why),
+			Advice: "a scheduling or limits problem, not capacity: raise the pool's queue target or tenant limits, check max_concurrency per backend"})
+	}
+	if ttftHigh && !itlHigh {
+		kind, stage := "prefill", "prefill"
+		if shares["queue"] > shares["prefill"] {
+			kind, stage = "queue", "queueing"
+		}
+		rep.Findings = append(rep.Findings, Finding{Kind: kind,
+			Reason: fmt.Sprintf("TTFT P95 %.0f ms is high while ITL P99 %.0f ms is fine; %s dominates", ttft, itl, stage),
+			Advice: "shorten prompts or enable prefix caching / chunked prefill for prefill; for queueing, spread load (least_queued) or add capacity"})
+	}
+	if itlHigh {
+		rep.Findings = append(rep.Findings, Finding{Kind: "decode",
+			Reason: fmt.Sprintf("ITL P99 %.0f ms is high (threshold %.0f ms)", itl, th.ITLP99),
+			Advice: "decode is slow: lower the engine's max batch size (max_num_seqs) or move interactive traffic to a less loaded pool"})
+	}
+	if rep.Dominant == "network" && rep.DominantShare > 0.5 {
+		rep.Findings = append(rep.Findings, Finding{Kind: "network",
+			Reason: fmt.Sprintf("the network stage is %.0f%% of TTFT P95", rep.DominantShare*100),
+			Advice: "move the edge closer to users, offer HTTP/3, and reuse connections (keep-alive, HTTP/2)"})
+	}
+	if len(rep.Findings) == 0 {
+		rep.Findings = append(rep.Findings, Finding{Kind: "ok",
+			Reason: fmt.Sprintf("TTFT P95 %.0f ms and ITL P99 %.0f ms are within bounds", ttft, itl)})
+	}
+	return rep
+}
+
+// breaches lists the SLOs a window misses.
+func breaches(st map[string]proxy.Percentiles, slo proxy.SLOMillis) []string {
+	var out []string
+	check := func(name string, got, limit float64) {
+		if limit > 0 && got > limit {
+			out = append(out, fmt.Sprintf("%s %.1f ms > SLO %.1f ms", name, got, limit))
+		}
+	}
+	check("ttft p95", st[proxy.StageTTFT].P95, slo.TTFTP95)
+	check("itl p99", st[proxy.StageITL].P99, slo.ITLP99)
+	check("e2e p99", st[proxy.StageE2E].P99, slo.E2EP99)
+	return out
+}
+
+// order is the row order of the stage table.
+var order = []string{proxy.StageNetRTT, proxy.StageTLS, proxy.StageAuth, proxy.StageRecv, proxy.StageRoute,
+	proxy.StageLimit, proxy.StageQueue, proxy.StageUpstream, proxy.StagePrefill, proxy.StageTTFT,
+	proxy.StageEdge, proxy.StageITL, proxy.StageDecode, proxy.StageE2E}
+
+// Write prints the reports as tables with the verdicts.
+func Write(w io.Writer, reps []RouteReport) {
+	sort.Slice(reps, func(i, j int) bool { return reps[i].Route < reps[j].Route })
+	for _, r := range reps {
+		fmt.Fprintf(w, "route %s (%s window, %d requests)\n", r.Route, r.Window, r.Requests)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "  stage\tp50 ms\tp95 ms\tp99 ms\tn\t")
+		ttft := r.Stages[proxy.StageTTFT].P95
+		for _, st := range order {
+			p, ok := r.Stages[st]
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(tw, "  %s\t%.1f\t%.1f\t%.1f\t%d\t\n", st, p.P50, p.P95, p.P99, p.N)
+		}
+		tw.Flush()
+		if r.Dominant != "" && ttft > 0 {
+			fmt.Fprintf(w, "  dominant TTFT stage: %s (%.0f%% of TTFT P95 %.0f ms)\n", r.Dominant, r.DominantShare*100, ttft)
+		}
+		for _, f := range r.Findings {
+			fmt.Fprintf(w, "  verdict [%s]: %s\n", f.Kind, f.Reason)
+			if f.Advice != "" {
+				fmt.Fprintf(w, "    → %s\n", f.Advice)
+			}
+		}
+		for _, b := range r.Breaches {
+			fmt.Fprintf(w, "  SLO BREACHED: %s\n", b)
+		}
+		fmt.Fprintln(w, strings.Repeat("-", 60))
+	}
+}

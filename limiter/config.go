@@ -1,0 +1,178 @@
+package limiter
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisConfig is the `redis:` section of the configuration. Without it
+// (no addresses) Sluice uses the Local limiter alone.
+type RedisConfig struct {
+	// Addrs are host:port addresses. One address means a single Redis
+	// server; several mean a Redis Cluster (the addresses are seeds).
+	Addrs []string `yaml:"addrs"`
+	// Cluster forces cluster mode with a single seed address.
+	Cluster bool `yaml:"cluster"`
+	// Username and Password authenticate (Redis 6 ACL; Password alone for
+	// requirepass). Empty means none.
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+	// TLS connects with TLS (system roots; each server's name is taken from
+	// its address).
+	TLS bool `yaml:"tls"`
+	// DialTimeout, ReadTimeout and WriteTimeout bound network operations.
+	// Zero means 1s, 500ms and 500ms.
+	DialTimeout  time.Duration `yaml:"dial_timeout"`
+	ReadTimeout  time.Duration `yaml:"read_timeout"`
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// AdmissionTimeout bounds one admission in Redis before the
+	// store-failure policy decides. Zero means 20ms.
+	AdmissionTimeout time.Duration `yaml:"admission_timeout"`
+	// PoolSize is the number of connections per Redis server. Zero means
+	// go-redis' default (10 per GOMAXPROCS).
+	PoolSize int `yaml:"pool_size"`
+	// LeaseTTL is the life of an unrenewed concurrency lease: a crashed
+	// node's slots come back within it. Zero means 30s.
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// Heartbeat is the lease renewal period. Zero means LeaseTTL/3.
+	Heartbeat time.Duration `yaml:"heartbeat"`
+	// Nodes is the expected number of edge nodes; under the local
+	// store-failure policy each enforces 1/Nodes of every limit. Zero means
+	// the number of live nodes seen through Redis.
+	Nodes int `yaml:"nodes"`
+	// BreakerFailures is the number of consecutive failures that open the
+	// circuit breaker. Zero means 3.
+	BreakerFailures int `yaml:"breaker_failures"`
+	// BreakerCooldown is how long the breaker stays open before probing
+	// Redis again. Zero means 1s.
+	BreakerCooldown time.Duration `yaml:"breaker_cooldown"`
+}
+
+// Enabled reports whether a Redis store is configured.
+func (c RedisConfig) Enabled() bool { return len(c.Addrs) > 0 }
+
+// WithDefaults returns c with every zero field set to its default.
+func (c RedisConfig) WithDefaults() RedisConfig {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.DialTimeout, time.Second)
+	def(&c.ReadTimeout, 500*time.Millisecond)
+	def(&c.WriteTimeout, 500*time.Millisecond)
+	def(&c.AdmissionTimeout, 20*time.Millisecond)
+	def(&c.LeaseTTL, 30*time.Second)
+	def(&c.Heartbeat, c.LeaseTTL/3)
+	def(&c.BreakerCooldown, time.Second)
+	if c.BreakerFailures == 0 {
+		c.BreakerFailures = 3
+	}
+	return c
+}
+
+// Validate reports every problem in c (after WithDefaults), each naming the
+// YAML field.
+func (c RedisConfig) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if len(c.Addrs) == 0 {
+		bad("addrs", "at least one host:port is required")
+	}
+	for i, a := range c.Addrs {
+		if host, port, err := net.SplitHostPort(a); err != nil || host == "" || port == "" {
+			bad(fmt.Sprintf("addrs[%d]", i), "%q is not host:port", a)
+		}
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"dial_timeout", c.DialTimeout}, {"read_timeout", c.ReadTimeout}, {"write_timeout", c.WriteTimeout},
+		{"admission_timeout", c.AdmissionTimeout}, {"lease_ttl", c.LeaseTTL}, {"heartbeat", c.Heartbeat},
+		{"breaker_cooldown", c.BreakerCooldown}} {
+		if d.v < 0 {
+			bad(d.field, "must not be negative, got %v", d.v)
+		}
+	}
+	if c.Heartbeat >= c.LeaseTTL && c.LeaseTTL > 0 {
+		bad("heartbeat", "%v must be shorter than lease_ttl %v (leases would expire between beats)", c.Heartbeat, c.LeaseTTL)
+	}
+	if c.LeaseTTL > 0 && c.LeaseTTL < 100*time.Millisecond {
+		bad("lease_ttl", "%v is too short (at least 100ms)", c.LeaseTTL)
+	}
+	if c.PoolSize < 0 {
+		bad("pool_size", "must not be negative, got %d", c.PoolSize)
+	}
+	if c.Nodes < 0 {
+		bad("nodes", "must not be negative, got %d", c.Nodes)
+	}
+	if c.BreakerFailures < 0 {
+		bad("breaker_failures", "must not be negative, got %d", c.BreakerFailures)
+	}
+	return errors.Join(errs...)
+}
+
+// ValidatePolicy checks a Limits.OnStoreFailure value.
+func ValidatePolicy(p string) error {
+	switch p {
+	case "", PolicyLocal, PolicyOpen, PolicyClosed:
+		return nil
+	}
+	return fmt.Errorf("on_store_failure: %q is not one of local, open, closed", p)
+}
+
+// NewFromConfig connects to Redis as cfg says and returns the Shared
+// limiter: run its Run(ctx) for the heartbeat and Close it at exit. Redis
+// being unreachable at start is not an error (the store-failure policies
+// apply until it answers); it is logged. reg and log may be nil.
+func NewFromConfig(cfg RedisConfig, reg prometheus.Registerer, log *slog.Logger) (*Shared, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("redis config: %w", err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	client := newUniversalClient(cfg)
+	s := NewShared(NewRedis(client, RedisOptions{LeaseTTL: cfg.LeaseTTL, Heartbeat: cfg.Heartbeat}),
+		SharedOptions{AdmissionTimeout: cfg.AdmissionTimeout, FailureThreshold: cfg.BreakerFailures,
+			Cooldown: cfg.BreakerCooldown, Nodes: cfg.Nodes, Registerer: reg, Logger: log})
+	s.closer = client.Close
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout)
+	defer cancel()
+	if err := client.Ping(ctx).Err(); err != nil {
+		log.Warn("limiter: redis not reachable at start; store-failure policies apply until it is",
+			"addrs", cfg.Addrs, "err", err)
+	}
+	return s, nil
+}
+
+func newUniversalClient(cfg RedisConfig) redis.UniversalClient {
+	var tlsConf *tls.Config
+	if cfg.TLS {
+		// No ServerName: crypto/tls takes it from each node's address.
+		tlsConf = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if cfg.Cluster || len(cfg.Addrs) > 1 {
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password, TLSConfig: tlsConf,
+			DialTimeout: cfg.DialTimeout, ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout,
+			PoolSize: cfg.PoolSize, ContextTimeoutEnabled: true,
+		})
+	}
+	return redis.NewClient(&redis.Options{
+		Addr: cfg.Addrs[0], Username: cfg.Username, Password: cfg.Password, TLSConfig: tlsConf,
+		DialTimeout: cfg.DialTimeout, ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout,
+		PoolSize: cfg.PoolSize, ContextTimeoutEnabled: true,
+	})
+}

@@ -1,0 +1,124 @@
+package limiter
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-proxy/sluice/internal/redistest"
+)
+
+func TestRedisConfigDefaults(t *testing.T) {
+	c := RedisConfig{Addrs: []string{"127.0.0.1:6379"}}.WithDefaults()
+	if c.AdmissionTimeout != 20*time.Millisecond || c.LeaseTTL != 30*time.Second ||
+		c.Heartbeat != 10*time.Second || c.BreakerFailures != 3 || c.BreakerCooldown != time.Second {
+		t.Errorf("defaults = %+v", c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate(defaults) = %v", err)
+	}
+	c = RedisConfig{Addrs: []string{"x"}, LeaseTTL: 2 * time.Second}.WithDefaults()
+	if c.Heartbeat != 2*time.Second/3 {
+		t.Errorf("heartbeat default = %v; want lease_ttl/3", c.Heartbeat)
+	}
+}
+
+func TestRedisConfigValidate(t *testing.T) {
+	c := RedisConfig{
+		Addrs:     []string{"127.0.0.1:6379", "nohost", ":7000"},
+		LeaseTTL:  time.Second,
+		Heartbeat: 2 * time.Second,
+		PoolSize:  -1,
+		Nodes:     -2,
+	}.WithDefaults()
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("Validate accepted a bad config")
+	}
+	for _, want := range []string{"addrs[1]", "addrs[2]", "heartbeat", "pool_size", "nodes"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "addrs[0]") {
+		t.Errorf("error %q blames a good address", err)
+	}
+	if err := (RedisConfig{}).WithDefaults().Validate(); err == nil || !strings.Contains(err.Error(), "addrs") {
+		t.Errorf("empty addrs: %v; want an addrs error", err)
+	}
+	if ValidatePolicy("local") != nil || ValidatePolicy("") != nil || ValidatePolicy("sometimes") == nil {
+		t.Error("ValidatePolicy misjudges")
+	}
+}
+
+func TestNewFromConfig(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	reg := prometheus.NewRegistry()
+	s, err := NewFromConfig(RedisConfig{Addrs: []string{srv.Addr()}, LeaseTTL: time.Second,
+		AdmissionTimeout: time.Second}, reg, nil)
+	if err != nil {
+		t.Fatalf("NewFromConfig: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	lim := Limits{MaxConcurrency: 1}
+	d := admit(t, s, Request{Tenant: "cfg", Limits: lim})
+	if !d.Allowed || d.Degraded {
+		t.Fatalf("decision %+v; want a shared admission", d)
+	}
+	time.Sleep(1500 * time.Millisecond) // past the TTL: the heartbeat keeps the lease
+	if st := snapshot(t, s, "cfg", lim); st.InFlight != 1 || st.Degraded {
+		t.Errorf("status %+v; want the lease kept by Run", st)
+	}
+	settle(t, s, d.Ticket, Usage{})
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if _, err := NewFromConfig(RedisConfig{Addrs: []string{"bad"}}, nil, nil); err == nil {
+		t.Error("NewFromConfig accepted a bad address")
+	}
+}
+
+func TestNewFromConfigCluster(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, 3)
+	s, err := NewFromConfig(RedisConfig{Addrs: c.Addrs(), AdmissionTimeout: time.Second}, nil, nil)
+	if err != nil {
+		t.Fatalf("NewFromConfig: %v", err)
+	}
+	defer s.Close()
+	for i := 0; i < 3; i++ {
+		d := admit(t, s, Request{Tenant: "cluster-cfg", Limits: Limits{MaxConcurrency: 2}})
+		if d.Degraded || d.Allowed != (i < 2) {
+			t.Errorf("admission %d: %+v; want shared, 2 of 3 admitted", i, d)
+		}
+	}
+	if err := s.Store().Beat(context.Background()); err != nil {
+		t.Errorf("Beat: %v", err)
+	}
+}
+
+func TestLimitsValidate(t *testing.T) {
+	good := Limits{MaxConcurrency: 8, TokensPerMinute: 20000, RequestsPerMinute: 120,
+		Models: map[string]Limits{"big": {MaxConcurrency: 1}}, OnStoreFailure: "closed"}
+	if err := good.Validate(); err != nil {
+		t.Errorf("Validate(good) = %v", err)
+	}
+	bad := Limits{MaxConcurrency: -1, Burst: -5, OnStoreFailure: "maybe",
+		Models: map[string]Limits{"m": {TokensPerMinute: -1, Models: map[string]Limits{"x": {}}}}}
+	err := bad.Validate()
+	for _, want := range []string{"max_concurrency", "burst", "on_store_failure", "models.m.tokens_per_minute", "models.m.models"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate(bad) = %v; want it to name %s", err, want)
+		}
+	}
+}

@@ -1,0 +1,190 @@
+package limiter
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// policy is one limit as it appears in the response headers.
+type policy struct {
+	name   string // IETF policy identifier
+	unit   string // IETF "qu" quota unit; empty means the default (requests)
+	window bool   // per-minute limit (w=60); concurrency has no window
+	q      Quota
+}
+
+func (d Decision) policies() []policy {
+	all := [...]policy{
+		{name: ReasonRequests, window: true, q: d.Requests},
+		{name: ReasonTokens, unit: "tokens", window: true, q: d.Tokens},
+		{name: ReasonInputTokens, unit: "tokens", window: true, q: d.InputTokens},
+		{name: ReasonOutputTokens, unit: "tokens", window: true, q: d.OutputTokens},
+		{name: ReasonConcurrency, unit: "concurrency", q: d.Concurrency},
+	}
+	out := make([]policy, 0, len(all))
+	for _, p := range all {
+		if p.q.Limit > 0 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// SetHeaders writes the rate-limit response fields for d:
+//
+//   - RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers,
+//     Structured Field Lists with one item per configured limit, e.g.
+//     `"requests";q=120;w=60, "tokens";q=20000;w=60;qu="tokens",
+//     "concurrency";q=8;qu="concurrency"` and `"requests";r=119;t=1, …`,
+//     t being whole seconds until the quota is full again). Token limits
+//     carry qu="tokens", a unit the draft's registry does not (yet) name;
+//   - OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens}, the
+//     reset as a Go duration ("6m0s", "1.5s", "20ms");
+//   - on a refusal (including the closed store policy), Retry-After in
+//     whole seconds rounded up and retry-after-ms.
+//
+// Limits that are not configured are left out; with none, nothing is set
+// but Retry-After on refusals.
+func SetHeaders(h http.Header, d Decision) {
+	ps := d.policies()
+	if len(ps) > 0 {
+		h.Set("RateLimit-Policy", policyField(ps))
+		h.Set("RateLimit", rateLimitField(ps))
+	}
+	openAI(h, "requests", d.Requests)
+	openAI(h, "tokens", d.Tokens)
+	if !d.Allowed {
+		h.Set("Retry-After", strconv.FormatInt(retrySeconds(d.RetryAfter), 10))
+		h.Set("retry-after-ms", strconv.FormatInt(max(ceilMS(d.RetryAfter), 1), 10))
+	}
+}
+
+func policyField(ps []policy) string {
+	var b strings.Builder
+	for i, p := range ps {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strconv.Quote(p.name))
+		b.WriteString(";q=")
+		b.WriteString(strconv.FormatInt(p.q.Limit, 10))
+		if p.window {
+			b.WriteString(";w=60")
+		}
+		if p.unit != "" {
+			b.WriteString(`;qu="` + p.unit + `"`)
+		}
+	}
+	return b.String()
+}
+
+func rateLimitField(ps []policy) string {
+	var b strings.Builder
+	for i, p := range ps {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strconv.Quote(p.name))
+		b.WriteString(";r=")
+		b.WriteString(strconv.FormatInt(max(p.q.Remaining, 0), 10))
+		if p.window {
+			b.WriteString(";t=")
+			b.WriteString(strconv.FormatInt(ceilSeconds(p.q.Reset), 10))
+		}
+	}
+	return b.String()
+}
+
+func openAI(h http.Header, kind string, q Quota) {
+	if q.Limit <= 0 {
+		return
+	}
+	h.Set("x-ratelimit-limit-"+kind, strconv.FormatInt(q.Limit, 10))
+	h.Set("x-ratelimit-remaining-"+kind, strconv.FormatInt(max(q.Remaining, 0), 10))
+	h.Set("x-ratelimit-reset-"+kind, resetString(q.Reset))
+}
+
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// retrySeconds is Retry-After: whole seconds rounded up, at least 1.
+func retrySeconds(d time.Duration) int64 { return max(ceilSeconds(d), 1) }
+
+// errorBody is OpenAI's error shape; the SDKs raise RateLimitError on a
+// 429 and read message/type/code from it.
+type errorBody struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code"`
+		// Limit and RetryAfterMS are Sluice's additions: which limit
+		// refused and when to retry.
+		Limit        string `json:"limit,omitempty"`
+		RetryAfterMS int64  `json:"retry_after_ms,omitempty"`
+	} `json:"error"`
+}
+
+// ErrorBody is the JSON body of a refusal in OpenAI's error shape: for a
+// limit (answered with 429) type and code "rate_limit_exceeded", for the
+// closed store policy (answered with 503) type "server_error" and code
+// "rate_limiter_unavailable"; both name the limit and when to retry. It
+// returns nil for an allowed decision.
+func ErrorBody(d Decision) []byte {
+	if d.Allowed {
+		return nil
+	}
+	var e errorBody
+	e.Error.Limit = d.Reason
+	e.Error.RetryAfterMS = max(ceilMS(d.RetryAfter), 1)
+	retry := "Please try again in " + resetString(d.RetryAfter) + "."
+	if d.Reason == ReasonStore {
+		e.Error.Type, e.Error.Code = "server_error", "rate_limiter_unavailable"
+		e.Error.Message = "Rate limiting is temporarily unavailable. " + retry
+	} else {
+		e.Error.Type, e.Error.Code = "rate_limit_exceeded", "rate_limit_exceeded"
+		e.Error.Message = refusalMessage(d) + " " + retry
+	}
+	b, _ := json.Marshal(e) // cannot fail: strings and integers only
+	return b
+}
+
+// StatusCode is the HTTP status for a refused decision: 503 for the closed
+// store policy, 429 for a limit; 200 when allowed.
+func StatusCode(d Decision) int {
+	switch {
+	case d.Allowed:
+		return http.StatusOK
+	case d.Reason == ReasonStore:
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusTooManyRequests
+}
+
+func refusalMessage(d Decision) string {
+	what, q := "", Quota{}
+	switch d.Reason {
+	case ReasonRequests:
+		what, q = "requests per minute (RPM)", d.Requests
+	case ReasonTokens:
+		what, q = "tokens per minute (TPM)", d.Tokens
+	case ReasonInputTokens:
+		what, q = "input tokens per minute", d.InputTokens
+	case ReasonOutputTokens:
+		what, q = "output tokens per minute", d.OutputTokens
+	case ReasonConcurrency:
+		return "Rate limit reached for concurrent requests: limit " +
+			strconv.FormatInt(d.Concurrency.Limit, 10) + " in flight."
+	default:
+		return "Rate limit reached."
+	}
+	return "Rate limit reached for " + what + ": limit " + strconv.FormatInt(q.Limit, 10) +
+		", remaining " + strconv.FormatInt(max(q.Remaining, 0), 10) + "."
+}

@@ -1,0 +1,80 @@
+package proxy
+
+import (
+	"time"
+)
+
+// SLO is a node's service-level objectives; `sluice diagnose` exits
+// non-zero when a window breaches one. Zero fields are not checked.
+type SLO struct {
+	// TTFTP95 bounds the P95 time to first token.
+	TTFTP95 time.Duration `yaml:"ttft_p95" json:"-"`
+	// ITLP99 bounds the P99 inter-token latency.
+	ITLP99 time.Duration `yaml:"itl_p99" json:"-"`
+	// E2EP99 bounds the P99 request duration.
+	E2EP99 time.Duration `yaml:"e2e_p99" json:"-"`
+}
+
+// SLOMillis is an SLO in the JSON of /debug/stats.
+type SLOMillis struct {
+	TTFTP95 float64 `json:"ttft_p95_ms,omitempty"`
+	ITLP99  float64 `json:"itl_p99_ms,omitempty"`
+	E2EP99  float64 `json:"e2e_p99_ms,omitempty"`
+}
+
+// BackendStat is one backend's load and health.
+type BackendStat struct {
+	Pool     string `json:"pool"`
+	URL      string `json:"url"`
+	Healthy  bool   `json:"healthy"`
+	InFlight int64  `json:"in_flight"`
+	// Running and Waiting are the engine's own gauges when scraped; nil
+	// when unknown. Capacity is the engine's batch slots when configured.
+	Running  *float64 `json:"running,omitempty"`
+	Waiting  *float64 `json:"waiting,omitempty"`
+	Capacity int      `json:"capacity,omitempty"`
+}
+
+// StatsSnapshot is the JSON of /debug/stats.
+type StatsSnapshot struct {
+	Node        string        `json:"node"`
+	Region      string        `json:"region"`
+	GeneratedAt time.Time     `json:"generated_at"`
+	UptimeS     float64       `json:"uptime_s"`
+	InFlight    int64         `json:"in_flight"`
+	SLO         SLOMillis     `json:"slo"`
+	Routes      []RouteStats  `json:"routes"`
+	Backends    []BackendStat `json:"backends"`
+	Tenants     []TenantStat  `json:"tenants_nearest_limits"`
+}
+
+// Snapshot returns the node's current stats.
+func (h *Handler) Snapshot() StatsSnapshot {
+	now := time.Now()
+	st := h.state.Load()
+	slo := st.Config.SLO
+	snap := StatsSnapshot{
+		Node: h.node, Region: h.region, GeneratedAt: now.UTC(), UptimeS: now.Sub(h.started).Round(time.Second).Seconds(),
+		InFlight: h.inflight.Load(),
+		SLO:      SLOMillis{TTFTP95: millis(slo.TTFTP95), ITLP99: millis(slo.ITLP99), E2EP99: millis(slo.E2EP99)},
+		Routes:   []RouteStats{}, Backends: []BackendStat{}, Tenants: []TenantStat{},
+	}
+	if h.stats != nil {
+		snap.Routes = h.stats.routesSnapshot()
+		snap.Tenants = h.stats.nearestTenants(10)
+	}
+	seen := map[string]bool{}
+	for _, r := range st.Routes.Routes() {
+		p := r.Pool
+		if seen[p.Name()] {
+			continue
+		}
+		seen[p.Name()] = true
+		for _, b := range p.Backends() {
+			snap.Backends = append(snap.Backends, BackendStat{
+				Pool: p.Name(), URL: b.URL.String(), Healthy: b.Healthy(now), InFlight: b.InFlight(),
+			})
+		}
+	}
+	return snap
+}

@@ -1,0 +1,237 @@
+package proxy
+
+import (
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Stages reported in Server-Timing, metrics, the access log and /debug/stats.
+// Each is a duration between two marks of the request's timeline; see
+// docs/TIMING.md for the exact definitions.
+const (
+	StageNetRTT   = "net-rtt"  // transport round-trip time estimate
+	StageTLS      = "tls"      // TLS/QUIC handshake, first request of a connection
+	StageAuth     = "auth"     // request start → tenant known
+	StageRecv     = "recv"     // → request body read
+	StageRoute    = "route"    // → body parsed, route matched
+	StageLimit    = "limit"    // → limiter decision
+	StageQueue    = "queue"    // edge admission queue wait
+	StageUpstream = "upstream" // backend picked → backend response headers (all attempts)
+	StagePrefill  = "prefill"  // backend headers → first token
+	StageTTFT     = "ttft"     // request start → first token written
+	StageEdge     = "edge"     // Sluice's own share of ttft
+	StageDecode   = "decode"   // first token → last token
+	StageE2E      = "e2e"      // request start → end
+	StageITL      = "itl"      // inter-token latency (one sample per gap)
+)
+
+// headerStages are the stages of the initial Server-Timing header, in order.
+var headerStages = []string{StageNetRTT, StageTLS, StageAuth, StageRecv, StageRoute, StageLimit,
+	StageQueue, StageUpstream, StagePrefill, StageTTFT, StageEdge}
+
+// timingCommentHeader lets a client ask for the final timing as an SSE
+// comment line (for browsers' EventSource, which cannot read trailers).
+const timingCommentHeader = "X-Sluice-Timing"
+
+// maxITLSamples bounds the inter-token samples kept per request; beyond it
+// the ITL percentiles cover the first samples only (4 bytes each).
+const maxITLSamples = 1 << 16
+
+var itlPool = sync.Pool{New: func() any { s := make([]uint32, 0, 256); return &s }}
+
+// tokenAt records a token event at t: an ITL sample for every token after
+// the first.
+func (x *exchange) tokenAt(t time.Time) {
+	if !x.lastTokenAt.IsZero() {
+		if x.itl == nil {
+			x.itl = itlPool.Get().(*[]uint32)
+		}
+		if len(*x.itl) < maxITLSamples {
+			*x.itl = append(*x.itl, uint32(min(t.Sub(x.lastTokenAt).Microseconds(), math.MaxUint32)))
+		}
+	}
+	x.lastTokenAt = t
+}
+
+// releaseITL returns the sample buffer to its pool.
+func (x *exchange) releaseITL() {
+	if x.itl != nil {
+		*x.itl = (*x.itl)[:0]
+		itlPool.Put(x.itl)
+		x.itl = nil
+	}
+}
+
+// stage returns a stage's duration and whether it was measured.
+func (x *exchange) stage(name string) (time.Duration, bool) {
+	between := func(a, b time.Time) (time.Duration, bool) {
+		if a.IsZero() || b.IsZero() {
+			return 0, false
+		}
+		return max(b.Sub(a), 0), true
+	}
+	switch name {
+	case StageNetRTT:
+		return x.conn.rtt()
+	case StageTLS:
+		return x.conn.Handshake, x.conn.Handshake > 0
+	case StageAuth:
+		return between(x.start, x.authDone)
+	case StageRecv:
+		return between(x.authDone, x.bodyRead)
+	case StageRoute:
+		return between(x.bodyRead, x.routed)
+	case StageLimit:
+		return between(x.routed, x.limited)
+	case StageQueue:
+		return x.queueWait, !x.limited.IsZero() && x.route != nil
+	case StageUpstream:
+		return between(x.picked, x.upstreamHeaders)
+	case StagePrefill:
+		return between(x.upstreamHeaders, x.firstToken)
+	case StageTTFT:
+		return between(x.start, x.firstToken)
+	case StageEdge:
+		ttft, ok := between(x.start, x.firstToken)
+		if !ok {
+			return 0, false
+		}
+		up, _ := between(x.picked, x.firstToken)
+		recv, _ := between(x.authDone, x.bodyRead)
+		return max(ttft-up-recv-x.queueWait, 0), true
+	case StageDecode:
+		return between(x.firstToken, x.lastToken)
+	}
+	return 0, false
+}
+
+// appendMetric appends one W3C Server-Timing entry: name;dur=<ms>.
+func appendMetric(b []byte, name string, ms float64) []byte {
+	if len(b) > 0 {
+		b = append(b, ", "...)
+	}
+	b = append(b, name...)
+	b = append(b, ";dur="...)
+	return strconv.AppendFloat(b, ms, 'f', 3, 64)
+}
+
+func millis(d time.Duration) float64 { return float64(d) / 1e6 }
+
+// serverTiming is the initial Server-Timing value: every stage measured so
+// far.
+func (x *exchange) serverTiming() string {
+	b := make([]byte, 0, 256)
+	for _, s := range headerStages {
+		if d, ok := x.stage(s); ok {
+			b = appendMetric(b, s, millis(d))
+		}
+	}
+	return string(b)
+}
+
+// itlPercentiles returns the P50, P99 and max of the ITL samples.
+func (x *exchange) itlPercentiles() (p50, p99, maxd time.Duration, n int) {
+	if x.itl == nil || len(*x.itl) == 0 {
+		return 0, 0, 0, 0
+	}
+	s := slices.Clone(*x.itl)
+	slices.Sort(s)
+	rank := func(p float64) time.Duration {
+		i := int(math.Ceil(p*float64(len(s)))) - 1
+		return time.Duration(s[max(i, 0)]) * time.Microsecond
+	}
+	return rank(0.50), rank(0.99), time.Duration(s[len(s)-1]) * time.Microsecond, len(s)
+}
+
+// finalTiming is the end-of-stream timing: decode, ITL percentiles, output
+// tokens and tokens per second ("dur" carries the count and the rate).
+func (x *exchange) finalTiming() string {
+	b := make([]byte, 0, 160)
+	decode, _ := x.stage(StageDecode)
+	b = appendMetric(b, StageDecode, millis(decode))
+	p50, p99, mx, _ := x.itlPercentiles()
+	b = appendMetric(b, "itl-p50", millis(p50))
+	b = appendMetric(b, "itl-p99", millis(p99))
+	b = appendMetric(b, "itl-max", millis(mx))
+	tokens := x.outputTokens()
+	b = appendMetric(b, "tokens", float64(tokens))
+	tps := 0.0
+	if decode > 0 && tokens > 1 {
+		tps = float64(tokens-1) / decode.Seconds()
+	}
+	b = appendMetric(b, "tps", math.Round(tps*10)/10)
+	return string(b)
+}
+
+// outputTokens is the backend's count when it reported usage, else the
+// number of token events relayed.
+func (x *exchange) outputTokens() int64 {
+	if x.usage != nil {
+		return x.usage.OutputTokens
+	}
+	return x.tokens
+}
+
+// wantsTrailer reports whether the client can receive a Server-Timing
+// trailer: always on HTTP/2 and HTTP/3, on HTTP/1.1 only when it sent
+// "TE: trailers".
+func wantsTrailer(r *http.Request) bool {
+	if r.ProtoMajor >= 2 {
+		return true
+	}
+	for _, v := range r.Header.Values("Te") {
+		for _, f := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(strings.SplitN(f, ";", 2)[0]), "trailers") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// wantsTimingComment reports whether the final timing goes into the stream
+// as an SSE comment: asked by the client ("X-Sluice-Timing: comment") or
+// set on the route.
+func (x *exchange) wantsTimingComment() bool {
+	return x.route.TimingComment || strings.EqualFold(x.r.Header.Get(timingCommentHeader), "comment")
+}
+
+// timingComment is the final timing as an SSE comment line.
+func (x *exchange) timingComment() []byte {
+	return []byte(": server-timing " + x.finalTiming() + "\n\n")
+}
+
+// setTrailer sets the Server-Timing trailer when the client can read it.
+func (x *exchange) setTrailer() {
+	if wantsTrailer(x.r) {
+		x.w.Header().Set(http.TrailerPrefix+"Server-Timing", x.finalTiming())
+	}
+}
+
+// rtt returns the connection's RTT estimate, if known.
+func (c ConnInfo) rtt() (time.Duration, bool) {
+	if c.RTT == nil {
+		return 0, false
+	}
+	d := c.RTT()
+	return d, d > 0
+}
+
+// protoOf names a request's protocol for metrics and logs.
+func protoOf(r *http.Request, c ConnInfo) string {
+	if c.Proto != "" {
+		return c.Proto
+	}
+	switch r.ProtoMajor {
+	case 2:
+		return "h2"
+	case 3:
+		return "h3"
+	}
+	return "h1"
+}
