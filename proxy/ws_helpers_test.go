@@ -28,14 +28,7 @@ type wsFrame struct {
 		CompletionTokens int64 `json:"completion_tokens"`
 		TotalTokens      int64 `json:"total_tokens"`
 	} `json:"usage"`
-	Timing *struct {
-		TTFT     *float64           `json:"ttft_ms"`
-		Duration float64            `json:"duration_ms"`
-		Tokens   int64              `json:"tokens"`
-		Stages   map[string]float64 `json:"stages"`
-		ITLP50   *float64           `json:"itl_p50_ms"`
-		ITLP99   *float64           `json:"itl_p99_ms"`
-	} `json:"timing"`
+	Timing map[string]float64 `json:"timing"`
 	Status int `json:"status"`
 	Error  *struct {
 		Message string `json:"message"`

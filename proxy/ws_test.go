@@ -77,19 +77,19 @@ func TestWSBridgeConcurrentRequests(t *testing.T) {
 			t.Fatalf("%s: usage %+v; want 12 completion tokens and a prompt count", id, d.Usage)
 		}
 		tm := d.Timing
-		if tm == nil || tm.TTFT == nil || *tm.TTFT <= 0 || tm.Duration < *tm.TTFT || tm.Tokens != 12 {
-			t.Fatalf("%s: timing %+v; want ttft > 0, duration ≥ ttft, 12 tokens", id, tm)
+		if tm["ttft"] <= 0 || tm["e2e"] < tm["ttft"] || tm["tokens"] != 12 || tm["decode"] <= 0 {
+			t.Fatalf("%s: timing %v; want ttft > 0, e2e ≥ ttft, decode, 12 tokens", id, tm)
 		}
-		for _, stage := range []string{"auth", "route", "upstream", "prefill", "ttft", "decode"} {
-			if _, ok := tm.Stages[stage]; !ok {
-				t.Fatalf("%s: timing stages %v lack %q", id, tm.Stages, stage)
+		for _, stage := range []string{"auth", "route", "upstream", "prefill", "edge", "itl-p50", "itl-p99", "tps"} {
+			if _, ok := tm[stage]; !ok {
+				t.Fatalf("%s: timing %v lacks %q", id, tm, stage)
 			}
 		}
-		if _, ok := tm.Stages["tls"]; ok {
-			t.Fatalf("%s: a request on an open socket reports a TLS handshake: %v", id, tm.Stages)
+		if _, ok := tm["tls"]; ok {
+			t.Fatalf("%s: a request on an open socket reports a TLS handshake: %v", id, tm)
 		}
-		if tm.ITLP50 == nil || tm.ITLP99 == nil || *tm.ITLP99 < *tm.ITLP50 {
-			t.Fatalf("%s: itl p50 %v p99 %v; want both, p99 ≥ p50", id, tm.ITLP50, tm.ITLP99)
+		if tm["itl-p99"] < tm["itl-p50"] {
+			t.Fatalf("%s: itl p99 %v < p50 %v", id, tm["itl-p99"], tm["itl-p50"])
 		}
 		if d.RequestID == "" {
 			t.Fatalf("%s: done frame without request_id", id)

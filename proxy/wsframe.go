@@ -158,55 +158,51 @@ type usageJSON struct {
 	TotalTokens      int64 `json:"total_tokens"`
 }
 
-// timingJSON is what the pipeline measured for one request. Times are
-// milliseconds from the moment the request frame was taken up.
-type timingJSON struct {
-	// TTFT is the time to the first token (first event) at the edge;
-	// absent when none arrived.
-	TTFT *float64 `json:"ttft_ms,omitempty"`
-	// Duration is the whole request, up to the last event.
-	Duration float64 `json:"duration_ms"`
-	// Tokens counts the events that carried generated text.
-	Tokens int64 `json:"tokens"`
-	// Stages are the pipeline's stages (the Server-Timing names: auth,
-	// recv, route, limit, queue, upstream, prefill, ttft, edge, decode, …)
-	// that were measured.
-	Stages map[string]float64 `json:"stages,omitempty"`
-	// ITLP50 and ITLP99 are inter-token latency percentiles, when the
-	// stream had at least two tokens.
-	ITLP50 *float64 `json:"itl_p50_ms,omitempty"`
-	ITLP99 *float64 `json:"itl_p99_ms,omitempty"`
-}
-
-// timingOf collects x's measurements for a done frame.
-func timingOf(x *exchange, now time.Time) timingJSON {
-	end := x.lastToken
-	if end.IsZero() {
-		end = now
+// timingJSON is what the pipeline measured for one request, as a JSON
+// object in Server-Timing order with Server-Timing's names: every stage
+// measured (milliseconds; see docs/TIMING.md), then decode, the ITL
+// percentiles and maximum (ms), tokens (the output token count), tps (tokens
+// per second while decoding) and e2e (ms, the whole request at the edge).
+func timingJSON(x *exchange, now time.Time) json.RawMessage {
+	b := make([]byte, 0, 256)
+	add := func(name string, v float64) {
+		if len(b) == 0 {
+			b = append(b, '{')
+		} else {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, name)
+		b = append(b, ':')
+		b = strconv.AppendFloat(b, v, 'f', -1, 64)
 	}
-	t := timingJSON{Duration: roundMillis(end.Sub(x.start)), Tokens: x.tokens, Stages: map[string]float64{}}
-	if !x.firstToken.IsZero() {
-		v := roundMillis(x.firstToken.Sub(x.start))
-		t.TTFT = &v
-	}
-	for _, s := range append(headerStages[:len(headerStages):len(headerStages)], StageDecode) {
+	for _, s := range headerStages {
 		if d, ok := x.stage(s); ok {
-			t.Stages[s] = roundMillis(d)
+			add(s, roundMillis(d))
 		}
 	}
-	if p50, p99, _, n := x.itlPercentiles(); n > 0 {
-		a, b := roundMillis(p50), roundMillis(p99)
-		t.ITLP50, t.ITLP99 = &a, &b
+	if d, ok := x.stage(StageDecode); ok {
+		add(StageDecode, roundMillis(d))
+		tokens := x.outputTokens()
+		if p50, p99, mx, n := x.itlPercentiles(); n > 0 {
+			add("itl-p50", roundMillis(p50))
+			add("itl-p99", roundMillis(p99))
+			add("itl-max", roundMillis(mx))
+		}
+		add("tokens", float64(tokens))
+		if d > 0 && tokens > 1 {
+			add("tps", math.Round(float64(tokens-1)/d.Seconds()*10)/10)
+		}
 	}
-	return t
+	add(StageE2E, roundMillis(now.Sub(x.start)))
+	return append(b, '}')
 }
 
 type doneFrame struct {
-	Type      string     `json:"type"`
-	ID        string     `json:"id"`
-	RequestID string     `json:"request_id,omitempty"`
-	Usage     *usageJSON `json:"usage"`
-	Timing    timingJSON `json:"timing"`
+	Type      string          `json:"type"`
+	ID        string          `json:"id"`
+	RequestID string          `json:"request_id,omitempty"`
+	Usage     *usageJSON      `json:"usage"`
+	Timing    json.RawMessage `json:"timing"`
 }
 
 type errorFrame struct {
@@ -293,7 +289,7 @@ type outcome struct {
 	err        error
 	usage      *limiter.Usage
 	retryAfter time.Duration // a limiter refusal's exact wait
-	timing     timingJSON
+	timing     json.RawMessage
 }
 
 type outcomeKey struct{}
@@ -301,7 +297,7 @@ type outcomeKey struct{}
 // record copies x's results into the outcome.
 func (o *outcome) record(x *exchange) {
 	o.id, o.err, o.usage = x.id, x.err, x.usage
-	o.timing = timingOf(x, time.Now())
+	o.timing = timingJSON(x, time.Now())
 	var rf *refusal
 	if errors.As(x.err, &rf) {
 		o.retryAfter = rf.d.RetryAfter
