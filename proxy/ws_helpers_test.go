@@ -29,7 +29,7 @@ type wsFrame struct {
 		TotalTokens      int64 `json:"total_tokens"`
 	} `json:"usage"`
 	Timing map[string]float64 `json:"timing"`
-	Status int `json:"status"`
+	Status int                `json:"status"`
 	Error  *struct {
 		Message string `json:"message"`
 		Type    string `json:"type"`
