@@ -504,13 +504,13 @@ func TestWSBridgeIdleTimeout(t *testing.T) {
 		c.IdleTimeout = 300 * time.Millisecond
 		c.PingInterval = 50 * time.Millisecond
 	}, nil)
+	start := time.Now()
 	c := dialWS(t, wsURL(e), keyHeader())
 	pings := atomic.Int32{}
 	c.SetPingHandler(func(data string) error {
 		pings.Add(1)
 		return c.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(time.Second))
 	})
-	start := time.Now()
 	if code, _ := closeCode(t, c, 5*time.Second); code != websocket.CloseNormalClosure {
 		t.Fatalf("close code %d; want 1000", code)
 	}
