@@ -458,7 +458,7 @@ func TestWSBridgeDrain(t *testing.T) {
 	request(t, busy, "long", `{"model":"sim-small","stream":true,"max_tokens":5000,"messages":[{"role":"user","content":"x"}]}`)
 	waitFor(t, 3*time.Second, "both running", func() bool { return sim.Stats().Running == 2 })
 
-	ctx, cancel := context.WithTimeout(context.Background(), 800*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
 	shut := make(chan error, 1)
 	go func() { shut <- e.server.Shutdown(ctx) }()
