@@ -6,7 +6,7 @@ import (
 	"net/http"
 )
 
-// maxErrorBody bounds the body of a non-200 response turned into an error
+// maxErrorBody bounds the body of a non-200 response kept for its error
 // frame.
 const maxErrorBody = 64 << 10
 
@@ -50,15 +50,14 @@ func (w *wsResponse) Write(p []byte) (int, error) {
 		return 0, w.failed
 	}
 	if !w.stream {
-		limit := maxErrorBody
-		if w.status == http.StatusOK {
-			limit = maxEventBytes * 64
-		}
-		if len(w.body)+len(p) > limit {
-			p = p[:max(limit-len(w.body), 0)]
+		// A whole body, sent as one frame at the end. The pipeline bounds
+		// a successful one (max_response_bytes); an error body is cut.
+		n := len(p)
+		if w.status != http.StatusOK && len(w.body)+n > maxErrorBody {
+			p = p[:max(maxErrorBody-len(w.body), 0)]
 		}
 		w.body = append(w.body, p...)
-		return len(p), nil
+		return n, nil
 	}
 	data := p
 	if len(w.pending) > 0 {
