@@ -23,7 +23,8 @@ func (x *exchange) passthrough(route *routing.Route) error {
 	r := x.r
 	cfg := x.st.Config.WebSocket
 	x.route = route
-	x.bodyRead = time.Now()
+	x.bodyRead = time.Now() // no body; the route is the path's
+	x.routed = x.bodyRead
 	if !websocket.IsWebSocketUpgrade(r) || r.Method != http.MethodGet {
 		x.w.Header().Set("Upgrade", "websocket")
 		return &apiError{Status: http.StatusUpgradeRequired, Type: "invalid_request_error", Code: "upgrade_required",
