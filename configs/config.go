@@ -54,7 +54,8 @@ type Listeners struct {
 	// HTTP is a cleartext listener serving HTTP/1.1 and HTTP/2 (h2c).
 	// Empty means none.
 	HTTP string `yaml:"http"`
-	// HTTPS is a TLS listener serving HTTP/1.1 and HTTP/2. Nil means none.
+	// HTTPS is a TLS listener serving HTTP/1.1 and HTTP/2, with HTTP/3 on
+	// the same port number over UDP. Nil means none.
 	HTTPS *HTTPS `yaml:"https"`
 	// Admin serves /healthz, /readyz and /metrics. Empty means none.
 	Admin string `yaml:"admin"`
@@ -65,6 +66,9 @@ type HTTPS struct {
 	// Addr is the listen address, e.g. "0.0.0.0:443".
 	Addr         string `yaml:"addr"`
 	certs.Config `yaml:",inline"`
+	// HTTP3 configures HTTP/3 over QUIC beside the TLS listener (on by
+	// default, on the same port number over UDP).
+	HTTP3 proxy.HTTP3Config `yaml:"http3"`
 }
 
 // Simulator is a simulated GPU backend started inside the Sluice process;
@@ -124,6 +128,9 @@ func (c *Config) applyDefaults() {
 		c.Node.DrainTimeout = 30 * time.Second
 	}
 	c.Proxy = c.Proxy.WithDefaults()
+	if c.Listeners.HTTPS != nil {
+		c.Listeners.HTTPS.HTTP3 = c.Listeners.HTTPS.HTTP3.WithDefaults()
+	}
 	if c.Redis.Enabled() {
 		c.Redis = c.Redis.WithDefaults()
 	}

@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"crypto/x509"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -26,11 +27,12 @@ func (v *validator) errorf(path, format string, args ...any) {
 }
 
 func (v *validator) validate() {
-	v.listeners()
+	leaves := v.listeners()
 	v.proxy()
 	v.simulators()
 	pools := v.pools()
 	v.routes(pools)
+	v.routeHosts(leaves)
 	v.tenants()
 	v.redis()
 }
@@ -74,7 +76,9 @@ func (v *validator) addr(path, addr string) {
 	}
 }
 
-func (v *validator) listeners() {
+// listeners checks the listeners; it returns the leaf certificates of the
+// HTTPS listener's pairs when every one of them loaded.
+func (v *validator) listeners() []*x509.Certificate {
 	l := v.c.Listeners
 	if l.HTTP == "" && l.HTTPS == nil {
 		v.errorf("listeners", "listeners: set at least one of http or https")
@@ -99,7 +103,26 @@ func (v *validator) listeners() {
 		default:
 			v.errorf("listeners.https.min_version", "listeners.https.min_version: %q is not supported (use \"1.2\" or \"1.3\")", s.MinVersion)
 		}
-		v.certificates(s)
+		v.http3(s)
+		return v.certificates(s)
+	}
+	return nil
+}
+
+func (v *validator) http3(s *HTTPS) {
+	h := s.HTTP3
+	if !h.On() {
+		return
+	}
+	if h.Addr != "" {
+		v.addr("listeners.https.http3.addr", h.Addr)
+	}
+	if h.MaxIncomingStreams < 0 || h.MaxIncomingStreams > 1<<20 {
+		v.errorf("listeners.https.http3.max_incoming_streams",
+			"listeners.https.http3.max_incoming_streams: %d is out of range (1 to 1048576)", h.MaxIncomingStreams)
+	}
+	if h.IdleTimeout < time.Second {
+		v.errorf("listeners.https.http3.idle_timeout", "listeners.https.http3.idle_timeout: %v is too short (at least 1s)", h.IdleTimeout)
 	}
 }
 
@@ -174,8 +197,54 @@ func (v *validator) pools() map[string]bool {
 		for j, b := range p.Backends {
 			v.backend(fmt.Sprintf("%s.backends[%d]", path, j), b)
 		}
+		v.upstream(path, p)
 	}
 	return names
+}
+
+// upstream checks a pool's HTTP/2 choice and upstream TLS files.
+func (v *validator) upstream(path string, p routing.PoolConfig) {
+	switch p.HTTP2 {
+	case routing.HTTP2Auto, routing.HTTP2On, routing.HTTP2Off:
+	default:
+		v.errorf(path+".http2", "pool %q: http2 %q must be auto, on or off", p.Name, p.HTTP2)
+	}
+	if p.H2C && p.HTTP2 == routing.HTTP2Off {
+		v.errorf(path+".h2c", "pool %q: h2c needs http2 auto or on, not off", p.Name)
+	}
+	t := p.TLS
+	if t == nil {
+		return
+	}
+	tp := path + ".tls"
+	if !hasHTTPSBackend(p) {
+		v.errorf(tp, "pool %q: tls is set but no backend url is https://", p.Name)
+	}
+	if t.CAFile != "" {
+		if _, err := proxy.LoadCAFile(t.CAFile); err != nil {
+			v.errorf(tp+".ca_file", "pool %q: %v", p.Name, err)
+		}
+	}
+	switch {
+	case t.CertFile != "" && t.KeyFile != "":
+		pair := certs.Pair{CertFile: t.CertFile, KeyFile: t.KeyFile}
+		if _, err := certs.CheckPair(pair, time.Now()); err != nil {
+			v.errorf(tp+".cert_file", "pool %q: client certificate: %v", p.Name, err)
+		}
+	case t.CertFile != "":
+		v.errorf(tp+".cert_file", "pool %q: tls.cert_file needs tls.key_file", p.Name)
+	case t.KeyFile != "":
+		v.errorf(tp+".key_file", "pool %q: tls.key_file needs tls.cert_file", p.Name)
+	}
+}
+
+func hasHTTPSBackend(p routing.PoolConfig) bool {
+	for _, b := range p.Backends {
+		if strings.HasPrefix(b.URL, "https://") {
+			return true
+		}
+	}
+	return false
 }
 
 func (v *validator) backend(path string, b routing.BackendConfig) {
@@ -289,15 +358,45 @@ func (v *validator) limits(path string, l limiter.Limits) {
 	}
 }
 
-func (v *validator) certificates(s *HTTPS) {
+// certificates checks each pair's files and returns their leaves, or nil
+// if any pair failed.
+func (v *validator) certificates(s *HTTPS) []*x509.Certificate {
+	var leaves []*x509.Certificate
+	ok := true
 	for i, p := range s.Certificates {
 		path := fmt.Sprintf("listeners.https.certificates[%d]", i)
 		if p.CertFile == "" || p.KeyFile == "" {
 			v.errorf(path, "%s: cert_file and key_file are required", path)
+			ok = false
 			continue
 		}
-		if _, err := certs.CheckPair(p, time.Now()); err != nil {
+		leaf, err := certs.CheckPair(p, time.Now())
+		if err != nil {
 			v.errorf(path, "%s: %v", path, err)
+			ok = false
+			continue
+		}
+		leaves = append(leaves, leaf)
+	}
+	if !ok {
+		return nil
+	}
+	return leaves
+}
+
+// routeHosts checks that a certificate of the HTTPS listener covers every
+// route's host, so that clients do not fail verification. The development
+// certificate (localhost only) turns the check off, as do certificates
+// that failed to load (already reported).
+func (v *validator) routeHosts(leaves []*x509.Certificate) {
+	s := v.c.Listeners.HTTPS
+	if s == nil || s.DevCert || len(leaves) == 0 {
+		return
+	}
+	for i, r := range v.c.Routes {
+		if r.Host != "" && !certs.Covers(leaves, r.Host) {
+			path := fmt.Sprintf("routes[%d].host", i)
+			v.errorf(path, "routes[%d]: no certificate of listeners.https covers host %q", i, r.Host)
 		}
 	}
 }

@@ -118,7 +118,7 @@ func (x *exchange) attempt(b *routing.Backend) error {
 	if err != nil {
 		return err
 	}
-	resp, err := x.h.transport.RoundTrip(req)
+	resp, err := x.transport().RoundTrip(req)
 	if err != nil {
 		err = causeOf(ctx, err)
 		if x.r.Context().Err() == nil {

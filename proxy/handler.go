@@ -29,6 +29,10 @@ type State struct {
 	Routes  *routing.Table
 	// Limiter enforces tenant limits. Nil means no limits.
 	Limiter Limiter
+	// Transports carry requests to each pool's backends, keyed by pool
+	// name (see NewPoolTransport). A pool without one uses the handler's
+	// transport.
+	Transports map[string]http.RoundTripper
 }
 
 // Options configures a Handler.
@@ -100,6 +104,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	x := &exchange{h: h, st: st, w: w, r: r, start: time.Now()}
 	x.conn, _ = ConnInfoFrom(r.Context())
+	if o := outcomeOf(r.Context()); o != nil {
+		x.conn = o.conn // a request over the WebSocket bridge
+	}
 	x.id = requestID(r.Header.Get("X-Request-Id"))
 	hdr := w.Header()
 	hdr.Set("X-Request-Id", x.id)
@@ -288,7 +295,7 @@ func (x *exchange) finish() {
 		}
 		cancel()
 	}
-	if o, ok := x.r.Context().Value(outcomeKey{}).(*outcome); ok {
+	if o := outcomeOf(x.r.Context()); o != nil {
 		o.record(x) // a bridged request: the bridge reports it
 	}
 	x.h.observe(x)

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
@@ -10,10 +11,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quic-go/quic-go/http3"
 
 	"github.com/sluice-proxy/sluice/internal/gpusim"
 	"github.com/sluice-proxy/sluice/limiter"
@@ -46,6 +49,8 @@ type testEdge struct {
 	server  *proxy.Server
 	http    string // http://host:port (HTTP/1.1 and h2c)
 	https   string // https://host:port (HTTP/1.1 and h2)
+	h3      string // https://host:port of the UDP listener (HTTP/3)
+	log     *logBuffer
 }
 
 type edgeOpts struct {
@@ -55,8 +60,11 @@ type edgeOpts struct {
 	extra   []routing.PoolConfig
 	limits  limiter.Limits // the test tenant's limits
 	limiter proxy.Limiter  // nil: none
-	log     *slog.Logger   // access log; nil: discarded
+	log     *slog.Logger   // access log; nil: JSON lines into testEdge.log
 	metrics *proxy.Metrics // nil: none
+	http3   proxy.HTTP3Config
+	tls     *tls.Config // nil: httptest's certificate
+	quic    *tls.Config // nil: derived from tls
 }
 
 // startEdge serves a handler for one pool of backends with the given routes
@@ -67,12 +75,19 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		o.pool.Name = "p"
 	}
 	pools := map[string]*routing.Pool{}
+	transports := map[string]http.RoundTripper{}
 	for _, pc := range append([]routing.PoolConfig{o.pool}, o.extra...) {
 		p, err := routing.NewPool(pc)
 		if err != nil {
 			t.Fatal(err)
 		}
 		pools[pc.Name] = p
+		tr, err := proxy.NewPoolTransport(o.proxy, p.Config())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(tr.CloseIdleConnections)
+		transports[pc.Name] = tr
 	}
 	if len(o.routes) == 0 {
 		o.routes = []routing.RouteConfig{{Pool: o.pool.Name}}
@@ -86,14 +101,23 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		Tenants: proxy.NewTenants([]proxy.TenantConfig{
 			{ID: "t1", Keys: []string{proxy.HashKey(testKey)}, Limits: o.limits},
 		}),
-		Routes:  routing.NewTable(routes),
-		Limiter: o.limiter,
+		Routes:     routing.NewTable(routes),
+		Limiter:    o.limiter,
+		Transports: transports,
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logs := &logBuffer{}
+	if o.log == nil {
+		o.log = slog.New(slog.NewJSONHandler(logs, nil))
+	}
 	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, AccessLog: o.log,
 		Metrics: o.metrics, Stats: proxy.NewStats()})
+	if o.tls == nil {
+		o.tls = testTLSConfig(t)
+	}
 	srv := &proxy.Server{
-		Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: testTLSConfig(t), Log: log,
+		Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: o.tls,
+		HTTP3: o.http3, QUICTLSConfig: o.quic, Log: log,
 	}
 	if err := srv.Listen(); err != nil {
 		t.Fatal(err)
@@ -104,7 +128,38 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		handler: h, server: srv,
 		http:  "http://" + srv.Addr(proxy.ListenerHTTP),
 		https: "https://" + srv.Addr(proxy.ListenerHTTPS),
+		h3:    "https://" + srv.Addr(proxy.ListenerHTTP3),
+		log:   logs,
 	}
+}
+
+// logBuffer collects a server's JSON log lines; safe for concurrent use.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// lines returns the log lines that contain every one of subs.
+func (b *logBuffer) lines(subs ...string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for _, l := range strings.Split(b.buf.String(), "\n") {
+		ok := l != ""
+		for _, s := range subs {
+			ok = ok && strings.Contains(l, s)
+		}
+		if ok {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // testTLSConfig uses httptest's certificate for the TLS listener.
@@ -140,6 +195,17 @@ func h2Client() *http.Client {
 	var p http.Protocols
 	p.SetHTTP2(true)
 	return &http.Client{Transport: &http.Transport{Protocols: &p, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+}
+
+// h3Client speaks HTTP/3 (quic-go's client) and trusts any certificate.
+func h3Client(t testing.TB) *http.Client {
+	return h3ClientTLS(t, &tls.Config{InsecureSkipVerify: true})
+}
+
+func h3ClientTLS(t testing.TB, cfg *tls.Config) *http.Client {
+	tr := &http3.Transport{TLSClientConfig: cfg}
+	t.Cleanup(func() { tr.Close() })
+	return &http.Client{Transport: tr}
 }
 
 func chatBody(extra string) string {
@@ -234,6 +300,8 @@ func closedURL(t testing.TB) string {
 	ln.Close()
 	return "http://" + addr
 }
+
+func insecure() *tls.Config { return &tls.Config{InsecureSkipVerify: true} }
 
 // httptestAdmin serves the edge's admin handler on a loopback listener.
 func httptestAdmin(t testing.TB, e *testEdge) string {

@@ -13,9 +13,10 @@ import (
 	"time"
 )
 
-// Server serves a handler on Sluice's TCP listeners: cleartext HTTP/1.1 and
-// h2c, TLS HTTP/1.1 and HTTP/2, and the admin listener. Configure the
-// exported fields, then call Listen, Serve and, to stop, Shutdown.
+// Server serves a handler on Sluice's listeners: cleartext HTTP/1.1 and
+// h2c, TLS HTTP/1.1 and HTTP/2, HTTP/3 over QUIC on the HTTPS port, and the
+// admin listener. Configure the exported fields, then call Listen, Serve
+// and, to stop, Shutdown.
 type Server struct {
 	// Handler serves the proxy listeners.
 	Handler http.Handler
@@ -23,7 +24,15 @@ type Server struct {
 	HTTPAddr string
 	// HTTPSAddr is the TLS listener. Empty: none. TLSConfig must be set.
 	HTTPSAddr string
+	// TLSConfig serves the TLS listener; it must offer ALPN "h2" and
+	// "http/1.1".
 	TLSConfig *tls.Config
+	// HTTP3 configures HTTP/3 beside the TLS listener; the zero value
+	// serves it over UDP on the TLS listener's port number.
+	HTTP3 HTTP3Config
+	// QUICTLSConfig serves HTTP/3 (TLS 1.3, ALPN "h3"). Nil means
+	// TLSConfig prepared with http3.ConfigureTLSConfig.
+	QUICTLSConfig *tls.Config
 	// AdminAddr serves Admin. Empty: none.
 	AdminAddr string
 	Admin     http.Handler
@@ -33,9 +42,13 @@ type Server struct {
 	servers  []*http.Server
 	lns      []net.Listener
 	kinds    []string
+	h3       *h3Listener
+	altSvc   []string // Alt-Svc of TLS responses; nil without HTTP/3
+	udpHint  string
 	base     context.Context
 	stopBase context.CancelCauseFunc
 	active   sync.WaitGroup
+	running  atomic.Int64 // handlers running now (active, readable)
 	draining atomic.Bool
 	drainCh  chan struct{} // closed when Shutdown begins
 	drainMu  sync.Once
@@ -45,11 +58,23 @@ type Server struct {
 const (
 	ListenerHTTP  = "http"
 	ListenerHTTPS = "https"
+	ListenerHTTP3 = "http3" // a UDP address
 	ListenerAdmin = "admin"
 )
 
+const (
+	maxHeaderBytes   = 64 << 10
+	handshakeTimeout = 10 * time.Second
+	// h3CloseGrace is how long Shutdown waits, after the last handler
+	// returned, for HTTP/3 clients to read their final bytes and close.
+	h3CloseGrace = 500 * time.Millisecond
+	// portTries bounds the attempts to find a port number free on both
+	// TCP and UDP when the HTTPS address asks for any port (":0").
+	portTries = 8
+)
+
 // Listen binds every configured listener, or none: an address that cannot
-// be bound is a start-up error naming it.
+// be bound, TCP or UDP, is a start-up error naming it.
 func (s *Server) Listen() error {
 	if s.Log == nil {
 		s.Log = slog.Default()
@@ -57,34 +82,79 @@ func (s *Server) Listen() error {
 	s.drainCh = make(chan struct{})
 	base := context.WithValue(context.Background(), drainKey{}, (<-chan struct{})(s.drainCh))
 	s.base, s.stopBase = context.WithCancelCause(base)
-	type want struct {
-		kind, addr string
-		h          http.Handler
+	err := s.listen()
+	if err != nil {
+		s.closeListeners()
 	}
-	wants := []want{{ListenerHTTP, s.HTTPAddr, s.Handler}, {ListenerHTTPS, s.HTTPSAddr, s.Handler}, {ListenerAdmin, s.AdminAddr, s.Admin}}
-	for _, w := range wants {
-		if w.addr == "" {
-			continue
-		}
-		ln, err := net.Listen("tcp", w.addr)
+	return err
+}
+
+func (s *Server) listen() error {
+	if s.HTTPAddr != "" {
+		ln, err := net.Listen("tcp", s.HTTPAddr)
 		if err != nil {
-			s.closeListeners()
-			return fmt.Errorf("listening on %s (%s): %w", w.addr, w.kind, err)
+			return fmt.Errorf("listening on %s (%s): %w", s.HTTPAddr, ListenerHTTP, err)
 		}
-		srv := s.newServer(w.kind, w.h)
-		if w.kind == ListenerHTTPS {
-			if s.TLSConfig == nil {
-				ln.Close()
-				s.closeListeners()
-				return errors.New("https listener needs a TLS config")
-			}
-			ln = tls.NewListener(ln, s.TLSConfig)
+		s.add(ListenerHTTP, ln, s.Handler)
+	}
+	if s.HTTPSAddr != "" {
+		if err := s.listenHTTPS(); err != nil {
+			return err
 		}
-		s.lns = append(s.lns, ln)
-		s.servers = append(s.servers, srv)
-		s.kinds = append(s.kinds, w.kind)
+	}
+	if s.AdminAddr != "" {
+		ln, err := net.Listen("tcp", s.AdminAddr)
+		if err != nil {
+			return fmt.Errorf("listening on %s (%s): %w", s.AdminAddr, ListenerAdmin, err)
+		}
+		s.add(ListenerAdmin, ln, s.Admin)
 	}
 	return nil
+}
+
+// listenHTTPS binds the TLS listener and, unless disabled, the UDP socket
+// for HTTP/3 on the same port number.
+func (s *Server) listenHTTPS() error {
+	if s.TLSConfig == nil {
+		return errors.New("https listener needs a TLS config")
+	}
+	cfg := s.HTTP3.WithDefaults()
+	for try := 1; ; try++ {
+		ln, err := net.Listen("tcp", s.HTTPSAddr)
+		if err != nil {
+			return fmt.Errorf("listening on %s (%s): %w", s.HTTPSAddr, ListenerHTTPS, err)
+		}
+		if cfg.On() {
+			addr := udpAddrFor(cfg, s.HTTPSAddr, ln.Addr())
+			q, err := s.listenHTTP3(addr, cfg)
+			if err != nil {
+				ln.Close()
+				if anyPort(s.HTTPSAddr) && cfg.Addr == "" && try < portTries {
+					continue // the TCP port's number is taken on UDP; try another
+				}
+				return fmt.Errorf("listening on udp %s (%s): %w", addr, ListenerHTTP3, err)
+			}
+			s.h3 = q
+			s.altSvc = altSvcValue(udpPort(q.udp))
+			s.udpHint = udpBufferHint(q.udp)
+			if s.udpHint != "" {
+				s.Log.Warn("UDP buffers too small for QUIC", "hint", s.udpHint)
+			}
+		}
+		s.add(ListenerHTTPS, newTLSListener(ln, s.TLSConfig, handshakeTimeout, s.Log), s.Handler)
+		return nil
+	}
+}
+
+func anyPort(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	return err == nil && (port == "0" || port == "")
+}
+
+func (s *Server) add(kind string, ln net.Listener, h http.Handler) {
+	s.lns = append(s.lns, ln)
+	s.servers = append(s.servers, s.newServer(kind, h))
+	s.kinds = append(s.kinds, kind)
 }
 
 func (s *Server) newServer(kind string, h http.Handler) *http.Server {
@@ -96,31 +166,62 @@ func (s *Server) newServer(kind string, h http.Handler) *http.Server {
 	case ListenerHTTPS:
 		protos.SetHTTP2(true)
 	}
-	if kind != ListenerAdmin {
-		h = s.track(h)
-	}
-	return &http.Server{
-		Handler:           h,
+	srv := &http.Server{
+		Handler:           s.wrap(kind, h),
 		Protocols:         &protos,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
+		MaxHeaderBytes:    maxHeaderBytes,
 		BaseContext:       func(net.Listener) context.Context { return s.base },
 		ErrorLog:          slog.NewLogLogger(s.Log.Handler(), slog.LevelDebug),
 	}
+	if kind != ListenerAdmin {
+		srv.ConnContext = tcpConnContext
+	}
+	return srv
 }
 
-// track counts running handlers so Shutdown can wait for cancelled ones.
-func (s *Server) track(h http.Handler) http.Handler {
+// wrap runs around the handler of every proxy listener: it counts running
+// handlers (so Shutdown can wait for cancelled ones), notes the
+// connection's facts for ConnInfo, advertises HTTP/3 on TLS responses and,
+// on HTTP/3 with 0-RTT on, refuses unsafe early requests.
+func (s *Server) wrap(kind string, h http.Handler) http.Handler {
+	if kind == ListenerAdmin {
+		return h
+	}
+	var altSvc []string
+	if kind == ListenerHTTPS {
+		altSvc = s.altSvc
+	}
+	early := kind == ListenerHTTP3 && s.HTTP3.Allow0RTT
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.active.Add(1)
-		defer s.active.Done()
+		s.running.Add(1)
+		defer func() { s.running.Add(-1); s.active.Done() }()
+		r = noteRequest(r)
+		if altSvc != nil {
+			w.Header()["Alt-Svc"] = altSvc
+		}
+		if early && r.TLS != nil && !r.TLS.HandshakeComplete && !s.earlyOK(w, r) {
+			return
+		}
 		h.ServeHTTP(w, r)
 	})
 }
 
+// UDPBufferHint is a hint for the operator when the kernel's UDP buffers
+// are smaller than QUIC needs (with the sysctl commands that fix it), or
+// "" when they are large enough or HTTP/3 is off. Valid after Listen.
+func (s *Server) UDPBufferHint() string { return s.udpHint }
+
 // Addr returns the bound address of a listener kind, or "".
 func (s *Server) Addr(kind string) string {
+	if kind == ListenerHTTP3 {
+		if s.h3 == nil {
+			return ""
+		}
+		return s.h3.udp.LocalAddr().String()
+	}
 	for i, k := range s.kinds {
 		if k == kind {
 			return s.lns[i].Addr().String()
@@ -132,7 +233,8 @@ func (s *Server) Addr(kind string) string {
 // Serve serves every listener until Shutdown; it returns the first error
 // other than http.ErrServerClosed.
 func (s *Server) Serve() error {
-	errc := make(chan error, len(s.servers))
+	n := len(s.servers)
+	errc := make(chan error, n+1)
 	for i, srv := range s.servers {
 		go func(srv *http.Server, ln net.Listener) {
 			err := srv.Serve(ln)
@@ -142,8 +244,12 @@ func (s *Server) Serve() error {
 			errc <- err
 		}(srv, s.lns[i])
 	}
+	if s.h3 != nil {
+		n++
+		go func() { errc <- s.h3.serve() }()
+	}
 	var first error
-	for range s.servers {
+	for range n {
 		if err := <-errc; err != nil && first == nil {
 			first = err
 			go s.Close()
@@ -155,12 +261,18 @@ func (s *Server) Serve() error {
 // Draining reports whether Shutdown has begun.
 func (s *Server) Draining() bool { return s.draining.Load() }
 
-// Shutdown stops accepting connections and lets running requests finish
-// until ctx is done; then it cancels the rest (streams end with an error
-// event saying the node is shutting down) and closes everything.
+// Shutdown stops accepting connections (HTTP/3 clients get GOAWAY) and lets
+// running requests finish until ctx is done; then it cancels the rest
+// (streams end with an error event saying the node is shutting down) and
+// closes everything.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
 	s.drainMu.Do(func() { close(s.drainCh) })
+	var h3drained <-chan struct{}
+	if s.h3 != nil {
+		s.h3.shutdown()
+		h3drained = s.h3.drained
+	}
 	var wg sync.WaitGroup
 	for _, srv := range s.servers {
 		wg.Add(1)
@@ -170,9 +282,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}(srv)
 	}
 	wg.Wait()
+	if s.h3 != nil {
+		s.waitRequests(ctx, h3drained)
+	}
 	// Hijacked connections (WebSocket) are not tracked by http.Server:
 	// their handlers drain on the drain signal and may run until ctx ends.
-	s.waitActive(ctx)
+	s.waitHandlers(ctx)
 	s.stopBase(errDraining)
 	done := make(chan struct{})
 	go func() { s.active.Wait(); close(done) }()
@@ -181,16 +296,29 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-time.After(5 * time.Second):
 		s.Log.Warn("handlers still running 5s after cancel; closing connections")
 	}
+	if s.h3 != nil {
+		// The cancelled streams' last events are on their way; give
+		// clients a moment to read them and close after the GOAWAY.
+		t := time.NewTimer(h3CloseGrace)
+		select {
+		case <-h3drained:
+		case <-t.C:
+		}
+		t.Stop()
+	}
 	return s.Close()
 }
 
-// waitActive waits until no handler runs or ctx is done.
-func (s *Server) waitActive(ctx context.Context) {
-	done := make(chan struct{})
-	go func() { s.active.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
+// waitHandlers waits until no handler runs or ctx is done.
+func (s *Server) waitHandlers(ctx context.Context) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for s.running.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 
@@ -204,6 +332,23 @@ func drainSignal(ctx context.Context) <-chan struct{} {
 	return ch
 }
 
+// waitRequests waits, after the TCP servers shut down, until the HTTP/3
+// connections have all ended, or no request runs any more (a client may
+// keep an idle connection open after GOAWAY; Close ends it), or ctx is done.
+func (s *Server) waitRequests(ctx context.Context, h3drained <-chan struct{}) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for s.running.Load() > 0 {
+		select {
+		case <-h3drained:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // Close closes every listener and connection at once.
 func (s *Server) Close() error {
 	if s.stopBase != nil {
@@ -215,6 +360,11 @@ func (s *Server) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	if s.h3 != nil {
+		if err := s.h3.close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -222,5 +372,8 @@ func (s *Server) closeListeners() {
 	for _, ln := range s.lns {
 		ln.Close()
 	}
-	s.lns, s.servers, s.kinds = nil, nil, nil
+	if s.h3 != nil {
+		s.h3.close()
+	}
+	s.lns, s.servers, s.kinds, s.h3, s.altSvc = nil, nil, nil, nil, nil
 }

@@ -20,6 +20,10 @@ const (
 	subprotocolKey = "sluice.key."
 )
 
+// ProtoWS is ConnInfo.Proto (and the proto label of metrics and the access
+// log) for requests made over the WebSocket bridge.
+const ProtoWS = "ws"
+
 // Close codes Sluice sends beyond gorilla's constants.
 const (
 	// closeBadGateway (1014, IANA registry) tells a passthrough client that

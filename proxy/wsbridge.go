@@ -69,8 +69,11 @@ type wsConn struct {
 	conn *websocket.Conn
 	up   *http.Request
 	hdr  http.Header // template for each request's headers
-	ctx  context.Context
-	stop context.CancelCauseFunc
+	// connInfo is the socket's connection for its requests: protocol
+	// ProtoWS, no handshake (the socket paid it once).
+	connInfo ConnInfo
+	ctx      context.Context
+	stop     context.CancelCauseFunc
 
 	out        chan *[]byte  // the bounded send queue
 	quit       chan struct{} // closed by serve: the writer stops
@@ -116,6 +119,8 @@ func newWSConn(h *Handler, cfg WebSocketConfig, conn *websocket.Conn, r *http.Re
 		emptied: make(chan struct{}, 1), reqs: map[string]*wsRequest{},
 	}
 	c.ctx, c.stop = context.WithCancelCause(r.Context())
+	c.connInfo, _ = ConnInfoFrom(r.Context())
+	c.connInfo.Proto, c.connInfo.Handshake = ProtoWS, 0
 	c.lastActive.Store(time.Now().UnixNano())
 	return c
 }
@@ -237,11 +242,8 @@ func (c *wsConn) run(rq *wsRequest, f clientFrame) {
 	defer c.release(rq)
 	defer rq.cancel()
 	c.served.Add(1)
-	o := &outcome{}
-	ctx := context.WithValue(rq.ctx, outcomeKey{}, o)
-	ci, _ := ConnInfoFrom(ctx)
-	ci.Proto, ci.Handshake = "ws", 0 // the socket paid the handshake once
-	r := c.request(context.WithValue(ctx, connInfoKey{}, ci), f)
+	o := &outcome{conn: c.connInfo}
+	r := c.request(context.WithValue(rq.ctx, outcomeKey{}, o), f)
 	w := &wsResponse{rq: rq, hdr: http.Header{}, openAI: c.routeKind(r) == routing.KindOpenAI}
 	c.h.ServeHTTP(w, r)
 	if w.status == http.StatusOK && !w.stream && o.err == nil && len(w.body) > 0 {

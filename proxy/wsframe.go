@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"math"
@@ -285,6 +286,7 @@ func mustJSON(v any) json.RawMessage {
 // requests through Handler.ServeHTTP itself (the WebSocket bridge) puts an
 // *outcome in the request's context; finish fills it in.
 type outcome struct {
+	conn       ConnInfo // set by the bridge: the request's connection
 	id         string
 	err        error
 	usage      *limiter.Usage
@@ -293,6 +295,12 @@ type outcome struct {
 }
 
 type outcomeKey struct{}
+
+// outcomeOf returns the outcome a bridged request carries, or nil.
+func outcomeOf(ctx context.Context) *outcome {
+	o, _ := ctx.Value(outcomeKey{}).(*outcome)
+	return o
+}
 
 // record copies x's results into the outcome.
 func (o *outcome) record(x *exchange) {

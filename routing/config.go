@@ -86,6 +86,40 @@ type PoolConfig struct {
 	// EjectFor is the first ejection's length; it doubles with each
 	// consecutive ejection up to 16×. Default 2s.
 	EjectFor time.Duration `yaml:"eject_for"`
+	// TLS configures connections to https:// backends. Nil means the
+	// system's trusted roots and no client certificate.
+	TLS *UpstreamTLS `yaml:"tls"`
+	// HTTP2 says whether to speak HTTP/2 to https:// backends: "auto"
+	// (default: offered in ALPN, used when the backend picks it), "on"
+	// (HTTP/2 only) or "off" (HTTP/1.1 only).
+	HTTP2 string `yaml:"http2"`
+	// H2C speaks cleartext HTTP/2 with prior knowledge to http://
+	// backends (they must support it). Default false: HTTP/1.1.
+	H2C bool `yaml:"h2c"`
+}
+
+// HTTP/2 modes of PoolConfig.HTTP2.
+const (
+	HTTP2Auto = "auto"
+	HTTP2On   = "on"
+	HTTP2Off  = "off"
+)
+
+// UpstreamTLS configures TLS from the proxy to a pool's https:// backends.
+type UpstreamTLS struct {
+	// CAFile is a PEM file of the certificate authorities that sign the
+	// backends' certificates. Empty means the system's trusted roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are the client certificate and key presented
+	// to backends that require one (mutual TLS). Both or neither.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName is the name verified in the backends' certificates (and
+	// sent as SNI). Empty means each backend URL's host.
+	ServerName string `yaml:"server_name"`
+	// InsecureSkipVerify accepts any backend certificate. For tests only:
+	// it gives up protection against an attacker on the path. Default false.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -112,6 +146,9 @@ func (c PoolConfig) WithDefaults() PoolConfig {
 	}
 	if c.EjectFor == 0 {
 		c.EjectFor = 2 * time.Second
+	}
+	if c.HTTP2 == "" {
+		c.HTTP2 = HTTP2Auto
 	}
 	bs := make([]BackendConfig, len(c.Backends))
 	for i, b := range c.Backends {

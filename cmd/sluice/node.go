@@ -100,6 +100,7 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*
 		}
 		go n.certs.Run(ctx)
 		n.server.HTTPSAddr, n.server.TLSConfig = h.Addr, n.certs.TLSConfig()
+		n.server.HTTP3, n.server.QUICTLSConfig = h.HTTP3, n.certs.QUICConfig()
 	}
 	n.server.Admin = proxy.NewAdmin(n.reg, n.server.Draining, n.handler)
 	if err := n.server.Listen(); err != nil {
@@ -162,6 +163,7 @@ func (n *node) close() {
 // resolves "sim://NAME" backends.
 func buildState(cfg *configs.Config, simURLs map[string]string) (*proxy.State, error) {
 	pools := map[string]*routing.Pool{}
+	transports := map[string]http.RoundTripper{}
 	for _, pc := range cfg.Pools {
 		pc.Backends = append([]routing.BackendConfig(nil), pc.Backends...)
 		for i, b := range pc.Backends {
@@ -179,6 +181,11 @@ func buildState(cfg *configs.Config, simURLs map[string]string) (*proxy.State, e
 			return nil, fmt.Errorf("pool %q: %w", pc.Name, err)
 		}
 		pools[pc.Name] = p
+		tr, err := proxy.NewPoolTransport(cfg.Proxy, p.Config())
+		if err != nil {
+			return nil, err
+		}
+		transports[pc.Name] = tr
 	}
 	var routes []*routing.Route
 	for _, rc := range cfg.Routes {
@@ -189,8 +196,9 @@ func buildState(cfg *configs.Config, simURLs map[string]string) (*proxy.State, e
 		routes = append(routes, &routing.Route{RouteConfig: rc, Pool: p})
 	}
 	return &proxy.State{
-		Config:  cfg.Proxy,
-		Tenants: proxy.NewTenants(cfg.Tenants),
-		Routes:  routing.NewTable(routes),
+		Config:     cfg.Proxy,
+		Tenants:    proxy.NewTenants(cfg.Tenants),
+		Routes:     routing.NewTable(routes),
+		Transports: transports,
 	}, nil
 }

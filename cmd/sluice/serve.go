@@ -99,6 +99,9 @@ func printBanner(w io.Writer, n *node, embedded bool) {
 		}
 		fmt.Fprintln(w)
 	}
+	if a := n.server.Addr(proxy.ListenerHTTP3); a != "" {
+		fmt.Fprintf(w, "  http3  https://%s   HTTP/3 over QUIC (UDP), advertised to TLS clients with Alt-Svc\n", a)
+	}
 	if a := n.server.Addr(proxy.ListenerAdmin); a != "" {
 		fmt.Fprintf(w, "  admin  http://%s   /healthz /readyz /metrics\n", a)
 	}
@@ -119,6 +122,7 @@ func printBanner(w io.Writer, n *node, embedded bool) {
 	if embedded && n.handler.State().Tenants.Lookup(demoKey) != nil {
 		key = demoKey
 	}
+	defer printHTTP3(w, n, key, model)
 	if base == "" {
 		return
 	}

@@ -1,0 +1,176 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
+)
+
+// h3Listener is the QUIC side of the HTTPS listener: a UDP socket, the QUIC
+// transport on it, and the HTTP/3 server.
+type h3Listener struct {
+	udp *net.UDPConn
+	tr  *quic.Transport
+	ln  http3.QUICListener
+	srv *http3.Server
+
+	shutdownOnce sync.Once
+	drained      chan struct{}      // closed when srv.Shutdown returned
+	stopDrain    context.CancelFunc // ends srv.Shutdown's wait
+	closeOnce    sync.Once
+}
+
+// listenHTTP3 binds the UDP socket and starts QUIC on it; requests are
+// served once Serve runs.
+func (s *Server) listenHTTP3(addr string, cfg HTTP3Config) (*h3Listener, error) {
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return nil, err
+	}
+	udp := pc.(*net.UDPConn)
+	tr := &quic.Transport{Conn: udp, ConnContext: quicConnContext}
+	tlsCfg := s.QUICTLSConfig
+	if tlsCfg == nil {
+		tlsCfg = http3.ConfigureTLSConfig(s.TLSConfig)
+	}
+	qc := &quic.Config{
+		MaxIncomingStreams: cfg.MaxIncomingStreams,
+		MaxIdleTimeout:     cfg.IdleTimeout,
+		KeepAlivePeriod:    max(cfg.KeepAlive, 0),
+		Allow0RTT:          cfg.Allow0RTT,
+	}
+	var ln http3.QUICListener
+	if cfg.Allow0RTT {
+		ln, err = tr.ListenEarly(tlsCfg, qc)
+	} else {
+		ln, err = tr.Listen(tlsCfg, qc) // accepts connections once their handshake is complete
+	}
+	if err != nil {
+		tr.Close()
+		udp.Close()
+		return nil, err
+	}
+	q := &h3Listener{udp: udp, tr: tr, ln: ln, drained: make(chan struct{})}
+	q.srv = &http3.Server{
+		Handler:        s.wrap(ListenerHTTP3, s.Handler),
+		IdleTimeout:    cfg.IdleTimeout,
+		MaxHeaderBytes: maxHeaderBytes,
+		ConnContext:    s.h3ConnContext,
+		Logger:         s.Log,
+	}
+	return q, nil
+}
+
+// quicConnContext is quic.Transport.ConnContext: it starts the connection's
+// state when its first packet arrives, so the handshake can be timed.
+func quicConnContext(ctx context.Context, _ *quic.ClientInfo) (context.Context, error) {
+	cs := newConnState(protoH3)
+	cs.start = time.Now()
+	return withConn(ctx, cs), nil
+}
+
+// h3ConnContext is http3.Server.ConnContext. It completes the connection's
+// state and ties its requests to the server's base context, so that
+// Shutdown cancels them as it cancels TCP requests.
+func (s *Server) h3ConnContext(ctx context.Context, c *quic.Conn) context.Context {
+	cs, _ := ctx.Value(connKey{}).(*connState)
+	if cs == nil { // not from our transport; keep going without timing
+		cs = newConnState(protoH3)
+		ctx = withConn(ctx, cs)
+	} else {
+		cs.handshake = time.Since(cs.start)
+	}
+	cs.quic = c
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.base, func() { cancel(context.Cause(s.base)) })
+	context.AfterFunc(ctx, func() { stop() })
+	return ctx
+}
+
+// serve serves HTTP/3 until Shutdown or Close.
+func (q *h3Listener) serve() error {
+	err := q.srv.ServeListener(q.ln)
+	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, quic.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// shutdown sends GOAWAY on every connection, stops accepting new ones and
+// returns at once; drained is closed when every connection has ended (or
+// close was called).
+func (q *h3Listener) shutdown() {
+	q.shutdownOnce.Do(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		q.stopDrain = cancel
+		go q.drain(ctx)
+		q.ln.Close()
+	})
+}
+
+func (q *h3Listener) drain(ctx context.Context) {
+	defer close(q.drained)
+	q.srv.Shutdown(ctx)
+}
+
+// close ends every connection at once and releases the socket.
+func (q *h3Listener) close() error {
+	var err error
+	q.closeOnce.Do(func() {
+		q.shutdown()
+		q.stopDrain()
+		err = q.srv.Close()
+		<-q.drained
+		q.tr.Close()
+		if cerr := q.udp.Close(); err == nil {
+			err = cerr
+		}
+	})
+	return err
+}
+
+// earlyOK decides a request that arrived in 0-RTT data, before the
+// handshake completed: such data can be replayed by an attacker, so only
+// GET and HEAD are served (marked "Early-Data: 1" for the backend, RFC
+// 8470); anything else is answered 425 Too Early and the client retries
+// once the handshake is done.
+func (s *Server) earlyOK(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		r.Header.Set("Early-Data", "1")
+		return true
+	}
+	s.Log.Debug("refused a request sent in 0-RTT early data", "status", http.StatusTooEarly,
+		"method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+	writeError(w, &apiError{Status: http.StatusTooEarly, Type: "invalid_request_error", Code: "too_early",
+		Message: "this request arrived in 0-RTT early data, which may be replayed; retry after the handshake"})
+	return false
+}
+
+// altSvcValue is the Alt-Svc header that advertises HTTP/3 on port.
+func altSvcValue(port int) []string {
+	v := `h3=":` + strconv.Itoa(port) + `"; ma=` + strconv.Itoa(altSvcMaxAge)
+	return []string{v} // len == cap: an append by anyone copies, never shares
+
+}
+
+// udpAddrFor is the UDP address HTTP/3 binds: the configured one, or the
+// HTTPS listener's host with the port number it was given.
+func udpAddrFor(cfg HTTP3Config, httpsAddr string, bound net.Addr) string {
+	if cfg.Addr != "" {
+		return cfg.Addr
+	}
+	host, _, err := net.SplitHostPort(httpsAddr)
+	if err != nil {
+		host = ""
+	}
+	return net.JoinHostPort(host, strconv.Itoa(bound.(*net.TCPAddr).Port))
+}
+
+func udpPort(c *net.UDPConn) int { return c.LocalAddr().(*net.UDPAddr).Port }

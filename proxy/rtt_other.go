@@ -1,0 +1,11 @@
+//go:build !linux
+
+package proxy
+
+import (
+	"syscall"
+	"time"
+)
+
+// tcpRTT is not available on this system: TCP_INFO is read on Linux only.
+func tcpRTT(syscall.RawConn) time.Duration { return 0 }

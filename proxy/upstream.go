@@ -1,0 +1,113 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+
+	"github.com/sluice-proxy/sluice/routing"
+)
+
+// NewPoolTransport returns the transport for one pool's backends:
+// NewTransport's settings plus the pool's upstream TLS (trusted CAs, client
+// certificate for mutual TLS, server name) and its HTTP/2 choice (ALPN "h2"
+// to https:// backends; h2c with prior knowledge to http:// ones). With
+// h2c on, HTTP/1.1 is not offered at all, so https:// backends of the same
+// pool must speak HTTP/2 too. The files are read once, here.
+func NewPoolTransport(cfg Config, pc routing.PoolConfig) (*http.Transport, error) {
+	t := NewTransport(cfg)
+	tlsCfg, err := UpstreamTLSConfig(pc.TLS)
+	if err != nil {
+		return nil, fmt.Errorf("pool %q: %w", pc.Name, err)
+	}
+	t.TLSClientConfig = tlsCfg
+	var p http.Protocols
+	switch pc.HTTP2 {
+	case "", routing.HTTP2Auto:
+		p.SetHTTP1(true)
+		p.SetHTTP2(true)
+	case routing.HTTP2On:
+		p.SetHTTP2(true)
+	case routing.HTTP2Off:
+		p.SetHTTP1(true)
+	default:
+		return nil, fmt.Errorf("pool %q: http2 %q: want auto, on or off", pc.Name, pc.HTTP2)
+	}
+	if pc.H2C {
+		if pc.HTTP2 == routing.HTTP2Off {
+			return nil, fmt.Errorf("pool %q: h2c needs http2 other than off", pc.Name)
+		}
+		p.SetHTTP1(false) // with HTTP/1 offered, http:// requests would use it
+		p.SetUnencryptedHTTP2(true)
+	}
+	t.Protocols = &p
+	return t, nil
+}
+
+// UpstreamTLSConfig builds the client TLS config for a pool's backends. A
+// nil u gives nil: Go's defaults (system roots, no client certificate).
+func UpstreamTLSConfig(u *routing.UpstreamTLS) (*tls.Config, error) {
+	if u == nil {
+		return nil, nil
+	}
+	cfg := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         u.ServerName,
+		InsecureSkipVerify: u.InsecureSkipVerify,
+	}
+	if u.CAFile != "" {
+		pool, err := LoadCAFile(u.CAFile)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = pool
+	}
+	switch {
+	case u.CertFile != "" && u.KeyFile != "":
+		pair, err := tls.LoadX509KeyPair(u.CertFile, u.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	case u.CertFile != "" || u.KeyFile != "":
+		return nil, fmt.Errorf("client certificate: set both cert_file and key_file")
+	}
+	return cfg, nil
+}
+
+// maxCAFile bounds a CA file (a bundle of every public root is ~250 KiB).
+const maxCAFile = 4 << 20
+
+// LoadCAFile reads a PEM bundle of CA certificates. A file without any
+// certificate is an error.
+func LoadCAFile(name string) (*x509.CertPool, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("ca file: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxCAFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("ca file: %w", err)
+	}
+	if len(data) > maxCAFile {
+		return nil, fmt.Errorf("ca file %q: larger than %d bytes", name, maxCAFile)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, fmt.Errorf("ca file %q: no PEM certificates in it", name)
+	}
+	return pool, nil
+}
+
+// transport is the round tripper for the route's pool: the pool's own when
+// the state has one, else the handler's.
+func (x *exchange) transport() http.RoundTripper {
+	if t := x.st.Transports[x.route.Pool.Name()]; t != nil {
+		return t
+	}
+	return x.h.transport
+}
