@@ -2,8 +2,11 @@ package proxy_test
 
 import (
 	"context"
+	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -242,5 +245,35 @@ func TestWSPassthroughOversized(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("backend not closed")
+	}
+}
+
+// A wss:// backend is reached with the pool's upstream TLS (here: its CA).
+func TestWSPassthroughTLSBackend(t *testing.T) {
+	be := &wsBackend{closes: make(chan int, 16)}
+	srv := httptest.NewTLSServer(be)
+	t.Cleanup(srv.Close)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	pemBytes := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	if err := os.WriteFile(ca, pemBytes, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pool := poolOf(srv.URL)
+	pool.TLS = &routing.UpstreamTLS{CAFile: ca}
+	e := startEdge(t, edgeOpts{pool: pool, routes: []routing.RouteConfig{
+		{Path: "/v1/realtime", Kind: routing.KindWebSocket, Pool: "p"},
+	}})
+	c := dialWS(t, rtURL(e), keyHeader())
+	c.WriteMessage(websocket.TextMessage, []byte("over tls"))
+	expectMessage(t, c, websocket.TextMessage, "over tls")
+	if r := be.last(); r.TLS == nil {
+		t.Fatal("the backend was not reached over TLS")
+	}
+
+	// Without the CA the backend's certificate is refused: 502 before the
+	// client is upgraded.
+	e = passthroughEdge(t, srv.URL)
+	if status, _ := dialRefused(t, rtURL(e), keyHeader()); status != 502 {
+		t.Fatalf("untrusted backend: %d; want 502", status)
 	}
 }

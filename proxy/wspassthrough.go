@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -119,6 +120,7 @@ func (x *exchange) dialBackend(b *routing.Backend) (*websocket.Conn, error) {
 		ReadBufferSize:   4 << 10,
 		WriteBufferSize:  4 << 10,
 		Subprotocols:     protocols,
+		TLSClientConfig:  x.upstreamTLS(),
 	}
 	conn, resp, err := d.DialContext(x.r.Context(), x.backendURL(b), x.backendHeader())
 	if resp != nil && resp.Body != nil {
@@ -133,6 +135,18 @@ func (x *exchange) dialBackend(b *routing.Backend) (*websocket.Conn, error) {
 			Message: fmt.Sprintf("the backend answered %d to the WebSocket upgrade", resp.StatusCode)}
 	}
 	return nil, err
+}
+
+// upstreamTLS is the client TLS config for a wss:// backend: the pool's
+// (trusted CAs, client certificate, server name), offering only HTTP/1.1,
+// the protocol a WebSocket handshake needs.
+func (x *exchange) upstreamTLS() *tls.Config {
+	cfg := &tls.Config{}
+	if t, ok := x.transport().(*http.Transport); ok && t.TLSClientConfig != nil {
+		cfg = t.TLSClientConfig.Clone()
+	}
+	cfg.NextProtos = []string{"http/1.1"}
+	return cfg
 }
 
 // backendURL is the backend's WebSocket URL for the client's request.
