@@ -194,6 +194,9 @@ func (v *validator) pools() map[string]bool {
 		if p.EjectAfter < 0 {
 			v.errorf(path+".eject_after", "pool %q: eject_after must not be negative", p.Name)
 		}
+		for _, fe := range p.Validate() {
+			v.errorf(path+"."+fe.Key, "pool %q: %s", p.Name, fe.Msg)
+		}
 		for j, b := range p.Backends {
 			v.backend(fmt.Sprintf("%s.backends[%d]", path, j), b)
 		}
@@ -304,6 +307,13 @@ func (v *validator) routes(pools map[string]bool) {
 		}
 		if r.Retries != nil && *r.Retries < 0 {
 			v.errorf(path+".retries", "%s: retries must not be negative", path)
+		}
+		ftt := v.c.Proxy.FirstTokenTimeout
+		if r.FirstTokenTimeout > 0 {
+			ftt = r.FirstTokenTimeout
+		}
+		if r.HedgeAfter > 0 && r.HedgeAfter >= ftt {
+			v.errorf(path+".hedge_after", "%s: hedge_after %v must be shorter than the first-token timeout %v", path, r.HedgeAfter, ftt)
 		}
 		key := r.Host + " " + r.Path + " " + strings.Join(r.Models, ",")
 		if j, dup := seen[key]; dup {

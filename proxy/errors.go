@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -57,7 +58,14 @@ func statusOf(err error) *apiError {
 	switch {
 	case errors.Is(err, routing.ErrNoHealthyBackend):
 		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_healthy_backend",
-			Message: "no healthy backend is available for this model; retry shortly", RetryAfter: 1}
+			Message: "no healthy backend is available for this model; retry shortly", RetryAfter: retryAfterOf(err)}
+	case errors.Is(err, routing.ErrQueueTimeout):
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "queue_timeout",
+			Message:    "every backend is at its target load and the request waited too long in the queue; retry shortly",
+			RetryAfter: retryAfterOf(err)}
+	case errors.Is(err, routing.ErrQueueFull):
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "queue_full",
+			Message: "every backend is at its target load and the queue is full; retry shortly", RetryAfter: retryAfterOf(err)}
 	case errors.Is(err, errFirstTokenTimeout), errors.Is(err, errStreamIdle):
 		return &apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
 			Message: "the backend did not answer in time"}
@@ -81,6 +89,12 @@ func statusOf(err error) *apiError {
 	}
 	return &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_unreachable",
 		Message: "the backend could not be reached or failed"}
+}
+
+// retryAfterOf is the Retry-After (whole seconds, at least 1) for a
+// routing error.
+func retryAfterOf(err error) int {
+	return max(1, int(math.Ceil(routing.RetryAfter(err).Seconds())))
 }
 
 type errorBody struct {

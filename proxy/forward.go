@@ -35,8 +35,10 @@ func NewTransport(cfg Config) *http.Transport {
 }
 
 // forward sends the request to a backend of the route's pool, retrying on
-// other backends while nothing has been sent to the client.
+// other backends while nothing has been sent to the client, and hedging
+// on a second backend when the route asks for it.
 func (x *exchange) forward() error {
+	defer x.drainRace()
 	retries := *x.st.Config.Retries
 	if x.route.Retries != nil {
 		retries = *x.route.Retries
@@ -59,9 +61,18 @@ func (x *exchange) forward() error {
 			x.h.metrics.retry(x.route.Name)
 		}
 		tried = append(tried, b)
-		x.backend = b
-		err = x.attempt(b)
-		if err == nil || x.status != 0 || x.r.Context().Err() != nil {
+		var l *leg
+		if x.route.HedgeAfter > 0 {
+			l, tried, err = x.race(b, tried)
+		} else {
+			l = x.newLeg(b, &x.leg)
+			l.open()
+			err = l.err
+		}
+		if err == nil {
+			return x.relay(l)
+		}
+		if x.r.Context().Err() != nil {
 			return err
 		}
 		lastErr = err
@@ -98,49 +109,6 @@ func (w *watchdog) tick(idle time.Duration) {
 }
 
 func (w *watchdog) stop() { w.t.Stop() }
-
-// attempt runs the request against one backend. It returns nil when the
-// response was delivered, or an error; x.status != 0 tells whether anything
-// was sent to the client.
-func (x *exchange) attempt(b *routing.Backend) error {
-	end := b.Begin()
-	defer end()
-	ctx, cancel := context.WithCancelCause(x.r.Context())
-	defer cancel(context.Canceled)
-	timeout := x.st.Config.FirstTokenTimeout
-	if x.route.FirstTokenTimeout > 0 {
-		timeout = x.route.FirstTokenTimeout
-	}
-	wd := newWatchdog(timeout, cancel)
-	defer wd.stop()
-
-	req, err := x.upstreamRequest(ctx, b)
-	if err != nil {
-		return err
-	}
-	resp, err := x.transport().RoundTrip(req)
-	if err != nil {
-		err = causeOf(ctx, err)
-		if x.r.Context().Err() == nil {
-			b.Report(false, time.Now())
-		}
-		return err
-	}
-	defer resp.Body.Close()
-	x.upstreamHeaders = time.Now()
-	if resp.StatusCode >= 500 {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		b.Report(false, time.Now())
-		return &upstreamStatus{resp: resp, body: body}
-	}
-	if resp.StatusCode == http.StatusOK && isEventStream(resp.Header) {
-		if x.route.Kind == routing.KindOpenAI {
-			return x.relayOpenAI(ctx, resp, wd)
-		}
-		return x.relayRaw(ctx, resp, wd)
-	}
-	return x.relayBody(ctx, resp)
-}
 
 // causeOf prefers the reason the attempt's context was cancelled (timeout,
 // drain) over the transport's generic error.
@@ -207,9 +175,11 @@ var clientOwned = map[string]bool{
 }
 
 // backendOwned are response headers Sluice replaces or must not pass on:
-// a backend's Alt-Svc would advertise the backend, not the edge.
+// a backend's Alt-Svc would advertise the backend, not the edge; its load
+// report is for the edge's picker, not for clients.
 var backendOwned = map[string]bool{
 	"Alt-Svc": true, "Content-Length": true, "X-Request-Id": true, "Server-Timing": true,
+	"Endpoint-Load-Metrics": true,
 }
 
 func copyRequestHeader(dst, src http.Header)  { copyHeader(dst, src, clientOwned) }

@@ -143,8 +143,11 @@ type exchange struct {
 	backend  *routing.Backend
 
 	// Marks on the request's timeline (monotonic clock); see timing.go.
+	// admitted is when the request left the pool's admission queue (or
+	// went straight through it).
 	start, authDone, bodyRead, routed, limited, admitted, picked, upstreamHeaders, firstToken, lastToken time.Time
-	// queueWait is the time spent in the edge admission queue.
+	// queueWait is the time spent in the edge admission queue: the
+	// "queue" stage.
 	queueWait time.Duration
 	// conn describes the client's connection.
 	conn ConnInfo
@@ -152,6 +155,11 @@ type exchange struct {
 	// previous token's arrival.
 	itl         *[]uint32
 	lastTokenAt time.Time
+
+	adm     routing.Admission // held from the queue until the first Begin
+	leg     leg               // storage for an unhedged attempt
+	hedging *race             // the latest hedged race, drained before return
+	hedged  bool              // a hedge was sent
 
 	status      int   // sent to the client; 0 until headers are written
 	tokens      int64 // chunks carrying generated text
@@ -200,6 +208,10 @@ func (x *exchange) serve() error {
 	if err := x.admit(); err != nil {
 		return err
 	}
+	if err := x.enqueue(); err != nil {
+		return err
+	}
+	defer x.adm.Done()
 	return x.forward()
 }
 
@@ -261,6 +273,15 @@ func (x *exchange) admit() error {
 	}
 	x.ticket = d.Ticket
 	return nil
+}
+
+// enqueue waits in the pool's admission queue while every backend is at its
+// target load; the wait is the request's queue stage.
+func (x *exchange) enqueue() error {
+	adm, err := x.route.Pool.Enter(x.r.Context(), x.route.Class, x.tenant.ID)
+	x.admitted, x.queueWait = time.Now(), adm.Waited
+	x.adm = adm
+	return err
 }
 
 // fail answers err unless the response has already started.

@@ -51,6 +51,8 @@ type testEdge struct {
 	https   string // https://host:port (HTTP/1.1 and h2)
 	h3      string // https://host:port of the UDP listener (HTTP/3)
 	log     *logBuffer
+	pools   map[string]*routing.Pool
+	reg     *prometheus.Registry // the pools' metrics, and the proxy's with promMetrics
 }
 
 type edgeOpts struct {
@@ -65,6 +67,12 @@ type edgeOpts struct {
 	http3   proxy.HTTP3Config
 	tls     *tls.Config // nil: httptest's certificate
 	quic    *tls.Config // nil: derived from tls
+	// start runs the pools' scrapers and health probes (off by default:
+	// some tests' backends record every request they get).
+	start bool
+	// promMetrics registers the proxy's metrics in testEdge.reg (when
+	// metrics is nil).
+	promMetrics bool
 }
 
 // startEdge serves a handler for one pool of backends with the given routes
@@ -82,6 +90,10 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 			t.Fatal(err)
 		}
 		pools[pc.Name] = p
+		if o.start {
+			p.Start(context.Background())
+		}
+		t.Cleanup(func() { p.Close() })
 		tr, err := proxy.NewPoolTransport(o.proxy, p.Config())
 		if err != nil {
 			t.Fatal(err)
@@ -110,6 +122,13 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	if o.log == nil {
 		o.log = slog.New(slog.NewJSONHandler(logs, nil))
 	}
+	reg := prometheus.NewRegistry()
+	if err := routing.RegisterMetrics(reg, st.Routes.Pools); err != nil {
+		t.Fatal(err)
+	}
+	if o.metrics == nil && o.promMetrics {
+		o.metrics = proxy.NewMetrics(reg, 0)
+	}
 	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, AccessLog: o.log,
 		Metrics: o.metrics, Stats: proxy.NewStats()})
 	if o.tls == nil {
@@ -125,7 +144,7 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	go srv.Serve()
 	t.Cleanup(func() { srv.Close() })
 	return &testEdge{
-		handler: h, server: srv,
+		handler: h, server: srv, pools: pools, reg: reg,
 		http:  "http://" + srv.Addr(proxy.ListenerHTTP),
 		https: "https://" + srv.Addr(proxy.ListenerHTTPS),
 		h3:    "https://" + srv.Addr(proxy.ListenerHTTP3),
@@ -299,6 +318,38 @@ func closedURL(t testing.TB) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return "http://" + addr
+}
+
+// metric returns the value of a gauge or counter series of the edge's
+// registry whose labels include want, or -1 when absent.
+func (e *testEdge) metric(t testing.TB, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if have[k] != v {
+					continue series
+				}
+			}
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return -1
 }
 
 func insecure() *tls.Config { return &tls.Config{InsecureSkipVerify: true} }

@@ -17,6 +17,7 @@ type Metrics struct {
 	requests *prometheus.CounterVec
 	inflight prometheus.Gauge
 	retries  *prometheus.CounterVec
+	hedges   *prometheus.CounterVec
 	refusals *prometheus.CounterVec
 	ttft     *prometheus.HistogramVec
 	itl      *prometheus.HistogramVec
@@ -52,6 +53,9 @@ func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_upstream_retries_total", Help: "Requests retried on another backend before the first token.",
 		}, []string{"route"}),
+		hedges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_hedges_total", Help: "Hedged requests by route and outcome (fired: sent to a second backend; won: the second answered first).",
+		}, []string{"route", "outcome"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_refusals_total", Help: "Requests refused by limits (enforced=false: shadow mode, would have refused).",
 		}, []string{"route", "reason", "enforced"}),
@@ -80,7 +84,7 @@ func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 		tenants:   map[string]bool{},
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.inflight, m.retries, m.refusals, m.ttft, m.itl, m.e2e, m.stages, m.tokens,
+		reg.MustRegister(m.requests, m.inflight, m.retries, m.hedges, m.refusals, m.ttft, m.itl, m.e2e, m.stages, m.tokens,
 			m.wsConns, m.wsSlow)
 	}
 	return m
@@ -89,6 +93,12 @@ func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 func (m *Metrics) retry(route string) {
 	if m != nil {
 		m.retries.WithLabelValues(route).Inc()
+	}
+}
+
+func (m *Metrics) hedge(route, outcome string) {
+	if m != nil {
+		m.hedges.WithLabelValues(route, outcome).Inc()
 	}
 }
 
@@ -240,6 +250,9 @@ func (x *exchange) logAttrs(route, proto string, status int, end time.Time) []sl
 	attrs = append(attrs, slog.Int64("tokens_in", u.InputTokens), slog.Int64("tokens_out", u.OutputTokens),
 		slog.Int64("bytes_out", x.bytesToUser), slog.Int64("bytes_in", int64(len(x.body))),
 		slog.Int("retries", x.retries))
+	if x.hedged {
+		attrs = append(attrs, slog.Bool("hedged", true))
+	}
 	if x.decision.WouldRefuse {
 		str("would_refuse", x.decision.Reason)
 	}

@@ -23,64 +23,63 @@ var (
 	eventPool  = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
 )
 
-// relayOpenAI relays an OpenAI SSE stream event by event, flushing each as
-// it arrives. Response headers are held until the first event so that a
-// backend failing before it can still be retried elsewhere. It records the
-// usage chunk and removes it when the client did not ask for it.
-func (x *exchange) relayOpenAI(ctx context.Context, resp *http.Response, wd *watchdog) error {
-	br := readerPool.Get().(*bufio.Reader)
-	br.Reset(resp.Body)
-	defer func() { br.Reset(nil); readerPool.Put(br) }()
-	bufp := eventPool.Get().(*[]byte)
-	defer eventPool.Put(bufp)
+// relayOpenAI commits a leg whose first event is held and relays the
+// stream event by event, flushing each as it arrives. It records the usage
+// chunk and removes it when the client did not ask for it.
+func (x *exchange) relayOpenAI(l *leg) error {
 	rc := http.NewResponseController(x.w)
 	idle := x.st.Config.StreamIdleTimeout
-
+	x.firstToken = l.first // before commit: the Server-Timing header reports it
+	x.commit(l.resp.Header, true)
+	ev, now := l.ev, l.first
 	for {
-		ev, err := readEvent(br, (*bufp)[:0])
-		*bufp = ev[:0]
+		if done, err := x.relayEvent(rc, l, ev, now); done || err != nil {
+			return err
+		}
+		var err error
+		ev, err = readEvent(l.br, (*l.bufp)[:0])
+		*l.bufp = ev[:0]
 		if err != nil {
-			return x.streamFailed(ctx, causeOf(ctx, err))
+			return x.streamFailed(causeOf(l.ctx, err))
 		}
-		data := eventData(ev)
-		now := time.Now()
-		if x.status == 0 {
-			if data == nil {
-				continue // keep-alive comments are not a first token
-			}
-			x.firstToken = now
-			x.commit(resp.Header, true)
-			x.backend.Report(true, now)
-		}
-		wd.tick(idle)
-		switch {
-		case data == nil: // comment, retry or id only: pass on
-		case bytes.Equal(data, doneMarker):
-			if x.wantsTimingComment() && !x.send(rc, x.timingComment()) {
-				return context.Canceled
-			}
-			if !x.send(rc, ev) {
-				return context.Canceled
-			}
-			x.setTrailer()
-			x.drainAfterDone(br, wd)
-			return nil
-		default:
-			if u, usageOnly := usageOf(data); u != nil {
-				x.usage = u
-				if usageOnly && !x.meta.ClientUsage {
-					continue
-				}
-			} else if isToken(data) {
-				x.tokens++
-				x.tokenAt(now)
-				x.lastToken = now
-			}
+		now = time.Now()
+		l.wd.tick(idle)
+	}
+}
+
+// relayEvent handles one event of a committed stream: it records usage and
+// tokens and sends the event on (the usage-only chunk only when the client
+// asked for it). done is true after [DONE] or when the client is gone.
+func (x *exchange) relayEvent(rc *http.ResponseController, l *leg, ev []byte, now time.Time) (done bool, err error) {
+	data := eventData(ev)
+	switch {
+	case data == nil: // comment, retry or id only: pass on
+	case bytes.Equal(data, doneMarker):
+		if x.wantsTimingComment() && !x.send(rc, x.timingComment()) {
+			return true, context.Canceled
 		}
 		if !x.send(rc, ev) {
-			return context.Canceled
+			return true, context.Canceled
+		}
+		x.setTrailer()
+		x.drainAfterDone(l.br, l.wd)
+		return true, nil
+	default:
+		if u, usageOnly := usageOf(data); u != nil {
+			x.usage = u
+			if usageOnly && !x.meta.ClientUsage {
+				return false, nil
+			}
+		} else if isToken(data) {
+			x.tokens++
+			x.tokenAt(now)
+			x.lastToken = now
 		}
 	}
+	if !x.send(rc, ev) {
+		return true, context.Canceled
+	}
+	return false, nil
 }
 
 // send writes one event and flushes it; false means the client is gone.
@@ -104,16 +103,9 @@ func (x *exchange) drainAfterDone(br *bufio.Reader, wd *watchdog) {
 	io.Copy(io.Discard, io.LimitReader(br, 64<<10))
 }
 
-// streamFailed handles a backend error while relaying. Before the first
-// event the error goes back to forward (which retries); after it, the
-// client's stream ends with an error event.
-func (x *exchange) streamFailed(ctx context.Context, err error) error {
-	if x.status == 0 {
-		if x.r.Context().Err() == nil && !errors.Is(err, errDraining) {
-			x.backend.Report(false, time.Now())
-		}
-		return err
-	}
+// streamFailed ends a committed stream whose backend failed with an error
+// event (unless the client is gone).
+func (x *exchange) streamFailed(err error) error {
 	if cause := context.Cause(x.r.Context()); cause != nil {
 		err = cause // the client went away, or the node is draining
 	}
@@ -139,10 +131,8 @@ func (x *exchange) commit(upstream http.Header, stream bool) {
 
 // relayRaw relays a generic event stream byte for byte: headers at once (an
 // idle EventSource must see them), every read flushed as it arrives.
-func (x *exchange) relayRaw(ctx context.Context, resp *http.Response, wd *watchdog) error {
-	wd.stop() // generic streams may idle for long; TCP keep-alive watches them
-	x.commit(resp.Header, true)
-	x.backend.Report(true, time.Now())
+func (x *exchange) relayRaw(l *leg) error {
+	x.commit(l.resp.Header, true)
 	rc := http.NewResponseController(x.w)
 	if rc.Flush() != nil {
 		return context.Canceled
@@ -151,7 +141,7 @@ func (x *exchange) relayRaw(ctx context.Context, resp *http.Response, wd *watchd
 	defer eventPool.Put(bufp)
 	buf := (*bufp)[:cap(*bufp)]
 	for {
-		n, err := resp.Body.Read(buf)
+		n, err := l.resp.Body.Read(buf)
 		if n > 0 {
 			if x.firstToken.IsZero() {
 				x.firstToken = time.Now()
@@ -165,32 +155,20 @@ func (x *exchange) relayRaw(ctx context.Context, resp *http.Response, wd *watchd
 			return nil
 		}
 		if err != nil {
-			return x.streamFailed(ctx, causeOf(ctx, err))
+			return x.streamFailed(causeOf(l.ctx, err))
 		}
 	}
 }
 
-// relayBody delivers a non-streamed response whole, reading it within the
-// first-token deadline so that a failure can still be retried.
-func (x *exchange) relayBody(ctx context.Context, resp *http.Response) error {
-	limit := int64(x.st.Config.MaxResponseBytes)
-	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
-	if err != nil {
-		x.backend.Report(false, time.Now())
-		return causeOf(ctx, err)
-	}
-	if int64(len(body)) > limit {
-		return errResponseTooLarge
-	}
-	now := time.Now()
-	x.firstToken = now
-	if resp.StatusCode < 400 {
-		x.backend.Report(true, now)
-		if u, _ := usageOf(body); u != nil {
+// relayBody delivers a non-streamed answer, read whole by the leg.
+func (x *exchange) relayBody(l *leg) error {
+	x.firstToken = l.first
+	if l.resp.StatusCode < 400 {
+		if u, _ := usageOf(l.body); u != nil {
 			x.usage = u
 		}
 	}
-	x.passThrough(resp, body)
+	x.passThrough(l.resp, l.body)
 	return nil
 }
 

@@ -1,6 +1,10 @@
 package routing
 
-import "time"
+import (
+	"fmt"
+	"strings"
+	"time"
+)
 
 // Traffic classes of a route.
 const (
@@ -50,6 +54,11 @@ type RouteConfig struct {
 	// Retries is how many other backends are tried when one fails before
 	// the first token. Nil means the proxy's default (1).
 	Retries *int `yaml:"retries"`
+	// HedgeAfter, when positive, hedges a request that has no first token
+	// after this long: the same request goes to a second backend, the
+	// first to produce a token wins and the other is cancelled. Zero (the
+	// default) means no hedging.
+	HedgeAfter time.Duration `yaml:"hedge_after"`
 	// TimingComment ends every stream with a ": server-timing …" SSE
 	// comment carrying the final timing (clients may also ask for it with
 	// "X-Sluice-Timing: comment"). Default false.
@@ -69,6 +78,14 @@ type BackendConfig struct {
 	// MaxConcurrency caps this node's in-flight requests to the backend.
 	// Zero means no cap.
 	MaxConcurrency int `yaml:"max_concurrency"`
+	// MaxBatch is the engine's batch slots (vLLM --max-num-seqs, SGLang
+	// --max-running-requests, TGI max batch size). Zero means unknown: the
+	// score is then not normalised by it and queue.target_utilization does
+	// not apply to this backend.
+	MaxBatch int `yaml:"max_batch"`
+	// Dialect overrides the pool's dialect for this backend. Empty means
+	// the pool's.
+	Dialect string `yaml:"dialect"`
 }
 
 // PoolConfig is a named group of interchangeable backends.
@@ -86,6 +103,27 @@ type PoolConfig struct {
 	// EjectFor is the first ejection's length; it doubles with each
 	// consecutive ejection up to 16×. Default 2s.
 	EjectFor time.Duration `yaml:"eject_for"`
+	// Policy picks a backend: "least_queued" (default: power of two
+	// choices on the combined load score), "least_request" (power of two
+	// choices on this node's in-flight requests), "round_robin" or
+	// "random". All honour weights, health and max_concurrency.
+	Policy string `yaml:"policy"`
+	// Dialect names the engines' metrics: "auto" (default: detect from
+	// the names exposed), "vllm", "sglang", "tgi", or "none" (do not
+	// scrape; use the load header and own in-flight counts only).
+	Dialect string `yaml:"dialect"`
+	// ScrapeInterval is how often each backend's metrics are read.
+	// Default 250ms.
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	// StaleAfter is the age past which a load sample (scraped or from a
+	// response header) is ignored and the backend's load counts as unknown:
+	// its own in-flight count is used instead. Default 4 × scrape_interval,
+	// at least 1s.
+	StaleAfter time.Duration `yaml:"stale_after"`
+	// Health configures active health probes.
+	Health HealthConfig `yaml:"health"`
+	// Queue configures the edge admission queue.
+	Queue QueueConfig `yaml:"queue"`
 	// TLS configures connections to https:// backends. Nil means the
 	// system's trusted roots and no client certificate.
 	TLS *UpstreamTLS `yaml:"tls"`
@@ -96,6 +134,67 @@ type PoolConfig struct {
 	// H2C speaks cleartext HTTP/2 with prior knowledge to http://
 	// backends (they must support it). Default false: HTTP/1.1.
 	H2C bool `yaml:"h2c"`
+}
+
+// Selection policies (PoolConfig.Policy).
+const (
+	PolicyLeastQueued  = "least_queued"
+	PolicyLeastRequest = "least_request"
+	PolicyRoundRobin   = "round_robin"
+	PolicyRandom       = "random"
+)
+
+// Metric dialects (PoolConfig.Dialect, BackendConfig.Dialect).
+const (
+	DialectAuto   = "auto"
+	DialectVLLM   = "vllm"
+	DialectSGLang = "sglang"
+	DialectTGI    = "tgi"
+	DialectNone   = "none"
+)
+
+// HealthConfig configures a pool's active health probes: a GET of Path on
+// every backend each Interval. FailAfter consecutive failures (no answer
+// within Timeout, or a status other than 2xx) take the backend out of
+// rotation until a probe succeeds again.
+type HealthConfig struct {
+	// Disable turns active probes off (passive ejection still applies).
+	// Default false.
+	Disable bool `yaml:"disable"`
+	// Path is probed on the backend's base URL. Default "/health".
+	Path string `yaml:"path"`
+	// Interval between probes of one backend. Default 2s.
+	Interval time.Duration `yaml:"interval"`
+	// Timeout bounds one probe. Default 1s (and never above Interval).
+	Timeout time.Duration `yaml:"timeout"`
+	// FailAfter is how many consecutive failed probes take a backend out.
+	// Default 2.
+	FailAfter int `yaml:"fail_after"`
+}
+
+// QueueConfig configures a pool's edge admission queue. A backend is at its
+// target when it is at max_concurrency, or its estimated engine queue has
+// MaxWaiting requests, or its estimated occupancy reaches
+// TargetUtilization of its batch slots. When every healthy backend is at
+// target, requests wait at the edge (interactive before batch, FIFO per
+// tenant, tenants served round robin) up to MaxWait, then get 503. With
+// neither MaxWaiting, TargetUtilization nor any max_concurrency set, nothing
+// ever queues.
+type QueueConfig struct {
+	// MaxWaiting is the target for a backend's engine queue (the waiting
+	// gauge, or with max_batch known, occupancy beyond the batch slots).
+	// Zero means no such target.
+	MaxWaiting int `yaml:"max_waiting"`
+	// TargetUtilization is the target occupancy as a fraction of a
+	// backend's max_batch slots, e.g. 0.7. Zero means no such target;
+	// backends without max_batch are not limited by it.
+	TargetUtilization float64 `yaml:"target_utilization"`
+	// MaxWait is the longest a request waits in the queue before it is
+	// answered 503 with Retry-After. Default 10s.
+	MaxWait time.Duration `yaml:"max_queue_wait"`
+	// MaxLength bounds the requests waiting in the pool's queue; more are
+	// answered 503 at once. Default 1024.
+	MaxLength int `yaml:"max_queue_length"`
 }
 
 // HTTP/2 modes of PoolConfig.HTTP2.
@@ -147,6 +246,20 @@ func (c PoolConfig) WithDefaults() PoolConfig {
 	if c.EjectFor == 0 {
 		c.EjectFor = 2 * time.Second
 	}
+	if c.Policy == "" {
+		c.Policy = PolicyLeastQueued
+	}
+	if c.Dialect == "" {
+		c.Dialect = DialectAuto
+	}
+	if c.ScrapeInterval == 0 {
+		c.ScrapeInterval = 250 * time.Millisecond
+	}
+	if c.StaleAfter == 0 {
+		c.StaleAfter = max(4*c.ScrapeInterval, time.Second)
+	}
+	c.Health = c.Health.WithDefaults()
+	c.Queue = c.Queue.WithDefaults()
 	if c.HTTP2 == "" {
 		c.HTTP2 = HTTP2Auto
 	}
@@ -155,8 +268,136 @@ func (c PoolConfig) WithDefaults() PoolConfig {
 		if b.Weight == 0 {
 			b.Weight = 1
 		}
+		if b.Dialect == "" {
+			b.Dialect = c.Dialect
+		}
 		bs[i] = b
 	}
 	c.Backends = bs
 	return c
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c HealthConfig) WithDefaults() HealthConfig {
+	if c.Path == "" {
+		c.Path = "/health"
+	}
+	if c.Interval == 0 {
+		c.Interval = 2 * time.Second
+	}
+	if c.Timeout == 0 {
+		c.Timeout = min(time.Second, c.Interval)
+	}
+	if c.FailAfter == 0 {
+		c.FailAfter = 2
+	}
+	return c
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c QueueConfig) WithDefaults() QueueConfig {
+	if c.MaxWait == 0 {
+		c.MaxWait = 10 * time.Second
+	}
+	if c.MaxLength == 0 {
+		c.MaxLength = 1024
+	}
+	return c
+}
+
+// Validate reports the problems of a pool config (with defaults applied),
+// each naming the offending key relative to the pool ("queue.max_waiting").
+// Backend URLs are checked by the caller, which knows the simulators.
+func (c PoolConfig) Validate() []FieldError {
+	var errs []FieldError
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, FieldError{Key: key, Msg: fmt.Sprintf(format, args...)})
+	}
+	switch c.Policy {
+	case PolicyLeastQueued, PolicyLeastRequest, PolicyRoundRobin, PolicyRandom:
+	default:
+		bad("policy", "policy %q must be least_queued, least_request, round_robin or random", c.Policy)
+	}
+	if !validDialect(c.Dialect) {
+		bad("dialect", "dialect %q must be auto, vllm, sglang, tgi or none", c.Dialect)
+	}
+	if c.ScrapeInterval < 10*time.Millisecond {
+		bad("scrape_interval", "scrape_interval %v is below the 10ms minimum", c.ScrapeInterval)
+	}
+	if c.StaleAfter < c.ScrapeInterval {
+		bad("stale_after", "stale_after %v must be at least scrape_interval (%v)", c.StaleAfter, c.ScrapeInterval)
+	}
+	errs = append(errs, c.Health.validate()...)
+	errs = append(errs, c.Queue.validate()...)
+	slots := 0
+	for _, b := range c.Backends {
+		if b.MaxBatch > 0 {
+			slots++
+		}
+	}
+	if slots > 0 && slots < len(c.Backends) {
+		bad("backends", "set max_batch on every backend of the pool or on none (scores compare load per batch slot)")
+	}
+	if c.Queue.TargetUtilization > 0 && slots == 0 {
+		bad("queue.target_utilization", "queue.target_utilization needs the batch slots of the backends: set backends[].max_batch")
+	}
+	for i, b := range c.Backends {
+		key := fmt.Sprintf("backends[%d]", i)
+		if b.MaxBatch < 0 {
+			bad(key+".max_batch", "max_batch must not be negative")
+		}
+		if b.Dialect != c.Dialect && !validDialect(b.Dialect) { // an inherited one is reported once
+			bad(key+".dialect", "dialect %q must be auto, vllm, sglang, tgi or none", b.Dialect)
+		}
+	}
+	return errs
+}
+
+func validDialect(d string) bool {
+	switch d {
+	case DialectAuto, DialectVLLM, DialectSGLang, DialectTGI, DialectNone:
+		return true
+	}
+	return false
+}
+
+func (c HealthConfig) validate() []FieldError {
+	var errs []FieldError
+	if !strings.HasPrefix(c.Path, "/") {
+		errs = append(errs, FieldError{"health.path", fmt.Sprintf("health.path %q must start with /", c.Path)})
+	}
+	if c.Interval < 10*time.Millisecond {
+		errs = append(errs, FieldError{"health.interval", fmt.Sprintf("health.interval %v is below the 10ms minimum", c.Interval)})
+	}
+	if c.Timeout > c.Interval {
+		errs = append(errs, FieldError{"health.timeout", fmt.Sprintf("health.timeout %v must not exceed health.interval %v", c.Timeout, c.Interval)})
+	}
+	if c.FailAfter < 0 {
+		errs = append(errs, FieldError{"health.fail_after", "health.fail_after must not be negative"})
+	}
+	return errs
+}
+
+func (c QueueConfig) validate() []FieldError {
+	var errs []FieldError
+	if c.MaxWaiting < 0 {
+		errs = append(errs, FieldError{"queue.max_waiting", "queue.max_waiting must not be negative"})
+	}
+	if !(c.TargetUtilization >= 0 && c.TargetUtilization <= 1) {
+		errs = append(errs, FieldError{"queue.target_utilization",
+			fmt.Sprintf("queue.target_utilization %v must be a fraction in (0, 1], e.g. 0.7", c.TargetUtilization)})
+	}
+	if c.MaxLength < 0 {
+		errs = append(errs, FieldError{"queue.max_queue_length", "queue.max_queue_length must not be negative"})
+	}
+	return errs
+}
+
+// FieldError is one problem with a config key.
+type FieldError struct {
+	// Key is the key's path relative to the config checked, e.g.
+	// "queue.max_waiting" or "backends[2].max_batch".
+	Key string
+	// Msg describes the problem.
+	Msg string
 }

@@ -1,46 +1,88 @@
 package routing
 
 import (
+	"context"
 	"errors"
-	"math/rand/v2"
+	"fmt"
+	"math"
+	"net/http"
 	"net/url"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
 // ErrNoHealthyBackend means every backend of the pool is ejected, at its
-// concurrency cap, or already tried for this request.
+// concurrency cap, or already tried for this request. Errors for an
+// unavailable pool match it with errors.Is and carry a retry delay (see
+// RetryAfter).
 var ErrNoHealthyBackend = errors.New("no healthy backend")
+
+// unavailableError is ErrNoHealthyBackend with the time until the first
+// ejected backend may be back.
+type unavailableError struct{ retryAfter time.Duration }
+
+func (e *unavailableError) Error() string             { return ErrNoHealthyBackend.Error() }
+func (e *unavailableError) Is(target error) bool      { return target == ErrNoHealthyBackend }
+func (e *unavailableError) RetryAfter() time.Duration { return e.retryAfter }
+
+// RetryAfter returns how long a client should wait before retrying after
+// err, when err says (a pool that is unavailable or whose queue is full or
+// timed out); otherwise 0.
+func RetryAfter(err error) time.Duration {
+	var ra interface{ RetryAfter() time.Duration }
+	if errors.As(err, &ra) {
+		return ra.RetryAfter()
+	}
+	return 0
+}
 
 // Backend is one backend server. Its counters are safe for simultaneous use
 // by multiple goroutines.
 type Backend struct {
 	// URL is the backend's base URL.
 	URL *url.URL
-	// Config is the backend's configuration.
+	// Config is the backend's configuration, with defaults applied.
 	Config BackendConfig
 
-	pool         *Pool
+	pool       *Pool
+	label      string // host[/path], for metrics
+	metricsURL string
+	healthURL  string
+
 	inflight     atomic.Int64
 	failures     atomic.Int32 // consecutive
 	ejections    atomic.Int32 // consecutive, for backoff
 	ejectedUntil atomic.Int64 // unix nanoseconds
+	probeDown    atomic.Bool
+
+	scraped atomic.Pointer[Sample]
+	header  atomic.Pointer[Sample]
+
+	// Counted for metrics.
+	passiveEjections, probeEjections, scrapeErrors, probeFailures atomic.Int64
 }
 
 // InFlight is the number of this node's requests the backend is serving.
 func (b *Backend) InFlight() int64 { return b.inflight.Load() }
 
-// Healthy reports whether the backend is not ejected at t.
-func (b *Backend) Healthy(t time.Time) bool { return t.UnixNano() >= b.ejectedUntil.Load() }
+// Healthy reports whether the backend is in rotation at t: not ejected by
+// passive health and not failing its active probes.
+func (b *Backend) Healthy(t time.Time) bool {
+	return !b.probeDown.Load() && t.UnixNano() >= b.ejectedUntil.Load()
+}
 
 // Begin counts a request to the backend; call the returned function once
-// when the response body is finished (not when headers arrive).
+// when the response body is finished (not when headers arrive). Ending a
+// request wakes the pool's admission queue.
 func (b *Backend) Begin() (end func()) {
 	b.inflight.Add(1)
 	var done atomic.Bool
 	return func() {
 		if done.CompareAndSwap(false, true) {
 			b.inflight.Add(-1)
+			b.pool.queue.signal()
 		}
 	}
 }
@@ -60,26 +102,73 @@ func (b *Backend) Report(ok bool, t time.Time) {
 	b.failures.Store(0)
 	n := min(b.ejections.Add(1)-1, 4)
 	b.ejectedUntil.Store(t.Add(b.pool.cfg.EjectFor << n).UnixNano())
+	b.passiveEjections.Add(1)
 }
 
-// Pool is a named group of backends.
+// ObserveLoadHeader records an endpoint-load-metrics response header (ORCA
+// TEXT or JSON form) received at t as a fresh load sample. Values it cannot
+// read are ignored.
+func (b *Backend) ObserveLoadHeader(v string, t time.Time) {
+	s, ok := parseLoadHeader(v)
+	if !ok {
+		return
+	}
+	s.At, s.inflight = t, b.inflight.Load()
+	b.header.Store(&s)
+	b.pool.queue.signal()
+}
+
+// Pool is a named group of backends with their load signals, health and
+// admission queue. Start runs its scrapers and probes; Close stops them.
+// It is safe for simultaneous use by multiple goroutines.
 type Pool struct {
 	cfg      PoolConfig
 	backends []*Backend
+	sel      Selector
+	queue    *queue
+	client   *http.Client
+	cands    sync.Pool // *[]*Backend scratch for Pick
+
+	mu      sync.Mutex
+	stop    context.CancelFunc
+	started bool
+	closed  bool
+	wg      sync.WaitGroup
 }
 
-// NewPool builds a pool. The config must have been validated.
+// NewPool builds a pool. The config must have been validated; an invalid
+// URL or policy is an error.
 func NewPool(cfg PoolConfig) (*Pool, error) {
 	cfg = cfg.WithDefaults()
-	p := &Pool{cfg: cfg}
+	sel, err := NewSelector(cfg.Policy)
+	if err != nil {
+		return nil, fmt.Errorf("pool %q: %w", cfg.Name, err)
+	}
+	p := &Pool{cfg: cfg, sel: sel, client: newProbeClient()}
+	p.cands.New = func() any { s := make([]*Backend, 0, len(cfg.Backends)); return &s }
 	for _, bc := range cfg.Backends {
 		u, err := url.Parse(bc.URL)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("pool %q: backend url: %w", cfg.Name, err)
 		}
-		p.backends = append(p.backends, &Backend{URL: u, Config: bc, pool: p})
+		base := strings.TrimSuffix(bc.URL, "/")
+		b := &Backend{URL: u, Config: bc, pool: p, metricsURL: bc.MetricsURL, healthURL: base + cfg.Health.Path,
+			label: u.Host + strings.TrimSuffix(u.Path, "/")}
+		if b.metricsURL == "" {
+			b.metricsURL = base + "/metrics"
+		}
+		p.backends = append(p.backends, b)
 	}
+	p.queue = newQueue(p)
 	return p, nil
+}
+
+// UseTransport makes the pool's scrapes and health probes go through rt
+// (for instance the transport that carries its requests, with the pool's
+// upstream TLS settings). Call it before Start. By default they use a
+// plain HTTP client of their own.
+func (p *Pool) UseTransport(rt http.RoundTripper) {
+	p.client = &http.Client{Transport: rt}
 }
 
 // Name is the pool's name.
@@ -91,44 +180,44 @@ func (p *Pool) Config() PoolConfig { return p.cfg }
 // Backends lists the pool's backends.
 func (p *Pool) Backends() []*Backend { return p.backends }
 
-// Pick chooses a backend by power of two choices on in-flight requests
-// (scaled by weight) among healthy backends under their concurrency cap,
-// skipping those in tried.
+// Pick chooses a backend with the pool's policy among healthy backends
+// under their concurrency cap, skipping those in tried. When the admission
+// queue has targets, backends below target are preferred. With no backend
+// healthy it returns an error matching ErrNoHealthyBackend with a retry
+// delay (RetryAfter).
 func (p *Pool) Pick(tried []*Backend) (*Backend, error) {
 	now := time.Now()
-	var a, b *Backend
-	n := 0
+	bufp := p.cands.Get().(*[]*Backend)
+	defer p.cands.Put(bufp)
+	cands, healthy := (*bufp)[:0], 0
 	for _, c := range p.backends {
-		if !c.Healthy(now) || isTried(tried, c) ||
-			(c.Config.MaxConcurrency > 0 && c.InFlight() >= int64(c.Config.MaxConcurrency)) {
+		if !c.Healthy(now) {
 			continue
 		}
-		// Reservoir-sample two distinct candidates in one pass.
-		n++
-		switch {
-		case n == 1:
-			a = c
-		case n == 2:
-			b = c
-		default:
-			if i := rand.IntN(n); i == 0 {
-				a = c
-			} else if i == 1 {
-				b = c
-			}
+		healthy++
+		if isTried(tried, c) || c.atCap() {
+			continue
 		}
+		cands = append(cands, c)
 	}
+	*bufp = cands
 	switch {
-	case a == nil:
+	case len(cands) == 0 && healthy == 0:
+		return nil, &unavailableError{retryAfter: p.nextHealthy(now)}
+	case len(cands) == 0:
 		return nil, ErrNoHealthyBackend
-	case b == nil:
-		return a, nil
 	}
-	la, lb := a.InFlight()*int64(b.Config.Weight), b.InFlight()*int64(a.Config.Weight)
-	if lb < la || (lb == la && rand.IntN(2) == 0) {
-		return b, nil
+	if p.queue.enabled {
+		cands = p.queue.preferRoom(cands, now)
 	}
-	return a, nil
+	if len(cands) == 1 {
+		return cands[0], nil
+	}
+	return p.sel.Select(cands, now), nil
+}
+
+func (b *Backend) atCap() bool {
+	return b.Config.MaxConcurrency > 0 && b.inflight.Load() >= int64(b.Config.MaxConcurrency)
 }
 
 func isTried(tried []*Backend, b *Backend) bool {
@@ -138,4 +227,70 @@ func isTried(tried []*Backend, b *Backend) bool {
 		}
 	}
 	return false
+}
+
+// nextHealthy estimates when the first unhealthy backend returns: the end
+// of the shortest ejection, or one probe interval for a probe failure. At
+// least one second.
+func (p *Pool) nextHealthy(now time.Time) time.Duration {
+	d := time.Duration(math.MaxInt64)
+	for _, b := range p.backends {
+		if b.probeDown.Load() {
+			d = min(d, p.cfg.Health.Interval)
+		} else if until := time.Unix(0, b.ejectedUntil.Load()); until.After(now) {
+			d = min(d, until.Sub(now))
+		}
+	}
+	return max(d, time.Second)
+}
+
+// anyHealthy reports whether some backend is in rotation at now.
+func (p *Pool) anyHealthy(now time.Time) bool {
+	for _, b := range p.backends {
+		if b.Healthy(now) {
+			return true
+		}
+	}
+	return false
+}
+
+// Start runs the pool's metric scrapers and health probes, one goroutine
+// per backend and kind, until ctx is done or Close is called. Calling it
+// again, or after Close, does nothing.
+func (p *Pool) Start(ctx context.Context) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.started || p.closed {
+		return
+	}
+	p.started = true
+	ctx, p.stop = context.WithCancel(ctx)
+	for _, b := range p.backends {
+		if b.Config.Dialect != DialectNone {
+			p.wg.Add(1)
+			go p.scrapeLoop(ctx, b)
+		}
+		if !p.cfg.Health.Disable {
+			p.wg.Add(1)
+			go p.probeLoop(ctx, b)
+		}
+	}
+}
+
+// Close stops the scrapers and probes and waits for them to exit. Requests
+// waiting in the admission queue keep waiting for capacity (in-flight
+// requests still end and wake them) or their deadline. Close is
+// idempotent.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	stop := p.stop
+	p.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	p.wg.Wait()
+	p.queue.close()
+	p.client.CloseIdleConnections()
+	return nil
 }

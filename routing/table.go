@@ -2,6 +2,7 @@ package routing
 
 import (
 	"errors"
+	"slices"
 	"strings"
 )
 
@@ -55,6 +56,17 @@ func sortStable(rs []*Route, less func(a, b *Route) bool) {
 			rs[j], rs[j-1] = rs[j-1], rs[j]
 		}
 	}
+}
+
+// Pools returns the pools the routes use, each once, in route order.
+func (t *Table) Pools() []*Pool {
+	var out []*Pool
+	for _, r := range t.routes {
+		if r.Pool != nil && !slices.Contains(out, r.Pool) {
+			out = append(out, r.Pool)
+		}
+	}
+	return out
 }
 
 // Routes returns the routes, most specific first.

@@ -122,5 +122,9 @@ func TestDefaultNodeServes(t *testing.T) {
 		if path == "/metrics" && !strings.Contains(string(b), `sluice_requests_total{code="200",proto="h1",route="openai",tenant="-"} 1`) {
 			t.Fatalf("metrics do not count the request:\n%s", b)
 		}
+		if path == "/metrics" && (!strings.Contains(string(b), `sluice_backend_score{`) ||
+			!strings.Contains(string(b), `sluice_queue_depth{class="batch",pool="sim"} 0`)) {
+			t.Fatalf("metrics lack the pools' load and queue:\n%s", b)
+		}
 	}
 }

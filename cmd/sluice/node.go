@@ -28,6 +28,7 @@ type node struct {
 	reg      *prometheus.Registry
 	sims     map[string]*simServer
 	handler  *proxy.Handler
+	pools    []*routing.Pool // running scrapers and probes
 	server   *proxy.Server
 	certs    *certs.Store
 	limiter  limiter.Service
@@ -89,12 +90,18 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*
 		Node: cfg.Node.Name, Region: cfg.Node.Region, Log: log, AccessLog: log,
 		Metrics: proxy.NewMetrics(n.reg, cfg.Proxy.TenantMetricLabels), Stats: proxy.NewStats(),
 	})
+	n.reg.MustRegister(routing.Collector(func() []*routing.Pool { return n.handler.State().Routes.Pools() }))
+	n.pools = st.Routes.Pools()
+	for _, p := range n.pools {
+		p.Start(context.Background()) // stopped by closePools
+	}
 	n.server = &proxy.Server{
 		Handler: n.handler, HTTPAddr: cfg.Listeners.HTTP, AdminAddr: cfg.Listeners.Admin, Log: log,
 	}
 	if h := cfg.Listeners.HTTPS; h != nil {
 		n.certs, err = certs.New(h.Config, log, n.reg)
 		if err != nil {
+			n.closePools()
 			n.stopSimulators()
 			return nil, fmt.Errorf("loading certificates: %w", err)
 		}
@@ -104,6 +111,7 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*
 	}
 	n.server.Admin = proxy.NewAdmin(n.reg, n.server.Draining, n.handler)
 	if err := n.server.Listen(); err != nil {
+		n.closePools()
 		n.stopSimulators()
 		return nil, err
 	}
@@ -147,8 +155,16 @@ func (n *node) shutdown() error {
 	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Node.DrainTimeout)
 	defer cancel()
 	err := n.server.Shutdown(ctx)
+	n.closePools()
 	n.stopSimulators()
 	return err
+}
+
+// closePools stops the pools' scrapers and health probes.
+func (n *node) closePools() {
+	for _, p := range n.pools {
+		p.Close()
+	}
 }
 
 // close stops background work and releases what outlives the listeners:
@@ -186,6 +202,7 @@ func buildState(cfg *configs.Config, simURLs map[string]string) (*proxy.State, e
 			return nil, err
 		}
 		transports[pc.Name] = tr
+		p.UseTransport(tr) // scrapes and probes with the pool's TLS settings
 	}
 	var routes []*routing.Route
 	for _, rc := range cfg.Routes {

@@ -1,0 +1,281 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-proxy/sluice/routing"
+)
+
+// errHedgeLost cancels the slower leg of a hedged request.
+var errHedgeLost = errors.New("another backend answered first")
+
+// How a ready leg is relayed.
+const (
+	modeEvents = iota // an OpenAI event stream, first event held
+	modeRaw           // any event stream, relayed from its headers
+	modeBody          // a whole non-streamed body
+)
+
+// leg is one attempt on one backend, up to the point where it could be
+// committed to the client: response headers and, for an OpenAI stream, the
+// first event; for a non-streamed answer, the whole body. Nothing reaches
+// the client before a leg wins, so a failed leg can be retried and a hedged
+// one dropped. A leg is used by one goroutine at a time.
+type leg struct {
+	x      *exchange
+	b      *routing.Backend
+	end    func() // ends the backend's in-flight count
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	wd     *watchdog
+
+	resp           *http.Response
+	headers, first time.Time // response headers; first event (or whole body)
+	mode           int
+	br             *bufio.Reader // modeEvents: positioned after ev
+	bufp           *[]byte       // modeEvents: pooled buffer holding ev
+	ev             []byte        // modeEvents: the held first event
+	body           []byte        // modeBody
+	err            error
+	closed         bool
+
+	race  *race // nil unless hedging
+	hedge bool  // the second leg of a race
+}
+
+// newLeg starts a leg on b in l's storage: it counts the request on the
+// backend (which ends the exchange's hold on the admission queue) and arms
+// the first-token watchdog.
+func (x *exchange) newLeg(b *routing.Backend, l *leg) *leg {
+	*l = leg{x: x, b: b}
+	l.end = b.Begin()
+	x.adm.Done()
+	l.ctx, l.cancel = context.WithCancelCause(x.r.Context())
+	timeout := x.st.Config.FirstTokenTimeout
+	if x.route.FirstTokenTimeout > 0 {
+		timeout = x.route.FirstTokenTimeout
+	}
+	l.wd = newWatchdog(timeout, l.cancel)
+	return l
+}
+
+// open sends the request and reads up to the first event. On failure it
+// sets l.err and closes the leg.
+func (l *leg) open() {
+	x := l.x
+	req, err := x.upstreamRequest(l.ctx, l.b)
+	if err != nil {
+		l.fail(err, false)
+		return
+	}
+	resp, err := x.transport().RoundTrip(req)
+	if err != nil {
+		l.fail(causeOf(l.ctx, err), true)
+		return
+	}
+	l.resp, l.headers = resp, time.Now()
+	if v := resp.Header.Get("Endpoint-Load-Metrics"); v != "" {
+		l.b.ObserveLoadHeader(v, l.headers)
+	}
+	switch {
+	case resp.StatusCode >= 500:
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		l.fail(&upstreamStatus{resp: resp, body: body}, true)
+	case resp.StatusCode == http.StatusOK && isEventStream(resp.Header) && x.route.Kind == routing.KindOpenAI:
+		l.mode = modeEvents
+		l.readFirstEvent()
+	case resp.StatusCode == http.StatusOK && isEventStream(resp.Header):
+		l.mode = modeRaw // generic streams may idle for long; TCP keep-alive watches them
+		l.wd.stop()
+		l.b.Report(true, l.headers)
+	default:
+		l.mode = modeBody
+		l.readBody()
+	}
+}
+
+// readFirstEvent reads events up to the first one carrying data (comments
+// before it are keep-alives, not a first token) and holds it.
+func (l *leg) readFirstEvent() {
+	l.br = readerPool.Get().(*bufio.Reader)
+	l.br.Reset(l.resp.Body)
+	l.bufp = eventPool.Get().(*[]byte)
+	for {
+		ev, err := readEvent(l.br, (*l.bufp)[:0])
+		*l.bufp = ev[:0]
+		if err != nil {
+			l.fail(causeOf(l.ctx, err), true)
+			return
+		}
+		if eventData(ev) != nil {
+			l.ev, l.first = ev, time.Now()
+			l.b.Report(true, l.first)
+			l.wd.tick(l.x.st.Config.StreamIdleTimeout)
+			return
+		}
+	}
+}
+
+// readBody reads a non-streamed answer whole, within the first-token
+// deadline, so that a failure can still be retried.
+func (l *leg) readBody() {
+	limit := int64(l.x.st.Config.MaxResponseBytes)
+	body, err := io.ReadAll(io.LimitReader(l.resp.Body, limit+1))
+	if err != nil {
+		l.fail(causeOf(l.ctx, err), true)
+		return
+	}
+	if int64(len(body)) > limit {
+		l.fail(errResponseTooLarge, false)
+		return
+	}
+	l.body, l.first = body, time.Now()
+	if l.resp.StatusCode < 400 {
+		l.b.Report(true, l.first)
+	}
+}
+
+// fail records err and closes the leg. A failure counts against the
+// backend's health unless the client left, the node is draining or
+// another leg won.
+func (l *leg) fail(err error, report bool) {
+	l.err = err
+	if report && l.x.r.Context().Err() == nil && !errors.Is(err, errDraining) &&
+		!errors.Is(context.Cause(l.ctx), errHedgeLost) {
+		l.b.Report(false, time.Now())
+	}
+	l.close()
+}
+
+// close releases everything the leg holds: the response body, the timers,
+// the context, the pooled buffers and the backend's in-flight count. It is
+// idempotent.
+func (l *leg) close() {
+	if l.closed {
+		return
+	}
+	l.closed = true
+	if l.resp != nil {
+		l.resp.Body.Close()
+	}
+	l.wd.stop()
+	l.cancel(context.Canceled)
+	if l.br != nil {
+		l.br.Reset(nil)
+		readerPool.Put(l.br)
+		l.br = nil
+	}
+	if l.bufp != nil {
+		eventPool.Put(l.bufp)
+		l.bufp, l.ev = nil, nil
+	}
+	l.end()
+}
+
+// relay commits the winning leg to the client, relays the rest and closes
+// the leg.
+func (x *exchange) relay(l *leg) error {
+	defer l.close()
+	x.backend, x.upstreamHeaders = l.b, l.headers
+	switch l.mode {
+	case modeEvents:
+		return x.relayOpenAI(l)
+	case modeRaw:
+		return x.relayRaw(l)
+	}
+	return x.relayBody(l)
+}
+
+// race coordinates a hedged request's legs. Each leg runs in its own
+// goroutine and, once open, claims victory (winner) before reporting on
+// out; a leg that succeeds too late closes itself. The exchange receives
+// every leg's report before its handler returns (drainRace).
+type race struct {
+	out     chan *leg // one report per leg; capacity for all
+	winner  atomic.Pointer[leg]
+	legs    [2]*leg
+	n       int // legs started
+	pending int // legs not yet reported
+}
+
+// run opens the leg and reports it.
+func (l *leg) run() {
+	l.open()
+	if l.err == nil && !l.race.winner.CompareAndSwap(nil, l) {
+		l.err = errHedgeLost
+		l.close()
+	}
+	l.race.out <- l
+}
+
+// race runs the request on b and, when no first token has come after the
+// route's hedge_after, on a second backend too. The first leg to produce a
+// first token wins; the other is cancelled at once (its backend frees the
+// slot). It fails only when every leg failed.
+func (x *exchange) race(b *routing.Backend, tried []*routing.Backend) (*leg, []*routing.Backend, error) {
+	rc := &race{out: make(chan *leg, len(race{}.legs))}
+	x.hedging = rc
+	x.startLeg(rc, b, false)
+	timer := time.NewTimer(x.route.HedgeAfter)
+	defer timer.Stop()
+	var lastErr error
+	for rc.pending > 0 {
+		select {
+		case l := <-rc.out:
+			rc.pending--
+			if l.err != nil {
+				if lastErr == nil || !errors.Is(l.err, errHedgeLost) {
+					lastErr = l.err
+				}
+				continue
+			}
+			for _, other := range rc.legs[:rc.n] {
+				if other != l {
+					other.cancel(errHedgeLost)
+				}
+			}
+			if l.hedge {
+				x.h.metrics.hedge(x.route.Name, "won")
+			}
+			return l, tried, nil
+		case <-timer.C:
+			hb, err := x.route.Pool.Pick(tried)
+			if err != nil {
+				continue // nowhere to hedge: keep waiting for the first leg
+			}
+			tried = append(tried, hb)
+			x.hedged = true
+			x.h.metrics.hedge(x.route.Name, "fired")
+			x.startLeg(rc, hb, true)
+		}
+	}
+	return nil, tried, lastErr
+}
+
+func (x *exchange) startLeg(rc *race, b *routing.Backend, hedge bool) {
+	l := x.newLeg(b, new(leg))
+	l.race, l.hedge = rc, hedge
+	rc.legs[rc.n] = l
+	rc.n++
+	rc.pending++
+	go l.run()
+}
+
+// drainRace waits for the reports of legs still running after a race was
+// decided (they were cancelled, so they end promptly): no leg goroutine
+// outlives its request.
+func (x *exchange) drainRace() {
+	rc := x.hedging
+	if rc == nil {
+		return
+	}
+	for ; rc.pending > 0; rc.pending-- {
+		<-rc.out
+	}
+}

@@ -1,0 +1,115 @@
+package routing
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// RegisterMetrics registers Collector(pools) with reg.
+func RegisterMetrics(reg prometheus.Registerer, pools func() []*Pool) error {
+	return reg.Register(Collector(pools))
+}
+
+// Collector returns a collector that exports, at scrape time, the state of
+// the pools that pools returns (called on every scrape, so a config reload
+// that replaces the pools is followed): per backend the load score, the
+// engine's gauges from the freshest sample and its age, in-flight
+// requests, health, ejections, scrape and probe failures; per pool and
+// class the admission queue's depth, wait histogram and outcomes. It is
+// unchecked: it describes no metrics up front.
+func Collector(pools func() []*Pool) prometheus.Collector {
+	return &collector{pools: pools}
+}
+
+var (
+	backendLabels = []string{"pool", "backend"}
+	descScore     = prometheus.NewDesc("sluice_backend_score",
+		"Load score used by least_queued (lower is better).", backendLabels, nil)
+	descInflight = prometheus.NewDesc("sluice_backend_inflight_requests",
+		"This node's requests in flight to the backend.", backendLabels, nil)
+	descEstimated = prometheus.NewDesc("sluice_backend_estimated_requests",
+		"Estimated requests at the engine (running + waiting), own in-flight when unknown.", backendLabels, nil)
+	descWaiting = prometheus.NewDesc("sluice_backend_engine_waiting",
+		"Waiting requests in the freshest engine sample.", backendLabels, nil)
+	descRunning = prometheus.NewDesc("sluice_backend_engine_running",
+		"Running requests in the freshest engine sample.", backendLabels, nil)
+	descKV = prometheus.NewDesc("sluice_backend_engine_kv_cache_usage",
+		"KV-cache usage (0-1) in the freshest engine sample.", backendLabels, nil)
+	descAge = prometheus.NewDesc("sluice_backend_sample_age_seconds",
+		"Age of the backend's latest load sample by source (scrape, header).", append(backendLabels, "source"), nil)
+	descHealthy = prometheus.NewDesc("sluice_backend_healthy",
+		"1 when the backend is in rotation.", backendLabels, nil)
+	descEjections = prometheus.NewDesc("sluice_backend_ejections_total",
+		"Times the backend was taken out of rotation, by reason (passive, probe).", append(backendLabels, "reason"), nil)
+	descScrapeErrors = prometheus.NewDesc("sluice_backend_scrape_errors_total",
+		"Failed reads of the backend's metrics.", backendLabels, nil)
+	descProbeFailures = prometheus.NewDesc("sluice_backend_probe_failures_total",
+		"Failed health probes of the backend.", backendLabels, nil)
+	descDepth = prometheus.NewDesc("sluice_queue_depth",
+		"Requests waiting in the pool's admission queue.", []string{"pool", "class"}, nil)
+	descOutcomes = prometheus.NewDesc("sluice_queue_requests_total",
+		"Requests through the admission queue by outcome (immediate, waited, timeout, cancelled, full).",
+		[]string{"pool", "class", "outcome"}, nil)
+)
+
+// collector reads the pools' state at scrape time. It is unchecked (it
+// describes nothing) because the pools and backends change with reloads.
+type collector struct {
+	pools func() []*Pool
+}
+
+func (c *collector) Describe(chan<- *prometheus.Desc) {}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	for _, p := range c.pools() {
+		for _, b := range p.backends {
+			collectBackend(ch, p, b, now)
+		}
+		q := p.queue
+		for cl := range q.classes {
+			ch <- prometheus.MustNewConstMetric(descDepth, prometheus.GaugeValue, float64(q.depth[cl].Load()), p.cfg.Name, classNames[cl])
+			for o := range outcomeNames {
+				ch <- prometheus.MustNewConstMetric(descOutcomes, prometheus.CounterValue,
+					float64(q.outcomes[cl][o].Load()), p.cfg.Name, classNames[cl], outcomeNames[o])
+			}
+			q.waits[cl].Collect(ch)
+		}
+	}
+}
+
+func collectBackend(ch chan<- prometheus.Metric, p *Pool, b *Backend, now time.Time) {
+	lv := []string{p.cfg.Name, b.label}
+	gauge := func(d *prometheus.Desc, v float64, extra ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append(lv, extra...)...)
+	}
+	counter := func(d *prometheus.Desc, v int64, extra ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append(lv, extra...)...)
+	}
+	l := b.Load(now)
+	gauge(descScore, l.score(b))
+	gauge(descInflight, float64(l.InFlight))
+	gauge(descEstimated, l.Total)
+	if s := l.Sample; s != nil {
+		gauge(descWaiting, s.Waiting)
+		gauge(descRunning, s.Running)
+		if s.KVCache >= 0 {
+			gauge(descKV, s.KVCache)
+		}
+	}
+	for _, s := range []*Sample{b.scraped.Load(), b.header.Load()} {
+		if s != nil {
+			gauge(descAge, now.Sub(s.At).Seconds(), s.Source)
+		}
+	}
+	healthy := 0.0
+	if b.Healthy(now) {
+		healthy = 1
+	}
+	gauge(descHealthy, healthy)
+	counter(descEjections, b.passiveEjections.Load(), "passive")
+	counter(descEjections, b.probeEjections.Load(), "probe")
+	counter(descScrapeErrors, b.scrapeErrors.Load())
+	counter(descProbeFailures, b.probeFailures.Load())
+}
