@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -13,7 +12,7 @@ import (
 func newClusterRedis(t testing.TB, c *redistest.Cluster, opt RedisOptions) *Redis {
 	t.Helper()
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true,
-		DialTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+		DialTimeout: storeTimeout, ReadTimeout: storeTimeout, WriteTimeout: storeTimeout})
 	t.Cleanup(func() { cc.Close() })
 	return NewRedis(cc, opt)
 }
@@ -59,11 +58,6 @@ func TestCluster(t *testing.T) {
 		}
 	})
 	t.Run("exactness", func(t *testing.T) {
-		var nodes []Limiter
-		for i := 0; i < 4; i++ {
-			nodes = append(nodes, newClusterRedis(t, c, RedisOptions{}))
-		}
-		t.Run("concurrency", func(t *testing.T) { exactnessConcurrency(t, nodes, "cl-exact-c") })
-		t.Run("tokens", func(t *testing.T) { exactnessTokens(t, nodes, "cl-exact-t") })
+		runExactness(t, func(t *testing.T) Limiter { return newClusterRedis(t, c, RedisOptions{}) }, "cl-exact")
 	})
 }

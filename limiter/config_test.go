@@ -58,8 +58,12 @@ func TestNewFromConfig(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	reg := prometheus.NewRegistry()
-	s, err := NewFromConfig(RedisConfig{Addrs: []string{srv.Addr()}, LeaseTTL: time.Second,
-		AdmissionTimeout: time.Second}, reg, nil)
+	// Generous store timeouts: this tests the shared path, which a starved
+	// CPU must not turn into degraded decisions. Three beats per TTL.
+	const ttl = 2 * time.Second
+	s, err := NewFromConfig(RedisConfig{Addrs: []string{srv.Addr()}, LeaseTTL: ttl,
+		AdmissionTimeout: storeTimeout, DialTimeout: storeTimeout, ReadTimeout: storeTimeout,
+		WriteTimeout: storeTimeout}, reg, nil)
 	if err != nil {
 		t.Fatalf("NewFromConfig: %v", err)
 	}
@@ -71,7 +75,7 @@ func TestNewFromConfig(t *testing.T) {
 	if !d.Allowed || d.Degraded {
 		t.Fatalf("decision %+v; want a shared admission", d)
 	}
-	time.Sleep(1500 * time.Millisecond) // past the TTL: the heartbeat keeps the lease
+	time.Sleep(3 * ttl / 2) // past the TTL: the heartbeat keeps the lease
 	if st := snapshot(t, s, "cfg", lim); st.InFlight != 1 || st.Degraded {
 		t.Errorf("status %+v; want the lease kept by Run", st)
 	}
@@ -91,7 +95,8 @@ func TestNewFromConfig(t *testing.T) {
 func TestNewFromConfigCluster(t *testing.T) {
 	t.Parallel()
 	c := redistest.StartCluster(t, 3)
-	s, err := NewFromConfig(RedisConfig{Addrs: c.Addrs(), AdmissionTimeout: time.Second}, nil, nil)
+	s, err := NewFromConfig(RedisConfig{Addrs: c.Addrs(), AdmissionTimeout: storeTimeout,
+		DialTimeout: storeTimeout, ReadTimeout: storeTimeout, WriteTimeout: storeTimeout}, nil, nil)
 	if err != nil {
 		t.Fatalf("NewFromConfig: %v", err)
 	}
@@ -102,9 +107,7 @@ func TestNewFromConfigCluster(t *testing.T) {
 			t.Errorf("admission %d: %+v; want shared, 2 of 3 admitted", i, d)
 		}
 	}
-	if err := s.Store().Beat(context.Background()); err != nil {
-		t.Errorf("Beat: %v", err)
-	}
+	beat(t, s.Store())
 }
 
 func TestLimitsValidate(t *testing.T) {

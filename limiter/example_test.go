@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/sluice-proxy/sluice/limiter"
 )
@@ -13,8 +14,12 @@ func ExampleLocal() {
 	lim := limiter.Limits{MaxConcurrency: 1, RequestsPerMinute: 60, TokensPerMinute: 1000}
 	ctx := context.Background()
 
-	first, _ := l.Admit(ctx, limiter.Request{ID: "r1", Tenant: "acme", Limits: lim, InputTokens: 120, OutputTokens: 80})
-	second, _ := l.Admit(ctx, limiter.Request{ID: "r2", Tenant: "acme", Limits: lim, InputTokens: 10})
+	// Two decisions at one instant (Admit decides at the current time), so
+	// the quota printed below does not depend on how fast this runs: the
+	// token bucket refills by 1000 a minute.
+	now := time.Now()
+	first := l.AdmitAt(now, limiter.Request{ID: "r1", Tenant: "acme", Limits: lim, InputTokens: 120, OutputTokens: 80})
+	second := l.AdmitAt(now, limiter.Request{ID: "r2", Tenant: "acme", Limits: lim, InputTokens: 10})
 	fmt.Println(first.Allowed, first.Ticket.ChargedInput+first.Ticket.ChargedOutput)
 	fmt.Println(second.Allowed, second.Reason, limiter.StatusCode(second))
 

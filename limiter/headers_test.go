@@ -333,8 +333,9 @@ func TestHeadersFromLimiter(t *testing.T) {
 	l := NewLocal(1)
 	lim := Limits{MaxConcurrency: 2, TokensPerMinute: 1000, RequestsPerMinute: 60}
 	var last Decision
+	now := time.Now() // one instant: the token count must not refill meanwhile
 	for i := 0; i < 4; i++ {
-		last = admit(t, l, Request{Tenant: "h", Limits: lim, InputTokens: 100, OutputTokens: 100})
+		last = l.AdmitAt(now, Request{ID: nextID(), Tenant: "h", Limits: lim, InputTokens: 100, OutputTokens: 100})
 	}
 	h := http.Header{}
 	SetHeaders(h, last)

@@ -219,14 +219,19 @@ func waitPing(addr string, exited <-chan struct{}) error {
 	return fmt.Errorf("no PING answer from %s within %v", addr, startTimeout)
 }
 
+// doTimeout bounds one command of do. It is generous: tests run beside
+// other packages' tests on a small machine, where a redis-server may wait
+// seconds for a CPU.
+const doTimeout = 10 * time.Second
+
 // do is a minimal RESP client: enough for PING, CLUSTER INFO and the like.
 func do(addr string, args ...string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
+	c, err := net.DialTimeout("tcp", addr, doTimeout)
 	if err != nil {
 		return "", err
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(doTimeout))
 	var b strings.Builder
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
 	for _, a := range args {
