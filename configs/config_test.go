@@ -164,3 +164,86 @@ func TestCertificateErrorsPointAtEntry(t *testing.T) {
 		t.Fatalf("got %q; want the error at the certificate entry", got)
 	}
 }
+
+func TestWebSocketConfig(t *testing.T) {
+	c, err := Parse("ws.yaml", []byte(valid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := c.Proxy.WebSocket
+	if !*ws.Enabled || ws.Path != "/v1/ws" || ws.MaxInflight != 16 || ws.SendQueue != 64 ||
+		ws.SlowClientDeadline != 10*time.Second || ws.PingInterval != 25*time.Second ||
+		ws.IdleTimeout != 5*time.Minute || ws.MaxMessageBytes != 1<<20+64<<10 || len(ws.AllowedOrigins) != 0 {
+		t.Errorf("websocket defaults: %+v", ws)
+	}
+
+	y := valid + `  - path: /v1/realtime
+    kind: websocket
+    pool: p
+proxy:
+  max_body_bytes: 2MiB
+  websocket:
+    path: /ws
+    max_inflight: 4
+    send_queue: 8
+    slow_client_deadline: 2s
+    ping_interval: 10s
+    idle_timeout: 1m
+    allowed_origins: ["https://app.example.com", "https://*.example.com", "http://localhost:3000", "*"]
+`
+	c, err = Parse("ws.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws = c.Proxy.WebSocket
+	if ws.Path != "/ws" || ws.MaxInflight != 4 || ws.SendQueue != 8 || ws.SlowClientDeadline != 2*time.Second ||
+		ws.PingInterval != 10*time.Second || ws.IdleTimeout != time.Minute || len(ws.AllowedOrigins) != 4 ||
+		ws.MaxMessageBytes != 2<<20+64<<10 {
+		t.Errorf("websocket config: %+v", ws)
+	}
+	if c.Routes[1].Kind != "websocket" {
+		t.Errorf("route kind %q; want websocket", c.Routes[1].Kind)
+	}
+}
+
+func TestWebSocketConfigErrors(t *testing.T) {
+	y := valid + `  - path: /v1/realtime
+    kind: websocket
+    models: [m]
+    pool: p
+proxy:
+  websocket:
+    path: ws
+    max_inflight: -1
+    allowed_origins: ["app.example.com", "https://a.example.com/path", "ftp://x"]
+`
+	_, err := Parse("ws.yaml", []byte(y))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	var lines []string
+	for _, e := range Errors(err) {
+		lines = append(lines, e.Error())
+	}
+	got := strings.Join(lines, "\n")
+	for _, w := range []string{
+		`ws.yaml:11:13: routes[1]: a websocket route cannot match models`,
+		`ws.yaml:15:11: proxy.websocket.path: "ws" must start with /`,
+		`ws.yaml:16:19: proxy.websocket.max_inflight: must not be negative`,
+		`ws.yaml:17:23: proxy.websocket.allowed_origins[0]: "app.example.com" is not an origin`,
+		`ws.yaml:17:42: proxy.websocket.allowed_origins[1]`,
+		`ws.yaml:17:72: proxy.websocket.allowed_origins[2]`,
+	} {
+		if !strings.Contains(got, w) {
+			t.Errorf("errors:\n%s\nwant one containing %q", got, w)
+		}
+	}
+	if len(lines) != 6 {
+		t.Errorf("got %d errors; want 6:\n%s", len(lines), got)
+	}
+
+	_, err = Parse("ws.yaml", []byte(valid+"  - path: /v1/ws\n    pool: p\n"))
+	if err == nil || !strings.Contains(err.Error(), `ws.yaml:9:11: routes[1]: path "/v1/ws" is the WebSocket bridge endpoint`) {
+		t.Errorf("got %v; want the route shadowed by the bridge reported at its path", err)
+	}
+}

@@ -133,6 +133,30 @@ func (v *validator) proxy() {
 	if p.MaxBodyBytes <= 0 {
 		v.errorf("proxy.max_body_bytes", "proxy.max_body_bytes: must be positive")
 	}
+	v.websocket(p.WebSocket)
+}
+
+func (v *validator) websocket(w proxy.WebSocketConfig) {
+	const path = "proxy.websocket"
+	if !strings.HasPrefix(w.Path, "/") {
+		v.errorf(path+".path", "%s.path: %q must start with /", path, w.Path)
+	}
+	for _, f := range []struct {
+		key string
+		n   int64
+	}{{"max_inflight", int64(w.MaxInflight)}, {"send_queue", int64(w.SendQueue)},
+		{"max_message_bytes", int64(w.MaxMessageBytes)}} {
+		if f.n < 0 {
+			v.errorf(path+"."+f.key, "%s.%s: must not be negative", path, f.key)
+		}
+	}
+	for i, o := range w.AllowedOrigins {
+		if !proxy.ValidOrigin(o) {
+			v.errorf(fmt.Sprintf("%s.allowed_origins[%d]", path, i),
+				"%s.allowed_origins[%d]: %q is not an origin (want \"*\" or scheme://host[:port], e.g. \"https://app.example.com\" or \"https://*.example.com\")",
+				path, i, o)
+		}
+	}
 }
 
 func (v *validator) simulators() {
@@ -271,9 +295,14 @@ func (v *validator) routes(pools map[string]bool) {
 		switch r.Kind {
 		case routing.KindOpenAI, routing.KindSSE:
 		case routing.KindWebSocket:
-			v.errorf(path+".kind", "%s: kind websocket is not supported yet", path)
+			if len(r.Models) > 0 {
+				v.errorf(path+".models", "%s: a websocket route cannot match models (it has no request body)", path)
+			}
 		default:
-			v.errorf(path+".kind", "%s: kind %q must be openai or sse", path, r.Kind)
+			v.errorf(path+".kind", "%s: kind %q must be openai, sse or websocket", path, r.Kind)
+		}
+		if ws := v.c.Proxy.WebSocket; *ws.Enabled && r.Path == ws.Path {
+			v.errorf(path+".path", "%s: path %q is the WebSocket bridge endpoint (proxy.websocket.path); choose another", path, r.Path)
 		}
 		if r.Retries != nil && *r.Retries < 0 {
 			v.errorf(path+".retries", "%s: retries must not be negative", path)

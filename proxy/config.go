@@ -27,6 +27,8 @@ type Config struct {
 	Retries *int `yaml:"retries"`
 	// MaxResponseBytes bounds a non-streamed backend response. Default 64MiB.
 	MaxResponseBytes units.Bytes `yaml:"max_response_bytes"`
+	// WebSocket tunes the WebSocket bridge and passthrough routes.
+	WebSocket WebSocketConfig `yaml:"websocket"`
 	// SLO are the node's objectives, reported at /debug/stats and checked
 	// by "sluice diagnose". Zero fields are not checked.
 	SLO SLO `yaml:"slo"`
@@ -57,6 +59,7 @@ func (c Config) WithDefaults() Config {
 	if c.MaxResponseBytes == 0 {
 		c.MaxResponseBytes = 64 << 20
 	}
+	c.WebSocket = c.WebSocket.WithDefaults(c.MaxBodyBytes)
 	return c
 }
 

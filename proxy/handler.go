@@ -67,6 +67,7 @@ type Handler struct {
 	transport http.RoundTripper
 	started   time.Time
 	inflight  atomic.Int64
+	ws        wsStats
 }
 
 // NewHandler builds a handler serving st.
@@ -101,9 +102,21 @@ func (h *Handler) State() *State { return h.live.Load().st }
 // ServeHTTP runs one request through the pipeline.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	l := h.acquire()
+	if l.st.Config.WebSocket.isBridge(r) {
+		// The socket needs the state only to upgrade (auth, config); each
+		// request on it runs through ServeHTTP with the state current then,
+		// so a long-lived socket does not keep a replaced state alive.
+		st := l.st
+		l.release()
+		h.serveBridge(w, r, st)
+		return
+	}
 	defer l.release()
 	x := &exchange{h: h, st: l.st, w: w, r: r, start: time.Now()}
 	x.conn, _ = ConnInfoFrom(r.Context())
+	if o := outcomeOf(r.Context()); o != nil {
+		x.conn = o.conn // a request over the WebSocket bridge
+	}
 	x.id = requestID(r.Header.Get("X-Request-Id"))
 	hdr := w.Header()
 	hdr.Set("X-Request-Id", x.id)
@@ -172,7 +185,11 @@ func (x *exchange) serve() error {
 	// find the path's route first (without the model) to learn that.
 	pre, _ := x.st.Routes.Match(r.Host, r.URL.Path, "")
 	allowQuery := pre != nil && pre.AllowQueryKey
-	x.tenant = x.st.Tenants.Lookup(apiKey(r, allowQuery))
+	key := apiKey(r, allowQuery)
+	if key == "" && pre != nil && pre.Kind == routing.KindWebSocket {
+		key, _ = wsKey(r) // browsers send it as a subprotocol
+	}
+	x.tenant = x.st.Tenants.Lookup(key)
 	x.authDone = time.Now()
 	if x.tenant == nil {
 		return &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
@@ -184,6 +201,9 @@ func (x *exchange) serve() error {
 	if pre == nil {
 		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
 			Message: "unknown path " + strconv.Quote(r.URL.Path)}
+	}
+	if pre.Kind == routing.KindWebSocket {
+		return x.passthrough(pre)
 	}
 	if pre.Kind == routing.KindOpenAI && r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/models") {
 		if models := x.st.Routes.Models(r.Host); len(models) > 0 {
@@ -312,6 +332,9 @@ func (x *exchange) finish() {
 			x.h.log.Warn("settle failed", "request_id", x.id, "tenant", x.tenant.ID, "err", err)
 		}
 		cancel()
+	}
+	if o := outcomeOf(x.r.Context()); o != nil {
+		o.record(x) // a bridged request: the bridge reports it
 	}
 	x.h.observe(x)
 	x.releaseITL()

@@ -24,6 +24,8 @@ type Metrics struct {
 	e2e      *prometheus.HistogramVec
 	stages   *prometheus.HistogramVec
 	tokens   *prometheus.CounterVec
+	wsConns  *prometheus.GaugeVec
+	wsSlow   prometheus.Counter
 
 	tenantCap int
 	mu        sync.Mutex
@@ -72,11 +74,18 @@ func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_tokens_total", Help: "Tokens by route, tenant and direction (in, out).",
 		}, []string{"route", "tenant", "direction"}),
+		wsConns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_websocket_connections", Help: "Open WebSocket connections by mode (bridge, passthrough).",
+		}, []string{"mode"}),
+		wsSlow: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_websocket_slow_client_total", Help: "Bridged requests cancelled because the client read too slowly.",
+		}),
 		tenantCap: tenantLabels,
 		tenants:   map[string]bool{},
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.inflight, m.retries, m.hedges, m.refusals, m.ttft, m.itl, m.e2e, m.stages, m.tokens)
+		reg.MustRegister(m.requests, m.inflight, m.retries, m.hedges, m.refusals, m.ttft, m.itl, m.e2e, m.stages, m.tokens,
+			m.wsConns, m.wsSlow)
 	}
 	return m
 }
@@ -90,6 +99,24 @@ func (m *Metrics) retry(route string) {
 func (m *Metrics) hedge(route, outcome string) {
 	if m != nil {
 		m.hedges.WithLabelValues(route, outcome).Inc()
+	}
+}
+
+// WebSocket modes, the label of sluice_websocket_connections.
+const (
+	wsModeBridge      = "bridge"
+	wsModePassthrough = "passthrough"
+)
+
+func (m *Metrics) wsOpen(mode string, delta float64) {
+	if m != nil {
+		m.wsConns.WithLabelValues(mode).Add(delta)
+	}
+}
+
+func (m *Metrics) wsSlowClient() {
+	if m != nil {
+		m.wsSlow.Inc()
 	}
 }
 

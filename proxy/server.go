@@ -50,6 +50,8 @@ type Server struct {
 	active   sync.WaitGroup
 	running  atomic.Int64 // handlers running now (active, readable)
 	draining atomic.Bool
+	drainCh  chan struct{} // closed when Shutdown begins
+	drainMu  sync.Once
 }
 
 // Addr kinds for Server.Addr.
@@ -77,7 +79,9 @@ func (s *Server) Listen() error {
 	if s.Log == nil {
 		s.Log = slog.Default()
 	}
-	s.base, s.stopBase = context.WithCancelCause(context.Background())
+	s.drainCh = make(chan struct{})
+	base := context.WithValue(context.Background(), drainKey{}, (<-chan struct{})(s.drainCh))
+	s.base, s.stopBase = context.WithCancelCause(base)
 	err := s.listen()
 	if err != nil {
 		s.closeListeners()
@@ -263,6 +267,7 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 // closes everything.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	s.drainMu.Do(func() { close(s.drainCh) })
 	var h3drained <-chan struct{}
 	if s.h3 != nil {
 		s.h3.shutdown()
@@ -280,6 +285,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.h3 != nil {
 		s.waitRequests(ctx, h3drained)
 	}
+	// Hijacked connections (WebSocket) are not tracked by http.Server:
+	// their handlers drain on the drain signal and may run until ctx ends.
+	s.waitHandlers(ctx)
 	s.stopBase(errDraining)
 	done := make(chan struct{})
 	go func() { s.active.Wait(); close(done) }()
@@ -299,6 +307,29 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		t.Stop()
 	}
 	return s.Close()
+}
+
+// waitHandlers waits until no handler runs or ctx is done.
+func (s *Server) waitHandlers(ctx context.Context) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for s.running.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// drainKey carries the server's drain signal in every request's context.
+type drainKey struct{}
+
+// drainSignal returns a channel closed when the server serving ctx begins
+// to shut down, or nil (never closed) outside a Server.
+func drainSignal(ctx context.Context) <-chan struct{} {
+	ch, _ := ctx.Value(drainKey{}).(<-chan struct{})
+	return ch
 }
 
 // waitRequests waits, after the TCP servers shut down, until the HTTP/3
