@@ -145,10 +145,13 @@ func (v *validator) websocket(w proxy.WebSocketConfig) {
 		key string
 		n   int64
 	}{{"max_inflight", int64(w.MaxInflight)}, {"send_queue", int64(w.SendQueue)},
-		{"max_message_bytes", int64(w.MaxMessageBytes)}} {
+		{"max_message_bytes", int64(w.MaxMessageBytes)}, {"request_burst", int64(w.RequestBurst)}} {
 		if f.n < 0 {
 			v.errorf(path+"."+f.key, "%s.%s: must not be negative", path, f.key)
 		}
+	}
+	if w.RequestRate < 0 {
+		v.errorf(path+".request_rate", "%s.request_rate: must not be negative", path)
 	}
 	for i, o := range w.AllowedOrigins {
 		if !proxy.ValidOrigin(o) {

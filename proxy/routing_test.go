@@ -165,27 +165,6 @@ func TestFailoverInvisible(t *testing.T) {
 	}
 }
 
-// countingLimiter admits everything and counts admissions and settlements:
-// the tenant must be charged once however many backends a request tries.
-type countingLimiter struct {
-	admits, settles atomic.Int32
-	mu              sync.Mutex
-	settled         []limiter.Usage
-}
-
-func (l *countingLimiter) Admit(ctx context.Context, req limiter.Request) (limiter.Decision, error) {
-	l.admits.Add(1)
-	return limiter.Decision{Allowed: true, Ticket: &limiter.Ticket{}}, nil
-}
-
-func (l *countingLimiter) Settle(ctx context.Context, t *limiter.Ticket, u limiter.Usage) error {
-	l.settles.Add(1)
-	l.mu.Lock()
-	l.settled = append(l.settled, u)
-	l.mu.Unlock()
-	return nil
-}
-
 // A request with no first token after hedge_after goes to a second
 // backend too; the first to answer wins, the other is cancelled (its GPU
 // slot freed), and the tenant is charged once.
@@ -194,11 +173,14 @@ func TestHedging(t *testing.T) {
 	slow.PrefillBase = 5 * time.Second // admitted into the batch, no token for 5 s
 	slowSim, slowURL := startSim(t, slow)
 	fastS, fastURL := startSim(t, fastSim())
-	lim := &countingLimiter{}
+	// The real local limiter, with rates so slow that nothing refills
+	// during the test: what is left shows what was charged.
+	lim := limiter.NewLocal(1)
+	limits := limiter.Limits{RequestsPerMinute: 6, TokensPerMinute: 6, Burst: 100000}
 	pool := poolOf(slowURL, fastURL)
 	pool.Policy = routing.PolicyRoundRobin // the first leg goes to the slow backend
 	const hedgeAfter = 150 * time.Millisecond
-	e := startEdge(t, edgeOpts{pool: pool, limiter: lim, promMetrics: true,
+	e := startEdge(t, edgeOpts{pool: pool, limiter: lim, limits: limits, promMetrics: true,
 		routes: []routing.RouteConfig{{Pool: "p", HedgeAfter: hedgeAfter}}})
 
 	start := time.Now()
@@ -220,15 +202,19 @@ func TestHedging(t *testing.T) {
 	if st := slowSim.Stats(); st.Completed != 0 || fastS.Stats().Completed != 1 {
 		t.Fatalf("slow completed %d, fast %d; want 0 and 1", st.Completed, fastS.Stats().Completed)
 	}
-	waitFor(t, 2*time.Second, "settlement", func() bool { return lim.settles.Load() == 1 })
-	if lim.admits.Load() != 1 {
-		t.Fatalf("admitted %d times; want the tenant charged once", lim.admits.Load())
+	// Charged once: one request of the bucket's 6 gone, and the tokens of
+	// one request (the winner's prompt + 12 output tokens) settled.
+	var st limiter.Status
+	waitFor(t, 2*time.Second, "settlement", func() bool {
+		st, _ = lim.Snapshot(context.Background(), "t1", limits)
+		return st.InFlight == 0 && limits.Burst-st.Tokens.Remaining >= 12
+	})
+	if st.Requests.Remaining != 5 {
+		t.Fatalf("requests remaining %d of 6; want the tenant charged once", st.Requests.Remaining)
 	}
-	lim.mu.Lock()
-	if u := lim.settled[0]; u.OutputTokens != 12 {
-		t.Errorf("settled %+v; want the winner's 12 output tokens", u)
+	if used := limits.Burst - st.Tokens.Remaining; used < 12 || used >= 24 {
+		t.Errorf("tokens charged %d; want one request's usage (prompt + the winner's 12 output tokens)", used)
 	}
-	lim.mu.Unlock()
 	for _, b := range e.pools["p"].Backends() {
 		if b.InFlight() != 0 {
 			t.Fatalf("backend %s still counts %d in flight", b.URL.Host, b.InFlight())

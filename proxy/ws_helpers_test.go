@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -151,58 +150,39 @@ func closeCode(t testing.TB, c *websocket.Conn, timeout time.Duration) (int, []w
 	}
 }
 
-// setWS changes the edge's WebSocket settings (and limiter, when set).
-func setWS(e *testEdge, mod func(*proxy.WebSocketConfig), lim proxy.Limiter) {
+// setWS changes the edge's WebSocket settings and, when lim is set, puts
+// the real local limiter in with the test tenant's limits.
+func setWS(e *testEdge, mod func(*proxy.WebSocketConfig), lim *concLimiter) {
 	st := *e.handler.State()
 	if mod != nil {
 		st.Config.WebSocket = proxy.Config{}.WithDefaults().WebSocket
 		mod(&st.Config.WebSocket)
 	}
 	if lim != nil {
-		st.Limiter = lim
+		st.Limiter = lim.Local
+		st.Tenants = proxy.NewTenants([]proxy.TenantConfig{
+			{ID: "t1", Keys: []string{proxy.HashKey(testKey)}, Limits: lim.limits},
+		})
 	}
 	e.handler.Swap(&st)
 }
 
-// concLimiter is a small real limiter: at most max streams per tenant,
-// counted from admission to settlement.
+// concLimiter is the real local limiter with a concurrency limit, and a
+// view of a tenant's streams in flight.
 type concLimiter struct {
-	max        int
-	retryAfter time.Duration
-	mu         sync.Mutex
-	running    map[string]int
-	open       map[string]bool // ticket ids not yet settled
-	admitted   int
+	*limiter.Local
+	limits limiter.Limits
 }
 
 func newConcLimiter(max int) *concLimiter {
-	return &concLimiter{max: max, retryAfter: 1500 * time.Millisecond, running: map[string]int{}, open: map[string]bool{}}
+	return &concLimiter{Local: limiter.NewLocal(1), limits: limiter.Limits{MaxConcurrency: max}}
 }
 
-func (l *concLimiter) Admit(_ context.Context, req limiter.Request) (limiter.Decision, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.running[req.Tenant] >= l.max {
-		return limiter.Decision{Reason: "concurrency", RetryAfter: l.retryAfter}, nil
-	}
-	l.running[req.Tenant]++
-	l.open[req.ID] = true
-	l.admitted++
-	return limiter.Decision{Allowed: true, Ticket: &limiter.Ticket{ID: req.ID, Tenant: req.Tenant}}, nil
-}
-
-func (l *concLimiter) Settle(_ context.Context, tk *limiter.Ticket, _ limiter.Usage) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.open[tk.ID] {
-		delete(l.open, tk.ID)
-		l.running[tk.Tenant]--
-	}
-	return nil
-}
-
+// streams is the tenant's concurrency leases held now.
 func (l *concLimiter) streams(tenant string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.running[tenant]
+	st, err := l.Snapshot(context.Background(), tenant, l.limits)
+	if err != nil {
+		return -1
+	}
+	return int(st.InFlight)
 }

@@ -436,8 +436,8 @@ func TestWSBridgeLimits(t *testing.T) {
 	if f := terminal(c, "c"); f.Type != "error" || f.Status != 429 || f.Error.Code != "too_many_inflight" {
 		t.Fatalf("c: %+v; want error 429 too_many_inflight", f)
 	}
-	if f := terminal(other, "d"); f.Type != "error" || f.Status != 429 || f.RetryAfterMs != 1500 {
-		t.Fatalf("d: %+v; want error 429 with the limiter's retry_after_ms 1500", f)
+	if f := terminal(other, "d"); f.Type != "error" || f.Status != 429 || f.RetryAfterMs != 1000 {
+		t.Fatalf("d: %+v; want error 429 with the limiter's retry_after_ms 1000", f)
 	}
 	sendJSON(t, c, map[string]string{"type": "cancel", "id": "a"})
 	sendJSON(t, c, map[string]string{"type": "cancel", "id": "b"})
@@ -519,5 +519,30 @@ func TestWSBridgeIdleTimeout(t *testing.T) {
 	}
 	if pings.Load() == 0 {
 		t.Fatal("no pings received")
+	}
+}
+
+// A socket may start request frames no faster than its request_rate
+// (token bucket): beyond the burst, an error frame, and the socket stays
+// usable.
+func TestWSBridgeRequestRate(t *testing.T) {
+	_, simURL := startSim(t, fastSim())
+	e := startEdge(t, edgeOpts{pool: poolOf(simURL)})
+	setWS(e, func(c *proxy.WebSocketConfig) { c.RequestRate = 0.5; c.RequestBurst = 2 }, nil)
+	c := dialWS(t, wsURL(e), keyHeader())
+	for _, id := range []string{"a", "b", "c"} {
+		request(t, c, id, chatBody(""))
+	}
+	got := map[string]wsFrame{}
+	for len(got) < 3 {
+		if f := readFrame(t, c, 5*time.Second); f.terminal() {
+			got[f.ID] = f
+		}
+	}
+	if got["a"].Type != "done" || got["b"].Type != "done" {
+		t.Fatalf("a %+v, b %+v; want both done within the burst", got["a"], got["b"])
+	}
+	if f := got["c"]; f.Type != "error" || f.Status != 429 || f.Error.Code != "socket_request_rate" {
+		t.Fatalf("c: %+v; want error 429 socket_request_rate", f)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"golang.org/x/time/rate"
 
 	"github.com/sluice-proxy/sluice/routing"
 )
@@ -84,6 +85,9 @@ type wsConn struct {
 	closeCode  atomic.Int32  // the close code sent or received
 	served     atomic.Int64
 
+	// starts limits the request frames the socket may start per second.
+	starts *rate.Limiter
+
 	mu       sync.Mutex
 	reqs     map[string]*wsRequest // running requests by id
 	running  int                   // requests whose terminal frame is not queued yet
@@ -117,6 +121,7 @@ func newWSConn(h *Handler, cfg WebSocketConfig, conn *websocket.Conn, r *http.Re
 		h: h, cfg: cfg, conn: conn, up: r, hdr: bridgeHeader(r.Header, key, fromProtocol),
 		out: make(chan *[]byte, cfg.SendQueue), quit: make(chan struct{}), writerGone: make(chan struct{}),
 		emptied: make(chan struct{}, 1), reqs: map[string]*wsRequest{},
+		starts: rate.NewLimiter(rate.Limit(cfg.RequestRate), cfg.RequestBurst),
 	}
 	c.ctx, c.stop = context.WithCancelCause(r.Context())
 	c.connInfo, _ = ConnInfoFrom(r.Context())
@@ -226,6 +231,9 @@ func (c *wsConn) register(id string) (*wsRequest, *apiError) {
 	case c.running >= c.cfg.MaxInflight:
 		return nil, &apiError{Status: http.StatusTooManyRequests, Type: "invalid_request_error", Code: "too_many_inflight",
 			Message: "too many requests in flight on this socket; wait for one to finish", RetryAfter: 1}
+	case c.starts != nil && !c.starts.Allow():
+		return nil, &apiError{Status: http.StatusTooManyRequests, Type: "invalid_request_error", Code: "socket_request_rate",
+			Message: "request frames arrive on this socket faster than its request_rate allows; slow down", RetryAfter: 1}
 	}
 	rq := &wsRequest{c: c, id: id, prefix: chunkPrefix(id)}
 	rq.ctx, rq.cancel = context.WithCancel(c.ctx)

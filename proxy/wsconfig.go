@@ -20,6 +20,12 @@ type WebSocketConfig struct {
 	// MaxInflight bounds the requests running at once on one bridged
 	// socket; more are refused with an error frame. Default 16.
 	MaxInflight int `yaml:"max_inflight"`
+	// RequestRate bounds the request frames one socket may start per
+	// second (token bucket, RequestBurst deep): a socket cannot flood the
+	// limiter and the backends faster than HTTP clients could. Default 20.
+	RequestRate float64 `yaml:"request_rate"`
+	// RequestBurst is the bucket depth for RequestRate. Default 40.
+	RequestBurst int `yaml:"request_burst"`
 	// SendQueue is the number of frames one socket may have queued for the
 	// client. When it is full the request producing a frame waits, so the
 	// relay stops reading from its backend. Default 64.
@@ -58,6 +64,12 @@ func (c WebSocketConfig) WithDefaults(maxBody units.Bytes) WebSocketConfig {
 	}
 	if c.MaxInflight == 0 {
 		c.MaxInflight = 16
+	}
+	if c.RequestRate == 0 {
+		c.RequestRate = 20
+	}
+	if c.RequestBurst == 0 {
+		c.RequestBurst = 40
 	}
 	if c.SendQueue == 0 {
 		c.SendQueue = 64
