@@ -305,14 +305,8 @@ func joinChanges(cs []FieldChange) string {
 
 func diffRoutes(old, new []routing.RouteConfig) []string {
 	var out []string
-	byName := func(rs []routing.RouteConfig) map[string]routing.RouteConfig {
-		m := make(map[string]routing.RouteConfig, len(rs))
-		for _, r := range rs {
-			m[r.Name] = r
-		}
-		return m
-	}
-	om, nm := byName(old), byName(new)
+	key := func(r routing.RouteConfig) string { return r.Name }
+	om, nm := indexBy(old, key), indexBy(new, key)
 	for _, name := range unionKeys(om, nm) {
 		o, inOld := om[name]
 		n, inNew := nm[name]
@@ -347,14 +341,8 @@ func routeSummary(r routing.RouteConfig) string {
 
 func diffPools(old, new []routing.PoolConfig) []string {
 	var out []string
-	byName := func(ps []routing.PoolConfig) map[string]routing.PoolConfig {
-		m := make(map[string]routing.PoolConfig, len(ps))
-		for _, p := range ps {
-			m[p.Name] = p
-		}
-		return m
-	}
-	om, nm := byName(old), byName(new)
+	key := func(p routing.PoolConfig) string { return p.Name }
+	om, nm := indexBy(old, key), indexBy(new, key)
 	for _, name := range unionKeys(om, nm) {
 		o, inOld := om[name]
 		n, inNew := nm[name]
@@ -615,3 +603,12 @@ func unionKeys[V any](a, b map[string]V) []string {
 const Redacted = "<redacted>"
 
 func redacted(s string) bool { return s == Redacted }
+
+// indexBy maps each element of xs by its key (the last one wins).
+func indexBy[T any](xs []T, key func(T) string) map[string]T {
+	m := make(map[string]T, len(xs))
+	for _, x := range xs {
+		m[key(x)] = x
+	}
+	return m
+}

@@ -47,18 +47,12 @@ func (x *exchange) forward() error {
 	tried := triedBuf[:0]
 	var lastErr error
 	for attempt := 0; attempt <= retries; attempt++ {
-		b, err := x.route.Pool.Pick(tried)
+		b, err := x.pickNext(attempt, tried)
 		if err != nil {
 			if lastErr != nil {
 				break
 			}
 			return err
-		}
-		if attempt == 0 {
-			x.picked = time.Now()
-		} else {
-			x.retries++
-			x.h.metrics.retry(x.route.Name)
 		}
 		tried = append(tried, b)
 		var l *leg
@@ -206,4 +200,20 @@ func dropConnectionHeaders(dst, src http.Header) {
 			}
 		}
 	}
+}
+
+// pickNext chooses the backend for an attempt (skipping those tried) and
+// records it: the pick mark on the first attempt, a retry on the others.
+func (x *exchange) pickNext(attempt int, tried []*routing.Backend) (*routing.Backend, error) {
+	b, err := x.route.Pool.Pick(tried)
+	if err != nil {
+		return nil, err
+	}
+	if attempt == 0 {
+		x.picked = time.Now()
+	} else {
+		x.retries++
+		x.h.metrics.retry(x.route.Name)
+	}
+	return b, nil
 }

@@ -67,18 +67,12 @@ func (x *exchange) dialAny() (*websocket.Conn, func(), error) {
 	var tried []*routing.Backend
 	var lastErr error
 	for attempt := 0; attempt <= retries; attempt++ {
-		b, err := x.route.Pool.Pick(tried)
+		b, err := x.pickNext(attempt, tried)
 		if err != nil {
 			if lastErr != nil {
 				break
 			}
 			return nil, nil, err
-		}
-		if attempt == 0 {
-			x.picked = time.Now()
-		} else {
-			x.retries++
-			x.h.metrics.retry(x.route.Name)
 		}
 		tried = append(tried, b)
 		x.backend = b
