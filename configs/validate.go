@@ -162,17 +162,22 @@ func (v *validator) websocket(w proxy.WebSocketConfig) {
 	}
 }
 
+// uniqueName checks that an entry's name is set and not taken, and takes it.
+func (v *validator) uniqueName(path, kind, name string, seen map[string]bool) {
+	switch {
+	case name == "":
+		v.errorf(path, "%s: name is required", path)
+	case seen[name]:
+		v.errorf(path+".name", "%s: duplicate %s name %q", path, kind, name)
+	}
+	seen[name] = true
+}
+
 func (v *validator) simulators() {
 	seen := map[string]bool{}
 	for i, s := range v.c.Simulators {
 		path := fmt.Sprintf("simulators[%d]", i)
-		switch {
-		case s.Name == "":
-			v.errorf(path, "%s: name is required", path)
-		case seen[s.Name]:
-			v.errorf(path+".name", "%s: duplicate simulator name %q", path, s.Name)
-		}
-		seen[s.Name] = true
+		v.uniqueName(path, "simulator", s.Name, seen)
 		if err := s.Config.Validate(); err != nil {
 			v.errorf(path, "%s: %v", path, err)
 		}
@@ -183,13 +188,7 @@ func (v *validator) pools() map[string]bool {
 	names := map[string]bool{}
 	for i, p := range v.c.Pools {
 		path := fmt.Sprintf("pools[%d]", i)
-		switch {
-		case p.Name == "":
-			v.errorf(path, "%s: name is required", path)
-		case names[p.Name]:
-			v.errorf(path+".name", "%s: duplicate pool name %q", path, p.Name)
-		}
-		names[p.Name] = true
+		v.uniqueName(path, "pool", p.Name, names)
 		if len(p.Backends) == 0 {
 			v.errorf(path, "pool %q: at least one backend is required", p.Name)
 		}
