@@ -105,8 +105,12 @@ th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 {{end}}</table>
 {{else}}<p>No requests yet.</p>{{end}}
 <h2>Backends</h2>
-<table><tr><th>pool</th><th>backend</th><th>health</th><th>in flight</th></tr>
-{{range .Backends}}<tr><td>{{.Pool}}</td><td>{{.URL}}</td><td>{{if .Healthy}}<span class="ok">healthy</span>{{else}}<span class="bad">ejected</span>{{end}}</td><td>{{.InFlight}}</td></tr>
+<table><tr><th>pool</th><th>backend</th><th>health</th><th>in flight</th><th>engine running</th><th>engine waiting</th><th>slots</th><th>sample age ms</th><th>score</th></tr>
+{{range .Backends}}<tr><td>{{.Pool}}</td><td>{{.URL}}</td><td>{{if .Healthy}}<span class="ok">healthy</span>{{else}}<span class="bad">ejected</span>{{end}}</td><td>{{.InFlight}}</td><td>{{with .Running}}{{.}}{{else}}?{{end}}</td><td>{{with .Waiting}}{{.}}{{else}}?{{end}}</td><td>{{with .Capacity}}{{.}}{{else}}?{{end}}</td><td>{{with .SampleAgeMS}}{{printf "%.0f" .}}{{else}}stale{{end}}</td><td>{{printf "%.2f" .Score}}</td></tr>
+{{end}}</table>
+<h2>Edge admission queues</h2>
+<table><tr><th>pool</th><th>class</th><th>waiting</th></tr>
+{{range .Queues}}<tr><td>{{.Pool}}</td><td>{{.Class}}</td><td>{{.Depth}}</td></tr>
 {{end}}</table>
 <h2>Tenants nearest their limits</h2>
 <table><tr><th>tenant</th><th>remaining</th><th>limit</th><th>refused</th><th>seen</th></tr>

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"time"
+
+	"github.com/sluice-proxy/sluice/routing"
 )
 
 // SLO is a node's service-level objectives; `sluice diagnose` exits
@@ -33,6 +35,18 @@ type BackendStat struct {
 	Running  *float64 `json:"running,omitempty"`
 	Waiting  *float64 `json:"waiting,omitempty"`
 	Capacity int      `json:"capacity,omitempty"`
+	// SampleAgeMS is the age of the engine sample used; absent when none
+	// is fresh (the load is then this node's in-flight count alone).
+	SampleAgeMS *float64 `json:"sample_age_ms,omitempty"`
+	// Score is the least-queued score (lower is better).
+	Score float64 `json:"score"`
+}
+
+// QueueStat is one pool's edge admission queue depth for a class.
+type QueueStat struct {
+	Pool  string `json:"pool"`
+	Class string `json:"class"`
+	Depth int    `json:"depth"`
 }
 
 // StatsSnapshot is the JSON of /debug/stats.
@@ -45,6 +59,7 @@ type StatsSnapshot struct {
 	SLO         SLOMillis     `json:"slo"`
 	Routes      []RouteStats  `json:"routes"`
 	Backends    []BackendStat `json:"backends"`
+	Queues      []QueueStat   `json:"queues"`
 	Tenants     []TenantStat  `json:"tenants_nearest_limits"`
 }
 
@@ -57,7 +72,7 @@ func (h *Handler) Snapshot() StatsSnapshot {
 		Node: h.node, Region: h.region, GeneratedAt: now.UTC(), UptimeS: now.Sub(h.started).Round(time.Second).Seconds(),
 		InFlight: h.inflight.Load(),
 		SLO:      SLOMillis{TTFTP95: millis(slo.TTFTP95), ITLP99: millis(slo.ITLP99), E2EP99: millis(slo.E2EP99)},
-		Routes:   []RouteStats{}, Backends: []BackendStat{}, Tenants: []TenantStat{},
+		Routes:   []RouteStats{}, Backends: []BackendStat{}, Queues: []QueueStat{}, Tenants: []TenantStat{},
 	}
 	if h.stats != nil {
 		snap.Routes = h.stats.routesSnapshot()
@@ -71,10 +86,23 @@ func (h *Handler) Snapshot() StatsSnapshot {
 		}
 		seen[p.Name()] = true
 		for _, b := range p.Backends() {
-			snap.Backends = append(snap.Backends, BackendStat{
-				Pool: p.Name(), URL: b.URL.String(), Healthy: b.Healthy(now), InFlight: b.InFlight(),
-			})
+			snap.Backends = append(snap.Backends, backendStat(p.Name(), b, now))
+		}
+		for _, class := range []string{routing.ClassInteractive, routing.ClassBatch} {
+			snap.Queues = append(snap.Queues, QueueStat{Pool: p.Name(), Class: class, Depth: p.QueueLen(class)})
 		}
 	}
 	return snap
+}
+
+// backendStat describes one backend's health and load at now.
+func backendStat(pool string, b *routing.Backend, now time.Time) BackendStat {
+	bs := BackendStat{Pool: pool, URL: b.URL.String(), Healthy: b.Healthy(now), InFlight: b.InFlight(),
+		Capacity: b.Config.MaxBatch, Score: b.Score(now)}
+	if l := b.Load(now); l.Known && l.Sample != nil {
+		running, waiting := l.Sample.Running, l.Sample.Waiting
+		age := millis(now.Sub(l.Sample.At))
+		bs.Running, bs.Waiting, bs.SampleAgeMS = &running, &waiting, &age
+	}
+	return bs
 }

@@ -228,8 +228,11 @@ func TestDebugStats(t *testing.T) {
 	if itl := w.Stages["itl"]; itl.N != 5*11 {
 		t.Fatalf("ITL samples %d; want 55", itl.N)
 	}
-	if len(snap.Backends) != 1 || !snap.Backends[0].Healthy {
-		t.Fatalf("backends %+v", snap.Backends)
+	if len(snap.Backends) != 1 || !snap.Backends[0].Healthy || snap.Backends[0].Running != nil {
+		t.Fatalf("backends %+v; want one healthy backend, engine gauges unknown (no scrape ran)", snap.Backends)
+	}
+	if len(snap.Queues) != 2 || snap.Queues[0].Depth != 0 {
+		t.Fatalf("queues %+v; want both classes of the pool, empty", snap.Queues)
 	}
 	if len(snap.Tenants) != 1 || snap.Tenants[0].Limit != "requests" || snap.Tenants[0].Remaining != 0.5 {
 		t.Fatalf("tenants %+v; want t1 at half its requests", snap.Tenants)
