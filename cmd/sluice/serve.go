@@ -124,7 +124,7 @@ func printBanner(w io.Writer, n *node, embedded bool) {
 		fmt.Fprintf(w, "  http3  https://%s   HTTP/3 over QUIC (UDP), advertised to TLS clients with Alt-Svc\n", a)
 	}
 	if a := n.server.Addr(proxy.ListenerAdmin); a != "" {
-		fmt.Fprintf(w, "  admin  http://%s   /healthz /readyz /metrics\n", a)
+		fmt.Fprintf(w, "  admin  http://%s   status page /, /debug/stats, /debug/config, /metrics, /healthz, /readyz\n", a)
 	}
 	for _, s := range cfg.Simulators {
 		fmt.Fprintf(w, "  simulated GPU %q serving %s at %s\n", s.Name, s.Model, n.simURL(s.Name))
