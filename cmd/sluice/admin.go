@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 )
 
 // adminRoutes adds the config endpoints to the admin listener:
@@ -58,4 +59,16 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.Encode(v)
+}
+
+// enablePprof adds Go's profiler to the admin listener (sluice serve
+// --pprof). It is off by default: a CPU profile costs the node while it
+// runs, and the admin listener should stay loopback-only when it is on.
+// Example: go tool pprof http://127.0.0.1:9090/debug/pprof/profile?seconds=20
+func (n *node) enablePprof() {
+	n.admin.HandleFunc("GET /debug/pprof/", pprof.Index)
+	n.admin.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	n.admin.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	n.admin.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	n.admin.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 }

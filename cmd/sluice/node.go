@@ -31,6 +31,7 @@ type node struct {
 	reg      *prometheus.Registry
 	handler  *proxy.Handler
 	server   *proxy.Server
+	admin    *http.ServeMux // the admin listener's routes
 	certs    *certs.Store
 	limiter  limiter.Service
 	serveErr chan error
@@ -120,6 +121,7 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*
 	}
 	admin := proxy.NewAdmin(n.reg, n.server.Draining, n.handler)
 	n.adminRoutes(admin)
+	n.admin = admin
 	n.server.Admin = admin
 	if err := n.server.Listen(); err != nil {
 		return nil, err

@@ -25,6 +25,7 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 	file := fs.String("c", "", "config `file` (default: the embedded default)")
 	logFormat := fs.String("log-format", "json", "log format: json or text")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	pprofOn := fs.Bool("pprof", false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on the admin listener")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: sluice serve [-c FILE] [flags]\n\nServes a config file, or the embedded default without -c.\n\n")
 		fs.PrintDefaults()
@@ -56,6 +57,9 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice: %v\n", err)
 		return 1
+	}
+	if *pprofOn {
+		n.enablePprof()
 	}
 	if err := n.startWatcher(); err != nil {
 		log.Warn("config file changes will not be noticed; reload with SIGHUP or POST /-/reload", "err", err)
