@@ -36,11 +36,16 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	q := newSeq(j.prompt, j.limit, j.finish)
-	if !s.submit(ctx, q) {
-		s.gone(w, ctx)
-		return
+	if s.cfg.Pace > 0 {
+		stop := s.startPacer(q)
+		defer stop()
+	} else {
+		if !s.submit(ctx, q) {
+			s.gone(w, ctx)
+			return
+		}
+		defer s.release(q)
 	}
-	defer s.release(q)
 	j.id = s.newID(chat)
 	j.created = time.Now().Unix()
 	if j.stream {
@@ -105,7 +110,7 @@ func (s *Sim) stream(w http.ResponseWriter, r *http.Request, j *job, q *seq, f f
 	h.Set("Cache-Control", "no-cache")
 	s.setLoadHeader(h)
 	w.WriteHeader(http.StatusOK)
-	st := &sseStream{s: s, w: w, rc: http.NewResponseController(w), rd: newRenderer(s.cfg.Model, j),
+	st := &sseStream{s: s, w: w, rc: http.NewResponseController(w), rd: newRenderer(s.cfg.Model, j, s.cfg.StampTokens),
 		ctx: r.Context(), f: f, roleDue: j.chat}
 	if !st.flush() {
 		return
@@ -184,6 +189,9 @@ const maxPending = 32 << 10
 func (s *Sim) write(w http.ResponseWriter, rd *renderer) bool {
 	if len(rd.buf) == 0 {
 		return true
+	}
+	if rd.stamp {
+		rd.stampAll(time.Now().UnixNano())
 	}
 	_, err := w.Write(rd.buf)
 	rd.buf = rd.buf[:0]

@@ -153,6 +153,9 @@ func (st *streamState) event(now time.Time, event, data []byte) error {
 		st.usageSeen, st.res.TokensOut = true, st.c.completionTokens
 	}
 	st.tokens(now, n)
+	if n > 0 && st.c.hasEmit {
+		st.res.TokenDelay = append(st.res.TokenDelay, time.Duration(now.UnixNano()-st.c.emitNs))
+	}
 	return nil
 }
 

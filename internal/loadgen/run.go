@@ -134,7 +134,7 @@ func newPhase(cfg Config, t *target, warmup, d time.Duration, n int, round int) 
 	return phase{
 		t: t, warmup: warmup, duration: d, requests: n,
 		conc: cfg.Concurrency, rate: cfg.Rate, seed: uint64(cfg.Seed) + uint64(round),
-		timeout: cfg.Timeout, drain: cfg.Drain, maxInFlight: cfg.MaxInFlight,
+		timeout: cfg.Timeout, drain: cfg.Drain, maxInFlight: cfg.MaxInFlight, ramp: cfg.Ramp,
 	}
 }
 
@@ -151,6 +151,7 @@ type phase struct {
 	timeout     time.Duration
 	drain       time.Duration
 	maxInFlight int
+	ramp        time.Duration // closed loop: worker starts spread over it
 }
 
 type phaseOut struct {
@@ -175,7 +176,11 @@ type phaseRun struct {
 // ph.drain, then cancels the rest.
 func runPhase(ctx context.Context, ph phase, lv *live) phaseOut {
 	pr := &phaseRun{phase: ph, lv: lv, start: time.Now()}
-	pr.measureStart = pr.start.Add(ph.warmup)
+	warm := ph.warmup
+	if ph.rate <= 0 {
+		warm = max(warm, ph.ramp) // the ramp is never measured
+	}
+	pr.measureStart = pr.start.Add(warm)
 	if ph.duration > 0 {
 		pr.stopAt = pr.measureStart.Add(ph.duration)
 	}
@@ -191,9 +196,11 @@ func runPhase(ctx context.Context, ph phase, lv *live) phaseOut {
 		wg.Add(1)
 		go pr.openLoop(stopCtx, runCtx, &wg)
 	} else {
-		for range max(ph.conc, 1) {
+		n := max(ph.conc, 1)
+		for i := range n {
 			wg.Add(1)
-			go pr.closedWorker(stopCtx, runCtx, &wg)
+			at := pr.start.Add(time.Duration(float64(ph.ramp) * float64(i) / float64(n)))
+			go pr.closedWorker(stopCtx, runCtx, &wg, at)
 		}
 	}
 	done := make(chan struct{})
@@ -233,9 +240,18 @@ func (pr *phaseRun) take() bool {
 	return n <= int64(pr.requests)
 }
 
-// closedWorker sends requests back to back until the phase ends.
-func (pr *phaseRun) closedWorker(stopCtx, runCtx context.Context, wg *sync.WaitGroup) {
+// closedWorker waits until startAt (the ramp), then sends requests back
+// to back until the phase ends.
+func (pr *phaseRun) closedWorker(stopCtx, runCtx context.Context, wg *sync.WaitGroup, startAt time.Time) {
 	defer wg.Done()
+	if time.Until(startAt) > 0 {
+		timer := time.NewTimer(time.Hour)
+		ok := sleepUntil(stopCtx, timer, startAt)
+		timer.Stop()
+		if !ok {
+			return
+		}
+	}
 	for stopCtx.Err() == nil {
 		warm := time.Now().Before(pr.measureStart)
 		if !warm && !pr.take() {
