@@ -9,7 +9,10 @@ import (
 
 // Config describes one simulated GPU backend. Zero fields take the defaults
 // documented on each field (see Config.WithDefaults). For the duration knobs
-// whose zero value means "default", a negative value means "none" (0).
+// whose zero value means "default", a negative value means "none" (0); it
+// stays negative through WithDefaults, so applying the defaults twice (as a
+// caller that defaults a Config before passing it to New does) changes
+// nothing.
 type Config struct {
 	// Model is the model name served. Default "sim-small".
 	Model string `yaml:"model"`
@@ -96,8 +99,9 @@ const (
 	DefaultEmbeddingDim    = 64
 )
 
-// WithDefaults returns c with every zero field set to its default and
-// every negative "none" duration set to 0.
+// WithDefaults returns c with every zero field set to its default. A
+// negative "none" duration is kept as it is (the engine counts it as 0),
+// so WithDefaults is idempotent.
 func (c Config) WithDefaults() Config {
 	if c.Model == "" {
 		c.Model = DefaultModel
@@ -124,15 +128,24 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// durationDefault maps 0 to def and a negative value to 0.
+// durationDefault maps 0 to def; a negative value ("none") stays.
 func durationDefault(d, def time.Duration) time.Duration {
-	switch {
-	case d == 0:
+	if d == 0 {
 		return def
-	case d < 0:
-		return 0
 	}
 	return d
+}
+
+// prefill is the prefill cost of a prompt of n tokens ("none" parts count
+// as 0).
+func (c *Config) prefill(n int) time.Duration {
+	return max(c.PrefillBase, 0) + time.Duration(n)*max(c.PrefillPerToken, 0)
+}
+
+// step is the length of a decode step of n sequences ("none" parts count
+// as 0).
+func (c *Config) step(n int) time.Duration {
+	return max(c.StepBase, 0) + time.Duration(n)*max(c.StepPerSeq, 0)
 }
 
 // Validate reports every invalid field, joined. It accepts a Config before

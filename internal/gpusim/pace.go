@@ -32,7 +32,7 @@ func (s *Sim) pace(q *seq, quit <-chan struct{}, exited chan<- struct{}) {
 	cfg := &s.cfg
 	m.queue.Observe(0)
 	m.promptTokens.Add(float64(q.prompt))
-	start := q.arrived.Add(cfg.PrefillBase + time.Duration(q.prompt)*cfg.PrefillPerToken)
+	start := q.arrived.Add(cfg.prefill(q.prompt))
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	k := 0 // tokens produced
