@@ -9,7 +9,10 @@ import (
 
 // Config describes one simulated GPU backend. Zero fields take the defaults
 // documented on each field (see Config.WithDefaults). For the duration knobs
-// whose zero value means "default", a negative value means "none" (0).
+// whose zero value means "default", a negative value means "none" (0); it
+// stays negative through WithDefaults, so applying the defaults twice (as a
+// caller that defaults a Config before passing it to New does) changes
+// nothing.
 type Config struct {
 	// Model is the model name served. Default "sim-small".
 	Model string `yaml:"model"`
@@ -60,6 +63,26 @@ type Config struct {
 	// (TEXT form, queue depth, running sequences, KV-cache usage) to every
 	// model-endpoint response. Default off.
 	LoadHeader bool `yaml:"load_header"`
+
+	// Pace, when > 0, replaces the batch scheduler with a timer per
+	// request: token i (from 0) of a request is produced at its arrival +
+	// its prefill (PrefillBase + PrefillPerToken × prompt tokens) + i ×
+	// Pace, on an absolute schedule that does not drift, whatever the
+	// load. Streams then never share a decode step, so inter-token gaps are
+	// Pace and the simulator's own scheduling is not what a benchmark
+	// measures. MaxBatch, StepBase, StepPerSeq and KV-cache admission are
+	// not used (a request that could never fit is still refused);
+	// vllm:num_requests_running counts the requests in progress and
+	// num_requests_waiting and kv_cache_usage_perc stay 0. Default 0 (the
+	// batch scheduler).
+	Pace time.Duration `yaml:"pace"`
+	// StampTokens, when true, adds "sluice_emit_ns": <Unix time in
+	// nanoseconds> at the top level of every streamed chunk (role, token,
+	// finish and usage chunks), read from the wall clock just before the
+	// write that sends the chunk, so a client on the same host can measure
+	// how long each token took to reach it (sluice bench reports it as
+	// token delay). Default off; off costs nothing.
+	StampTokens bool `yaml:"stamp_tokens"`
 }
 
 // Defaults of the zero Config fields.
@@ -76,8 +99,9 @@ const (
 	DefaultEmbeddingDim    = 64
 )
 
-// WithDefaults returns c with every zero field set to its default and
-// every negative "none" duration set to 0.
+// WithDefaults returns c with every zero field set to its default. A
+// negative "none" duration is kept as it is (the engine counts it as 0),
+// so WithDefaults is idempotent.
 func (c Config) WithDefaults() Config {
 	if c.Model == "" {
 		c.Model = DefaultModel
@@ -104,15 +128,24 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// durationDefault maps 0 to def and a negative value to 0.
+// durationDefault maps 0 to def; a negative value ("none") stays.
 func durationDefault(d, def time.Duration) time.Duration {
-	switch {
-	case d == 0:
+	if d == 0 {
 		return def
-	case d < 0:
-		return 0
 	}
 	return d
+}
+
+// prefill is the prefill cost of a prompt of n tokens ("none" parts count
+// as 0).
+func (c *Config) prefill(n int) time.Duration {
+	return max(c.PrefillBase, 0) + time.Duration(n)*max(c.PrefillPerToken, 0)
+}
+
+// step is the length of a decode step of n sequences ("none" parts count
+// as 0).
+func (c *Config) step(n int) time.Duration {
+	return max(c.StepBase, 0) + time.Duration(n)*max(c.StepPerSeq, 0)
 }
 
 // Validate reports every invalid field, joined. It accepts a Config before
@@ -147,6 +180,9 @@ func (c Config) Validate() error {
 	if c.EmbeddingDim < 0 {
 		bad("embedding_dim: %d is negative", c.EmbeddingDim)
 	}
+	if c.Pace < 0 {
+		bad("pace: %v is negative", c.Pace)
+	}
 	d := c.WithDefaults()
 	if d.KVCacheTokens > 0 && d.DefaultMaxTokens >= d.KVCacheTokens {
 		bad("default_max_tokens: %d does not fit in kv_cache_tokens %d", d.DefaultMaxTokens, d.KVCacheTokens)
@@ -170,6 +206,7 @@ func (c Config) sanitized() Config {
 	c.SlowStart = max(c.SlowStart, 0)
 	c.KVCacheTokens = max(c.KVCacheTokens, c.DefaultMaxTokens+1)
 	c.EmbeddingDim = max(c.EmbeddingDim, 1)
+	c.Pace = max(c.Pace, 0)
 	return c
 }
 
@@ -195,4 +232,6 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.KVCacheTokens, "kv-cache-tokens", c.KVCacheTokens, "simulated KV-cache capacity in tokens")
 	fs.IntVar(&c.EmbeddingDim, "embedding-dim", c.EmbeddingDim, "length of embedding vectors")
 	fs.BoolVar(&c.LoadHeader, "load-header", c.LoadHeader, "send an ORCA endpoint-load-metrics response header")
+	fs.DurationVar(&c.Pace, "pace", c.Pace, "emit each request's tokens on its own timer, one every `interval` after the prefill,\ninstead of batch decode steps (0: batch scheduler)")
+	fs.BoolVar(&c.StampTokens, "stamp-tokens", c.StampTokens, `add "sluice_emit_ns" (Unix ns, taken just before the write) to every streamed chunk`)
 }

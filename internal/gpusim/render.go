@@ -15,7 +15,25 @@ type renderer struct {
 	head   []byte // `data: ` prefix `"choices":[{"index":0,"delta":` (chat) or `"text":`
 	usage  bool   // chunks carry "usage":null (stream_options.include_usage)
 	buf    []byte // pending events
+
+	// With stamping on, head is split around the emit-time field:
+	// open is `data: ` prefix `"sluice_emit_ns":`, head[stampCut:] the
+	// rest after a placeholder of stampWidth spaces. stamps are the
+	// offsets in buf of the placeholders that stamp fills in.
+	stamp    bool
+	open     []byte
+	stampCut int
+	stamps   []int
 }
+
+// EmitField is the top-level chunk field that carries the emit time when
+// Config.StampTokens is set.
+const EmitField = "sluice_emit_ns"
+
+// stampWidth is the width of an emit-time value: Unix nanoseconds have 19
+// digits from 2001 to 2262 (the end of int64 nanoseconds); a shorter value
+// is padded with leading spaces, which JSON allows.
+const stampWidth = 19
 
 const (
 	tailNull  = `,"logprobs":null,"finish_reason":null}]}` + "\n\n"
@@ -23,7 +41,7 @@ const (
 	doneEvent = "data: [DONE]\n\n"
 )
 
-func newRenderer(model string, j *job) *renderer {
+func newRenderer(model string, j *job, stamp bool) *renderer {
 	object := "text_completion"
 	if j.chat {
 		object = "chat.completion.chunk"
@@ -46,7 +64,52 @@ func newRenderer(model string, j *job) *renderer {
 		rd.head = append(rd.head, `"text":`...)
 	}
 	rd.buf = make([]byte, 0, 1024)
+	if stamp {
+		rd.stamp = true
+		rd.open = append(append([]byte("data: "), p...), `"`+EmitField+`":`...)
+		rd.stampCut = len("data: ") + len(p) - 1 // the rest starts with the prefix's comma
+		rd.stamps = make([]int, 0, 8)
+	}
 	return rd
+}
+
+// begin appends the start of a choices chunk, up to the choice's delta or
+// text value.
+func (rd *renderer) begin() {
+	if !rd.stamp {
+		rd.buf = append(rd.buf, rd.head...)
+		return
+	}
+	rd.placeholder()
+	rd.buf = append(rd.buf, rd.head[rd.stampCut:]...)
+}
+
+// placeholder appends `data: ` prefix `"sluice_emit_ns":` and a blank
+// value that stamp fills in.
+func (rd *renderer) placeholder() {
+	rd.buf = append(rd.buf, rd.open...)
+	rd.stamps = append(rd.stamps, len(rd.buf))
+	for range stampWidth {
+		rd.buf = append(rd.buf, ' ')
+	}
+}
+
+// stampAll writes now (Unix nanoseconds) into every pending placeholder.
+func (rd *renderer) stampAll(now int64) {
+	if len(rd.stamps) == 0 {
+		return
+	}
+	var d [stampWidth]byte
+	v := strconv.AppendInt(d[:0], max(now, 0), 10) // ≤ 19 digits: int64
+	var field [stampWidth]byte
+	for i := range field {
+		field[i] = ' '
+	}
+	copy(field[stampWidth-len(v):], v)
+	for _, off := range rd.stamps {
+		copy(rd.buf[off:off+stampWidth], field[:])
+	}
+	rd.stamps = rd.stamps[:0]
 }
 
 func (rd *renderer) tail() string {
@@ -58,14 +121,14 @@ func (rd *renderer) tail() string {
 
 // role appends the chat stream's first chunk, which carries the role.
 func (rd *renderer) role() {
-	rd.buf = append(rd.buf, rd.head...)
+	rd.begin()
 	rd.buf = append(rd.buf, `{"role":"assistant","content":""}`...)
 	rd.buf = append(rd.buf, rd.tail()...)
 }
 
 // token appends the chunk of token i.
 func (rd *renderer) token(i int) {
-	rd.buf = append(rd.buf, rd.head...)
+	rd.begin()
 	if rd.chat {
 		rd.buf = append(rd.buf, `{"content":`...)
 		rd.buf = append(rd.buf, tokenJSON(rd.seed, i, true)...)
@@ -78,7 +141,7 @@ func (rd *renderer) token(i int) {
 
 // finish appends the chunk that carries finish_reason.
 func (rd *renderer) finish(reason string) {
-	rd.buf = append(rd.buf, rd.head...)
+	rd.begin()
 	if rd.chat {
 		rd.buf = append(rd.buf, `{}`...)
 	} else {
@@ -95,8 +158,13 @@ func (rd *renderer) finish(reason string) {
 
 // usageChunk appends the include_usage chunk: no choices, only usage.
 func (rd *renderer) usageChunk(prompt, completion int) {
-	rd.buf = append(rd.buf, "data: "...)
-	rd.buf = append(rd.buf, rd.prefix...)
+	if rd.stamp {
+		rd.placeholder()
+		rd.buf = append(rd.buf, ',')
+	} else {
+		rd.buf = append(rd.buf, "data: "...)
+		rd.buf = append(rd.buf, rd.prefix...)
+	}
 	rd.buf = append(rd.buf, `"choices":[],"usage":`...)
 	rd.buf = appendUsage(rd.buf, prompt, completion)
 	rd.buf = append(rd.buf, "}\n\n"...)

@@ -154,13 +154,13 @@ func (s *Sim) startStep(now time.Time) (d time.Duration, ok bool) {
 		sc.admit(q, now)
 		s.metrics.queue.Observe(now.Sub(q.arrived).Seconds())
 		s.metrics.promptTokens.Add(float64(q.prompt))
-		prefill += sc.cfg.PrefillBase + time.Duration(q.prompt)*sc.cfg.PrefillPerToken
+		prefill += sc.cfg.prefill(q.prompt)
 	}
 	s.publish()
 	if len(sc.running) == 0 {
 		return 0, false
 	}
-	return sc.cfg.StepBase + time.Duration(len(sc.running))*sc.cfg.StepPerSeq + prefill, true
+	return sc.cfg.step(len(sc.running)) + prefill, true
 }
 
 // finishStep ends a step: every running sequence gets one token; those
@@ -187,11 +187,13 @@ func (s *Sim) finishStep(now time.Time) {
 			continue
 		}
 		sc.removeRunning(q) // moves another sequence into slot i
-		q.finished.Store(true)
-		q.wake()
+		// Recorded before the handler learns the sequence finished, so
+		// the metrics of an answered request are always visible.
 		m.e2e.Observe(now.Sub(q.arrived).Seconds())
 		m.decode.Observe(now.Sub(q.first).Seconds())
 		m.success.WithLabelValues(q.finish).Inc()
+		q.finished.Store(true)
+		q.wake()
 	}
 	s.publish()
 }

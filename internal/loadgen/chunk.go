@@ -20,7 +20,17 @@ type chunk struct {
 	// errRaw is the raw value of a top-level "error" key (nil if absent
 	// or null); it aliases the parsed data.
 	errRaw []byte
+	// emitNs is the top-level EmitField (the simulator's emit time in Unix
+	// nanoseconds) when hasEmit; a value that is not a non-negative
+	// integer that fits in int64 is ignored.
+	emitNs  int64
+	hasEmit bool
 }
+
+// EmitField is the top-level chunk field in which a backend (the Sluice
+// simulator with stamp_tokens) reports when it wrote the chunk, in Unix
+// nanoseconds; the generator turns it into the token delay.
+const EmitField = "sluice_emit_ns"
 
 // maxJSONDepth bounds nesting so hostile input cannot exhaust the stack.
 const maxJSONDepth = 64
@@ -40,6 +50,13 @@ func (c *chunk) parse(data []byte) (int, error) {
 			return w.array(1, func() error { return c.choice(&w) })
 		case "usage":
 			return c.usage(&w)
+		case EmitField:
+			start := w.i
+			if err := w.skip(1); err != nil {
+				return err
+			}
+			c.emitNs, c.hasEmit = parseEmitNs(data[start:w.i])
+			return nil
 		case "error":
 			start := w.i
 			if err := w.skip(1); err != nil {
@@ -114,6 +131,26 @@ func (c *chunk) usage(w *jsonWalker) error {
 		}
 		return nil
 	})
+}
+
+// parseEmitNs reads v, a JSON value, as a non-negative int64 written in
+// plain digits; ok is false for anything else (a string, a fraction, an
+// exponent, a sign, an overflow).
+func parseEmitNs(v []byte) (ns int64, ok bool) {
+	if len(v) == 0 || len(v) > 19 {
+		return 0, false
+	}
+	var n uint64
+	for _, b := range v {
+		if b < '0' || b > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(b-'0')
+	}
+	if n > 1<<63-1 {
+		return 0, false
+	}
+	return int64(n), true
 }
 
 // hasError reports whether the chunk carried a non-null error value.

@@ -10,13 +10,15 @@ type Comparison struct {
 	// Target and Baseline are the two URLs.
 	Target   string `json:"target"`
 	Baseline string `json:"baseline"`
-	// Rows hold TTFT, ITL and E2E at P50, P95, P99 and max.
+	// Rows hold TTFT, ITL and E2E at P50, P95, P99 and max, then token
+	// delay (metric "token_delay") when either target reported one: its
+	// DeltaMs is the per-token delay the target adds over the baseline.
 	Rows []CompareRow `json:"rows"`
 }
 
 // CompareRow is one percentile of one metric on both targets.
 type CompareRow struct {
-	// Metric is "ttft", "itl" or "e2e"; Stat is "p50", "p95", "p99" or "max".
+	// Metric is "ttft", "itl", "e2e" or "token_delay"; Stat is "p50", "p95", "p99" or "max".
 	Metric string `json:"metric"`
 	Stat   string `json:"stat"`
 	// TargetMs and BaselineMs are the two values in milliseconds.
@@ -82,6 +84,12 @@ func compareTargets(t, b *TargetReport) *Comparison {
 		name string
 		t, b Percentiles
 	}{{"ttft", t.TTFT, b.TTFT}, {"itl", t.ITL, b.ITL}, {"e2e", t.E2E, b.E2E}}
+	if t.TokenDelay.N > 0 || b.TokenDelay.N > 0 {
+		metrics = append(metrics, struct {
+			name string
+			t, b Percentiles
+		}{"token_delay", t.TokenDelay, b.TokenDelay})
+	}
 	for _, m := range metrics {
 		for _, s := range stats {
 			tv, bv := ms(m.t.Get(s)), ms(m.b.Get(s))

@@ -127,6 +127,16 @@ type Config struct {
 	// Warmup runs the same load for this long before measuring; requests
 	// started during it are not reported. Zero means no warm-up.
 	Warmup time.Duration
+	// Ramp spreads the start of the closed-loop workers evenly over this
+	// long (worker i of n starts at i × Ramp / n), so thousands of streams
+	// do not connect in the same millisecond. Requests started during the
+	// ramp are warm-up in every phase (every round of a comparison, every
+	// point of a sweep): they are not measured, and the measured duration
+	// starts after max(Ramp, Warmup). Zero starts every worker at once.
+	// Closed loop only. As only requests started after the ramp are
+	// measured, the first request of every worker is not: with streams
+	// longer than the ramp, make Duration longer than one stream.
+	Ramp time.Duration
 	// Timeout bounds each request (send to end of stream). Zero means 5 min.
 	Timeout time.Duration
 	// Drain is how long requests still in flight when the run ends may
@@ -234,8 +244,11 @@ func (c Config) Validate() error {
 	if c.Concurrency < 0 || c.Rate < 0 || c.Requests < 0 || c.Duration < 0 || c.Warmup < 0 {
 		add("concurrency, rate, requests, duration and warmup must not be negative")
 	}
-	if c.Timeout < 0 || c.Drain < 0 || c.MaxInFlight < 0 || c.Rounds < 0 || c.WSConns < 0 {
-		add("timeout, drain, max-inflight, rounds and ws-conns must not be negative")
+	if c.Timeout < 0 || c.Drain < 0 || c.MaxInFlight < 0 || c.Rounds < 0 || c.WSConns < 0 || c.Ramp < 0 {
+		add("timeout, drain, max-inflight, rounds, ws-conns and ramp must not be negative")
+	}
+	if c.Ramp > 0 && (c.Rate > 0 || c.Sweep.Kind == SweepRate) {
+		add("ramp applies to the closed loop (concurrency), not to an open loop (rate)")
 	}
 	for _, h := range c.Headers {
 		if name, _, ok := strings.Cut(h, ":"); !ok || strings.TrimSpace(name) == "" {
@@ -313,6 +326,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Duration, "duration", c.Duration, "measured duration (default 30s when -requests is not set)")
 	fs.IntVar(&c.Requests, "requests", c.Requests, "measured request count")
 	fs.DurationVar(&c.Warmup, "warmup", c.Warmup, "warm-up duration before measuring")
+	fs.DurationVar(&c.Ramp, "ramp", c.Ramp, "closed loop: start the workers evenly over this `duration` (not measured; every phase)")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "per-request timeout (default 5m)")
 	fs.DurationVar(&c.Drain, "drain", c.Drain, "time allowed for in-flight requests at the end (default 60s)")
 	fs.IntVar(&c.MaxInFlight, "max-inflight", c.MaxInFlight, "open-loop in-flight cap; arrivals beyond it are dropped (default 10000)")

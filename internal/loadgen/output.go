@@ -41,6 +41,9 @@ func bound(s Settings) string {
 	if s.Warmup != "" {
 		parts = append(parts, "warm-up "+s.Warmup)
 	}
+	if s.Ramp != "" {
+		parts = append(parts, "ramp "+s.Ramp)
+	}
 	if s.Rounds > 0 {
 		parts = append(parts, fmt.Sprintf("%d rounds per target", s.Rounds))
 	}
@@ -59,9 +62,12 @@ func (t *TargetReport) writeTable(ew *errWriter) {
 	for _, row := range []struct {
 		name string
 		p    Percentiles
-	}{{"ttft", t.TTFT}, {"itl", t.ITL}, {"e2e", t.E2E}, {"dispatch lag", t.DispatchLag}} {
+	}{{"ttft", t.TTFT}, {"itl", t.ITL}, {"e2e", t.E2E}, {"token delay", t.TokenDelay}, {"dispatch lag", t.DispatchLag}} {
 		if row.name == "dispatch lag" && row.p.Max == 0 {
 			continue // closed loop: no schedule to lag behind
+		}
+		if row.name == "token delay" && row.p.N == 0 {
+			continue // the backend does not stamp its chunks
 		}
 		fmt.Fprintf(tw, "  %-26s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t\n", row.name, row.p.N, ms(row.p.P50), ms(row.p.P95), ms(row.p.P99), ms(row.p.Max))
 	}
@@ -106,6 +112,10 @@ func (t *TargetReport) writeCPU(ew *errWriter) {
 		ew.printf("  cpu pid %d: %.0f ms, %.2f ms per 1,000 tokens\n", u.PID, u.CPUMs, u.MsPer1kTokens)
 	}
 	g := t.GeneratorCPU
+	if g.Err != "" {
+		ew.printf("  cpu of the generator: %s\n", g.Err)
+		return
+	}
 	ew.printf("  cpu of the generator: %.0f ms, %.2f ms per 1,000 tokens\n", g.CPUMs, g.MsPer1kTokens)
 }
 
@@ -198,7 +208,8 @@ func (t *TargetReport) csvRows(row func(metric, stat string, v float64)) {
 	for _, m := range []struct {
 		name string
 		p    Percentiles
-	}{{"ttft_ms", t.TTFT}, {"itl_ms", t.ITL}, {"e2e_ms", t.E2E}, {"dispatch_lag_ms", t.DispatchLag}} {
+	}{{"ttft_ms", t.TTFT}, {"itl_ms", t.ITL}, {"e2e_ms", t.E2E}, {"token_delay_ms", t.TokenDelay},
+		{"dispatch_lag_ms", t.DispatchLag}} {
 		row(m.name, "n", float64(m.p.N))
 		for _, s := range stats {
 			row(m.name, s, ms(m.p.Get(s)))
@@ -228,16 +239,18 @@ func (r *Report) WriteRequestsCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
 	_ = cw.Write([]string{"target", "seq", "start_ms", "lag_ms", "prompt_tokens", "max_tokens", "status", "class",
 		"truncated", "done", "headers_ms", "ttft_ms", "e2e_ms", "tokens_out", "events", "itl_n", "itl_p50_ms",
-		"itl_max_ms", "request_id", "server_timing", "error"})
+		"itl_max_ms", "request_id", "server_timing", "error", "token_delay_n", "token_delay_p50_ms"})
 	for i := range r.Results {
 		x := &r.Results[i]
 		itl := Summarize(append([]time.Duration(nil), x.ITL...))
+		delay := Summarize(append([]time.Duration(nil), x.TokenDelay...))
 		_ = cw.Write([]string{
 			strconv.Itoa(x.Target), strconv.FormatInt(x.Seq, 10), fmtMsF(x.Start), fmtMsF(x.Lag),
 			strconv.Itoa(x.PromptTokens), strconv.Itoa(x.MaxTokens), strconv.Itoa(x.Status), string(x.Class),
 			strconv.FormatBool(x.Truncated), strconv.FormatBool(x.Done), fmtMsF(x.Headers), fmtMsF(x.TTFT),
 			fmtMsF(x.E2E), strconv.Itoa(x.TokensOut), strconv.Itoa(x.Events), strconv.Itoa(itl.N),
 			fmtMsF(itl.P50), fmtMsF(itl.Max), x.RequestID, formatTiming(x.Timing), x.Err,
+			strconv.Itoa(delay.N), fmtMsF(delay.P50),
 		})
 	}
 	cw.Flush()

@@ -34,6 +34,7 @@ type Settings struct {
 	Duration     string  `json:"duration,omitempty"`
 	Requests     int     `json:"requests,omitempty"`
 	Warmup       string  `json:"warmup,omitempty"`
+	Ramp         string  `json:"ramp,omitempty"`
 	Rounds       int     `json:"rounds,omitempty"`
 	Seed         int64   `json:"seed"`
 	Stream       bool    `json:"stream"`
@@ -63,6 +64,10 @@ type TargetReport struct {
 	TTFT Percentiles `json:"ttft"`
 	ITL  Percentiles `json:"itl"`
 	E2E  Percentiles `json:"e2e"`
+	// TokenDelay is over every content event that carried the backend's
+	// emit time (EmitField): arrival − emit, per token (N == 0 when the
+	// backend does not stamp its chunks).
+	TokenDelay Percentiles `json:"token_delay"`
 	// DispatchLag is, in an open loop, how late requests left after their
 	// scheduled arrival: a high value means the generator is the bottleneck.
 	DispatchLag Percentiles `json:"dispatch_lag"`
@@ -143,6 +148,9 @@ func buildReport(cfg Config, started time.Time, ts []*target, ms []measurement) 
 		tr := summarizeTarget(m.results, m.wall)
 		tr.Role, tr.URL, tr.Protocol = t.role, t.url, t.protocol
 		tr.CPU, tr.GeneratorCPU = cpuUsage(m), usage1k(0, m.genCPU, m.allTokens)
+		if m.genCPUErr {
+			tr.GeneratorCPU = CPUUsage{Err: "reading /proc/self/stat failed (out of file descriptors?)"}
+		}
 		rep.Targets = append(rep.Targets, tr)
 		rep.Results = append(rep.Results, m.results...)
 	}
@@ -167,6 +175,9 @@ func settingsOf(cfg Config) Settings {
 	}
 	if cfg.Warmup > 0 {
 		s.Warmup = cfg.Warmup.String()
+	}
+	if cfg.Ramp > 0 {
+		s.Ramp = cfg.Ramp.String()
 	}
 	if cfg.Compare != "" {
 		s.Rounds = cfg.Rounds
@@ -199,7 +210,7 @@ func usage1k(pid int, d time.Duration, tokens int64) CPUUsage {
 // summarizeTarget computes the figures of one target's results.
 func summarizeTarget(results []Result, wall time.Duration) TargetReport {
 	tr := TargetReport{Wall: wall, WallSeconds: wall.Seconds()}
-	var ttft, itl, e2e, lag []time.Duration
+	var ttft, itl, e2e, lag, delay []time.Duration
 	errs := map[[2]string]int{}
 	for i := range results {
 		r := &results[i]
@@ -209,6 +220,7 @@ func summarizeTarget(results []Result, wall time.Duration) TargetReport {
 			ttft = append(ttft, r.TTFT)
 		}
 		itl = append(itl, r.ITL...)
+		delay = append(delay, r.TokenDelay...)
 		if r.Class == ClassOK {
 			e2e = append(e2e, r.E2E)
 		}
@@ -220,6 +232,7 @@ func summarizeTarget(results []Result, wall time.Duration) TargetReport {
 		}
 	}
 	tr.TTFT, tr.ITL, tr.E2E, tr.DispatchLag = Summarize(ttft), Summarize(itl), Summarize(e2e), Summarize(lag)
+	tr.TokenDelay = Summarize(delay)
 	if s := wall.Seconds(); s > 0 {
 		tr.RequestsPerSec = float64(tr.Counts.OK) / s
 		tr.OutputTokensPerSec = float64(tr.OutputTokens) / s

@@ -65,6 +65,12 @@ type Result struct {
 	E2E time.Duration
 	// ITL holds the gaps between consecutive content events.
 	ITL []time.Duration
+	// TokenDelay holds, for each content event that carried EmitField,
+	// its arrival time minus that emit time (both Unix wall-clock
+	// nanoseconds, so only meaningful when the backend runs on the same
+	// host): how long the token took from the backend's write to the
+	// generator. Empty when the backend does not stamp its chunks.
+	TokenDelay []time.Duration
 	// TokensOut is usage.completion_tokens if reported, else the number of
 	// content-bearing choices received.
 	TokensOut int

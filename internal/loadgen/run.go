@@ -99,6 +99,7 @@ type measurement struct {
 	cpu       map[int]time.Duration
 	cpuErr    map[int]string
 	genCPU    time.Duration
+	genCPUErr bool // a reading of genCPU failed
 }
 
 func (m *measurement) add(out phaseOut, cpu cpuSample) {
@@ -106,6 +107,7 @@ func (m *measurement) add(out phaseOut, cpu cpuSample) {
 	m.wall += out.wall
 	m.allTokens += out.allTokens
 	m.genCPU += cpu.gen
+	m.genCPUErr = m.genCPUErr || !cpu.genOK
 	if m.cpu == nil {
 		m.cpu, m.cpuErr = map[int]time.Duration{}, map[int]string{}
 	}
@@ -134,7 +136,7 @@ func newPhase(cfg Config, t *target, warmup, d time.Duration, n int, round int) 
 	return phase{
 		t: t, warmup: warmup, duration: d, requests: n,
 		conc: cfg.Concurrency, rate: cfg.Rate, seed: uint64(cfg.Seed) + uint64(round),
-		timeout: cfg.Timeout, drain: cfg.Drain, maxInFlight: cfg.MaxInFlight,
+		timeout: cfg.Timeout, drain: cfg.Drain, maxInFlight: cfg.MaxInFlight, ramp: cfg.Ramp,
 	}
 }
 
@@ -151,6 +153,7 @@ type phase struct {
 	timeout     time.Duration
 	drain       time.Duration
 	maxInFlight int
+	ramp        time.Duration // closed loop: worker starts spread over it
 }
 
 type phaseOut struct {
@@ -175,7 +178,11 @@ type phaseRun struct {
 // ph.drain, then cancels the rest.
 func runPhase(ctx context.Context, ph phase, lv *live) phaseOut {
 	pr := &phaseRun{phase: ph, lv: lv, start: time.Now()}
-	pr.measureStart = pr.start.Add(ph.warmup)
+	warm := ph.warmup
+	if ph.rate <= 0 {
+		warm = max(warm, ph.ramp) // the ramp is never measured
+	}
+	pr.measureStart = pr.start.Add(warm)
 	if ph.duration > 0 {
 		pr.stopAt = pr.measureStart.Add(ph.duration)
 	}
@@ -191,9 +198,11 @@ func runPhase(ctx context.Context, ph phase, lv *live) phaseOut {
 		wg.Add(1)
 		go pr.openLoop(stopCtx, runCtx, &wg)
 	} else {
-		for range max(ph.conc, 1) {
+		n := max(ph.conc, 1)
+		for i := range n {
 			wg.Add(1)
-			go pr.closedWorker(stopCtx, runCtx, &wg)
+			at := pr.start.Add(time.Duration(float64(ph.ramp) * float64(i) / float64(n)))
+			go pr.closedWorker(stopCtx, runCtx, &wg, at)
 		}
 	}
 	done := make(chan struct{})
@@ -233,9 +242,18 @@ func (pr *phaseRun) take() bool {
 	return n <= int64(pr.requests)
 }
 
-// closedWorker sends requests back to back until the phase ends.
-func (pr *phaseRun) closedWorker(stopCtx, runCtx context.Context, wg *sync.WaitGroup) {
+// closedWorker waits until startAt (the ramp), then sends requests back
+// to back until the phase ends.
+func (pr *phaseRun) closedWorker(stopCtx, runCtx context.Context, wg *sync.WaitGroup, startAt time.Time) {
 	defer wg.Done()
+	if time.Until(startAt) > 0 {
+		timer := time.NewTimer(time.Hour)
+		ok := sleepUntil(stopCtx, timer, startAt)
+		timer.Stop()
+		if !ok {
+			return
+		}
+	}
 	for stopCtx.Err() == nil {
 		warm := time.Now().Before(pr.measureStart)
 		if !warm && !pr.take() {
@@ -363,9 +381,10 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 
 // cpuSample is CPU time read from /proc for the given pids and this process.
 type cpuSample struct {
-	used map[int]time.Duration
-	errs map[int]string
-	gen  time.Duration
+	used  map[int]time.Duration
+	errs  map[int]string
+	gen   time.Duration
+	genOK bool // gen was read
 }
 
 func readCPU(pids []int) cpuSample {
@@ -378,13 +397,17 @@ func readCPU(pids []int) cpuSample {
 		}
 		s.used[pid] = d
 	}
-	s.gen, _ = ProcCPU(os.Getpid())
+	gen, err := ProcCPU(os.Getpid())
+	s.gen, s.genOK = gen, err == nil // fails when out of file descriptors
 	return s
 }
 
 // since returns the CPU used between before and s.
 func (s cpuSample) since(before cpuSample) cpuSample {
-	out := cpuSample{used: map[int]time.Duration{}, errs: map[int]string{}, gen: s.gen - before.gen}
+	out := cpuSample{used: map[int]time.Duration{}, errs: map[int]string{}}
+	if s.genOK && before.genOK {
+		out.gen, out.genOK = s.gen-before.gen, true
+	}
 	for pid, e := range s.errs {
 		out.errs[pid] = e
 	}

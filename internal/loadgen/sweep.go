@@ -78,6 +78,9 @@ type Point struct {
 	TTFT Percentiles `json:"ttft"`
 	ITL  Percentiles `json:"itl"`
 	E2E  Percentiles `json:"e2e"`
+	// TokenDelay is the per-token delivery delay (see
+	// TargetReport.TokenDelay); N == 0 without stamped chunks.
+	TokenDelay Percentiles `json:"token_delay"`
 	// Counts are the request outcomes.
 	Counts Counts `json:"counts"`
 	// Knee marks the knee of the curve (see FindKnee).
@@ -125,7 +128,7 @@ func Sweep(ctx context.Context, cfg Config, progress io.Writer) ([]Point, error)
 
 func pointOf(kind string, v float64, t *TargetReport) Point {
 	return Point{Kind: kind, Value: v, RequestsPerSec: t.RequestsPerSec, OutputTokensPerSec: t.OutputTokensPerSec,
-		TTFT: t.TTFT, ITL: t.ITL, E2E: t.E2E, Counts: t.Counts}
+		TTFT: t.TTFT, ITL: t.ITL, E2E: t.E2E, TokenDelay: t.TokenDelay, Counts: t.Counts}
 }
 
 func markKnee(points []Point) {
