@@ -229,10 +229,12 @@ func TestExecuteRun(t *testing.T) {
 }
 
 func TestSweepFindsKneeOfSaturatedServer(t *testing.T) {
-	// Two slots and 6 tokens 20ms apart: each request holds a slot for
-	// at least 120ms, so at concurrency 8 requests queue for several
-	// service times (P95 TTFT far above twice the unloaded 20ms).
-	srv := &slotServer{sse: &sseServer{Interval: 20 * time.Millisecond}, slot: make(chan struct{}, 2)}
+	// Two slots and 6 tokens 40ms apart: each request holds a slot for
+	// at least 240ms, so at concurrency 8 requests queue for several
+	// service times (P95 TTFT far above twice the unloaded 40ms). 40ms,
+	// not less, so that a scheduling stall on a loaded machine does not
+	// double c=2's P95 and put the knee there.
+	srv := &slotServer{sse: &sseServer{Interval: 40 * time.Millisecond}, slot: make(chan struct{}, 2)}
 	cfg := small(startH1Handler(t, srv))
 	cfg.OutputTokens = Dist{Kind: Fixed, A: 6}
 	cfg.Requests = 8
