@@ -31,7 +31,7 @@ const (
 )
 
 // headerStages are the stages of the initial Server-Timing header, in order.
-var headerStages = []string{StageNetRTT, StageTLS, StageAuth, StageRecv, StageRoute, StageLimit,
+var headerStages = [...]string{StageNetRTT, StageTLS, StageAuth, StageRecv, StageRoute, StageLimit,
 	StageQueue, StageUpstream, StagePrefill, StageTTFT, StageEdge}
 
 // timingCommentHeader lets a client ask for the final timing as an SSE
