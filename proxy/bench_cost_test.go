@@ -48,7 +48,7 @@ const smallAnswer = `{"id":"chatcmpl-1","object":"chat.completion","created":170
 
 // countingServer is an httptest server that counts the connections it
 // accepted (to check that keep-alive works).
-func countingServer(b *testing.B, h http.Handler, h2c bool) (*httptest.Server, *atomic.Int64) {
+func countingServer(b testing.TB, h http.Handler, h2c bool) (*httptest.Server, *atomic.Int64) {
 	srv := httptest.NewUnstartedServer(h)
 	conns := &atomic.Int64{}
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {

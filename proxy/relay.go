@@ -44,6 +44,7 @@ func (x *exchange) relayOpenAI(l *leg) error {
 		}
 		now = time.Now()
 		l.wd.tick(idle)
+		l.b.Progress(now)
 	}
 }
 
@@ -143,9 +144,11 @@ func (x *exchange) relayRaw(l *leg) error {
 	for {
 		n, err := l.resp.Body.Read(buf)
 		if n > 0 {
+			now := time.Now()
 			if x.firstToken.IsZero() {
-				x.firstToken = time.Now()
+				x.firstToken = now
 			}
+			l.b.Progress(now)
 			if !x.send(rc, buf[:n]) {
 				return context.Canceled
 			}
