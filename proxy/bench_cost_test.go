@@ -3,11 +3,14 @@ package proxy_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strings"
@@ -195,19 +198,71 @@ func BenchmarkStreamCost(b *testing.B) {
 }
 
 // holdBackend sends one token and then holds the stream open until the
-// request is cancelled or release is closed.
-type holdBackend struct{ release chan struct{} }
-
-func (h holdBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// request is cancelled.
+func holdBackend(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	io.WriteString(w, `data: {"choices":[{"delta":{"content":"t"}}]}`+"\n\n")
 	http.NewResponseController(w).Flush()
-	select {
-	case <-h.release:
-	case <-r.Context().Done():
-		return
+	<-r.Context().Done()
+}
+
+// TestHoldBackendProcess is not a test: BenchmarkHeldStreams runs it (with
+// SLUICE_HOLD_BACKEND=1) as a separate process serving holdBackend over
+// HTTP/1.1 and h2c, so that the benchmark's memory figures include no
+// backend connection. It serves until its standard input is closed.
+func TestHoldBackendProcess(t *testing.T) {
+	if os.Getenv("SLUICE_HOLD_BACKEND") != "1" {
+		t.Skip("helper process of BenchmarkHeldStreams")
 	}
-	io.WriteString(w, "data: [DONE]\n\n")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: http.HandlerFunc(holdBackend), Protocols: &p}
+	go srv.Serve(ln)
+	fmt.Println("ADDR", ln.Addr())
+	io.Copy(io.Discard, os.Stdin)
+	srv.Close()
+}
+
+// startHoldBackend runs TestHoldBackendProcess and returns its URL.
+func startHoldBackend(b *testing.B) string {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHoldBackendProcess$", "-test.v")
+	cmd.Env = append(os.Environ(), "SLUICE_HOLD_BACKEND=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		stdin.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if addr, ok := strings.CutPrefix(sc.Text(), "ADDR "); ok {
+			go io.Copy(io.Discard, stdout) // ends when the process does
+			return "http://" + addr
+		}
+	}
+	b.Fatal("the backend process did not start")
+	return ""
 }
 
 // heldMemory is the Go memory in use (heap objects and goroutine stacks)
@@ -220,21 +275,20 @@ func heldMemory() uint64 {
 }
 
 // holdStreams opens k streams to url, waits until each has its first
-// token, measures the memory in use, then releases them. It returns the
+// token, measures the memory in use, then cancels them. It returns the
 // memory grown per stream in bytes.
 func holdStreams(b *testing.B, url string, k int) float64 {
 	b.Helper()
-	release := make(chan struct{})
-	holdRelease.Store(&release)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: -1, DisableKeepAlives: true}}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	goroutines := runtime.NumGoroutine()
 	base := heldMemory()
-	var ready, failed sync.WaitGroup
+	var ready, done sync.WaitGroup
 	var fails atomic.Int64
 	ready.Add(k)
 	for range k {
-		failed.Go(func() {
+		done.Go(func() {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody("")))
 			req.Header.Set("Authorization", "Bearer "+testKey)
 			req.Header.Set("Content-Type", "application/json")
@@ -251,39 +305,38 @@ func holdStreams(b *testing.B, url string, k int) float64 {
 				fails.Add(1)
 			}
 			ready.Done()
-			io.Copy(io.Discard, br) // to [DONE] once released
+			io.Copy(io.Discard, br) // until cancelled
 		})
 	}
 	ready.Wait()
 	held := heldMemory()
-	close(release)
-	failed.Wait()
-	client.CloseIdleConnections()
+	cancel()
+	done.Wait()
 	if n := fails.Load(); n > 0 {
 		b.Fatalf("%d of %d streams failed", n, k)
+	}
+	// Let the proxy's side of the streams wind down before the next
+	// baseline.
+	for deadline := time.Now().Add(10 * time.Second); runtime.NumGoroutine() > goroutines+10 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
 	}
 	return float64(int64(held)-int64(base)) / float64(k)
 }
 
-// holdRelease is the release channel of the running holdStreams.
-var holdRelease atomic.Pointer[chan struct{}]
-
 // BenchmarkHeldStreams holds 2,000 idle streams (one token, then silence)
 // directly and through Sluice with an HTTP/1.1 and an h2c upstream, and
-// reports the Go memory (heap in use plus stacks) per held stream, per
-// case, and Sluice's own share ("h1-proxy-KiB": Sluice minus direct). An
-// op is one round of the three cases.
+// reports the Go memory (heap in use plus stacks, after a collection) per
+// held stream, per case, and Sluice's own share ("h1-proxy-KiB": Sluice
+// minus direct). The backend runs in a separate process, so the direct
+// case measures the client alone. An op is one round of the three cases.
 func BenchmarkHeldStreams(b *testing.B) {
 	const k = 2000
-	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		holdBackend{release: *holdRelease.Load()}.ServeHTTP(w, r)
-	})
-	srv, _ := countingServer(b, backend, true)
-	h1 := fullEdge(b, poolOf(srv.URL))
-	pc := poolOf(srv.URL)
+	backend := startHoldBackend(b)
+	h1 := fullEdge(b, poolOf(backend))
+	pc := poolOf(backend)
 	pc.H2C = true
 	h2c := fullEdge(b, pc)
-	urls := []struct{ name, url string }{{"direct", srv.URL}, {"h1", h1.http}, {"h2c", h2c.http}}
+	urls := []struct{ name, url string }{{"direct", backend}, {"h1", h1.http}, {"h2c", h2c.http}}
 	per := make([]float64, len(urls))
 	b.ResetTimer()
 	for range b.N {
