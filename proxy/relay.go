@@ -18,8 +18,13 @@ import (
 // maxEventBytes bounds one SSE event from a backend.
 const maxEventBytes = 1 << 20
 
+// relayBufferSize is the size of a stream's read buffer, held for the
+// stream's life: events are far smaller, and a longer line is read in
+// pieces (see readEvent).
+const relayBufferSize = 4 << 10
+
 var (
-	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
+	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, relayBufferSize) }}
 	eventPool  = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
 )
 
