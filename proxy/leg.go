@@ -173,7 +173,7 @@ func (l *leg) close() {
 		l.br = nil
 	}
 	if l.bufp != nil {
-		eventPool.Put(l.bufp)
+		putEvent(l.bufp)
 		l.bufp, l.ev = nil, nil
 	}
 	l.end()

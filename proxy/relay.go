@@ -25,8 +25,20 @@ const relayBufferSize = 4 << 10
 
 var (
 	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, relayBufferSize) }}
-	eventPool  = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+	// eventPool holds a stream's current event: a few hundred bytes
+	// usually; a buffer that grew past maxPooledEvent is dropped.
+	eventPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
+	rawPool   = sync.Pool{New: func() any { b := make([]byte, relayBufferSize); return &b }}
 )
+
+const maxPooledEvent = 64 << 10
+
+// putEvent returns an event buffer to its pool unless it grew too large.
+func putEvent(bufp *[]byte) {
+	if cap(*bufp) <= maxPooledEvent {
+		eventPool.Put(bufp)
+	}
+}
 
 // relayOpenAI commits a leg whose first event is held and relays the
 // stream event by event, flushing each as it arrives. It records the usage
@@ -143,9 +155,9 @@ func (x *exchange) relayRaw(l *leg) error {
 	if rc.Flush() != nil {
 		return context.Canceled
 	}
-	bufp := eventPool.Get().(*[]byte)
-	defer eventPool.Put(bufp)
-	buf := (*bufp)[:cap(*bufp)]
+	bufp := rawPool.Get().(*[]byte)
+	defer rawPool.Put(bufp)
+	buf := *bufp
 	for {
 		n, err := l.resp.Body.Read(buf)
 		if n > 0 {
