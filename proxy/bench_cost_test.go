@@ -75,8 +75,9 @@ func countingServer(b testing.TB, h http.Handler, h2c bool) (*httptest.Server, *
 // to the backend and 400 through Sluice. It reports, per case, requests/s
 // and the process CPU time per request; "proxy-cpu-µs/req" is the
 // difference (Sluice's own CPU per request), "rps-x" Sluice's requests/s as
-// a share of direct, and "upstream-conns" the connections Sluice opened to
-// the backend in the whole run (keep-alive: at most one per client).
+// a share of direct, "allocs/req" the heap allocations per request, and
+// "new-conns" the connections opened to the backend after the warm-up
+// (keep-alive works: 0).
 func BenchmarkSmallRequests(b *testing.B) {
 	srv, conns := countingServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -90,6 +91,7 @@ func BenchmarkSmallRequests(b *testing.B) {
 		name, url string
 		client    *http.Client
 		cpu, wall time.Duration
+		allocs    uint64
 	}
 	cases := []*kase{
 		{name: "direct", url: srv.URL},
@@ -128,10 +130,14 @@ func BenchmarkSmallRequests(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		for _, c := range cases {
-			cpu0, t0 := cpuTime(b), time.Now()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			cpu0, t0, m0 := cpuTime(b), time.Now(), ms.Mallocs
 			round(c)
 			c.cpu += cpuTime(b) - cpu0
 			c.wall += time.Since(t0)
+			runtime.ReadMemStats(&ms)
+			c.allocs += ms.Mallocs - m0
 		}
 	}
 	b.StopTimer()
@@ -139,6 +145,7 @@ func BenchmarkSmallRequests(b *testing.B) {
 	for _, c := range cases {
 		b.ReportMetric(float64(c.cpu.Microseconds())/n, c.name+"-cpu-µs/req")
 		b.ReportMetric(n/c.wall.Seconds(), c.name+"-req/s")
+		b.ReportMetric(float64(c.allocs)/n, c.name+"-allocs/req")
 	}
 	b.ReportMetric(float64((cases[1].cpu-cases[0].cpu).Microseconds())/n, "proxy-cpu-µs/req")
 	b.ReportMetric(cases[0].wall.Seconds()/cases[1].wall.Seconds(), "rps-x")
