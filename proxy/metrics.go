@@ -284,6 +284,15 @@ func (h *Handler) observe(x *exchange) {
 	h.access.LogAttrs(context.Background(), slog.LevelInfo, "request", x.logAttrs(route, proto, status, end)...)
 }
 
+// stageLogKeys are the access log keys of headerStages ("auth_ms"),
+// made once rather than per request.
+var stageLogKeys = func() (keys [len(headerStages)]string) {
+	for i, s := range headerStages {
+		keys[i] = s + "_ms"
+	}
+	return keys
+}()
+
 // logAttrs is the access log line: ids, outcome, every stage, tokens, bytes.
 // Keys and prompt text are never logged.
 func (x *exchange) logAttrs(route, proto string, status int, end time.Time) []slog.Attr {
@@ -307,9 +316,9 @@ func (x *exchange) logAttrs(route, proto string, status int, end time.Time) []sl
 	}
 	str("backend", backend)
 	str("model", x.meta.Model)
-	for _, s := range headerStages {
+	for i, s := range headerStages {
 		if d, ok := x.stage(s); ok {
-			ms(s+"_ms", d)
+			ms(stageLogKeys[i], d)
 		}
 	}
 	if d, ok := x.stage(StageDecode); ok {
