@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -33,6 +32,22 @@ func (d Decision) policies() []policy {
 	return out
 }
 
+// The fields SetHeaders writes, in canonical form (as Header.Set would
+// write them), so that no key is canonicalized per request.
+var (
+	hdrPolicy    = http.CanonicalHeaderKey("RateLimit-Policy")
+	hdrRateLimit = http.CanonicalHeaderKey("RateLimit")
+	hdrOpenAI    = map[string][3]string{
+		"requests": openAIKeys("requests"),
+		"tokens":   openAIKeys("tokens"),
+	}
+)
+
+func openAIKeys(kind string) [3]string {
+	return [3]string{http.CanonicalHeaderKey("x-ratelimit-limit-" + kind),
+		http.CanonicalHeaderKey("x-ratelimit-remaining-" + kind), http.CanonicalHeaderKey("x-ratelimit-reset-" + kind)}
+}
+
 // SetHeaders writes the rate-limit response fields for d:
 //
 //   - RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers,
@@ -49,13 +64,22 @@ func (d Decision) policies() []policy {
 // Limits that are not configured are left out; with none, nothing is set
 // but Retry-After on refusals.
 func SetHeaders(h http.Header, d Decision) {
+	// Every value is a slice of one backing array and one string buffer:
+	// a few allocations per request instead of one or more per field.
+	var vals [8]string
+	n := 0
+	set := func(k, v string) {
+		vals[n] = v
+		h[k] = vals[n : n+1 : n+1]
+		n++
+	}
 	ps := d.policies()
 	if len(ps) > 0 {
-		h.Set("RateLimit-Policy", policyField(ps))
-		h.Set("RateLimit", rateLimitField(ps))
+		set(hdrPolicy, policyField(ps))
+		set(hdrRateLimit, rateLimitField(ps))
 	}
-	openAI(h, "requests", d.Requests)
-	openAI(h, "tokens", d.Tokens)
+	openAI(set, "requests", d.Requests)
+	openAI(set, "tokens", d.Tokens)
 	if !d.Allowed {
 		h.Set("Retry-After", strconv.FormatInt(retrySeconds(d.RetryAfter), 10))
 		h.Set("retry-after-ms", strconv.FormatInt(max(ceilMS(d.RetryAfter), 1), 10))
@@ -63,48 +87,51 @@ func SetHeaders(h http.Header, d Decision) {
 }
 
 func policyField(ps []policy) string {
-	var b strings.Builder
+	b := make([]byte, 0, 40*len(ps))
 	for i, p := range ps {
 		if i > 0 {
-			b.WriteString(", ")
+			b = append(b, ", "...)
 		}
-		b.WriteString(strconv.Quote(p.name))
-		b.WriteString(";q=")
-		b.WriteString(strconv.FormatInt(p.q.Limit, 10))
+		b = strconv.AppendQuote(b, p.name)
+		b = append(b, ";q="...)
+		b = strconv.AppendInt(b, p.q.Limit, 10)
 		if p.window {
-			b.WriteString(";w=60")
+			b = append(b, ";w=60"...)
 		}
 		if p.unit != "" {
-			b.WriteString(`;qu="` + p.unit + `"`)
+			b = append(b, `;qu="`...)
+			b = append(b, p.unit...)
+			b = append(b, '"')
 		}
 	}
-	return b.String()
+	return string(b)
 }
 
 func rateLimitField(ps []policy) string {
-	var b strings.Builder
+	b := make([]byte, 0, 32*len(ps))
 	for i, p := range ps {
 		if i > 0 {
-			b.WriteString(", ")
+			b = append(b, ", "...)
 		}
-		b.WriteString(strconv.Quote(p.name))
-		b.WriteString(";r=")
-		b.WriteString(strconv.FormatInt(max(p.q.Remaining, 0), 10))
+		b = strconv.AppendQuote(b, p.name)
+		b = append(b, ";r="...)
+		b = strconv.AppendInt(b, max(p.q.Remaining, 0), 10)
 		if p.window {
-			b.WriteString(";t=")
-			b.WriteString(strconv.FormatInt(ceilSeconds(p.q.Reset), 10))
+			b = append(b, ";t="...)
+			b = strconv.AppendInt(b, ceilSeconds(p.q.Reset), 10)
 		}
 	}
-	return b.String()
+	return string(b)
 }
 
-func openAI(h http.Header, kind string, q Quota) {
+func openAI(set func(k, v string), kind string, q Quota) {
 	if q.Limit <= 0 {
 		return
 	}
-	h.Set("x-ratelimit-limit-"+kind, strconv.FormatInt(q.Limit, 10))
-	h.Set("x-ratelimit-remaining-"+kind, strconv.FormatInt(max(q.Remaining, 0), 10))
-	h.Set("x-ratelimit-reset-"+kind, resetString(q.Reset))
+	keys := hdrOpenAI[kind]
+	set(keys[0], strconv.FormatInt(q.Limit, 10))
+	set(keys[1], strconv.FormatInt(max(q.Remaining, 0), 10))
+	set(keys[2], resetString(q.Reset))
 }
 
 func ceilSeconds(d time.Duration) int64 {

@@ -351,3 +351,18 @@ func TestHeadersFromLimiter(t *testing.T) {
 		t.Errorf("headers %v; want Retry-After 1 and 600 tokens remaining", h)
 	}
 }
+
+// BenchmarkSetHeaders writes the headers of an allowed request with
+// request, token and concurrency limits.
+//
+//	go test -run '^$' -bench BenchmarkSetHeaders -benchmem ./limiter/
+func BenchmarkSetHeaders(b *testing.B) {
+	d := Decision{Allowed: true,
+		Requests:    Quota{Limit: 600, Remaining: 599, Reset: 100 * time.Millisecond},
+		Tokens:      Quota{Limit: 100000, Remaining: 99000, Reset: 600 * time.Millisecond},
+		Concurrency: Quota{Limit: 8, Remaining: 7}}
+	b.ReportAllocs()
+	for b.Loop() {
+		SetHeaders(make(http.Header, 8), d)
+	}
+}

@@ -33,8 +33,10 @@ type ConnInfo struct {
 	Handshake time.Duration
 	// RTT returns the transport's current smoothed round-trip estimate:
 	// TCP_INFO on Linux (zero elsewhere), the QUIC connection's RTT
-	// statistics for HTTP/3. It reads the estimate when called, so call it
-	// when the value is needed, not up front. Never nil.
+	// statistics for HTTP/3. It reads the estimate when called (a TCP
+	// connection's at most once per rttMaxAge: later calls get that
+	// reading), so call it when the value is needed, not up front. Never
+	// nil.
 	RTT func() time.Duration
 }
 
@@ -48,7 +50,15 @@ type connState struct {
 	raw       syscall.RawConn
 	quic      *quic.Conn
 	rtt       func() time.Duration // bound once to estimateRTT
+
+	// The last TCP_INFO reading (nanoseconds) and when it was taken (unix
+	// nanoseconds; 0 for never).
+	tcpRTT, tcpRTTAt atomic.Int64
 }
+
+// rttMaxAge is how long a TCP RTT reading is reused: the kernel's estimate
+// is smoothed over many round trips, and each reading is a system call.
+const rttMaxAge = time.Second
 
 const (
 	protoUnknown uint32 = iota
@@ -79,7 +89,14 @@ func (cs *connState) estimateRTT() time.Duration {
 	case cs.quic != nil:
 		return cs.quic.ConnectionStats().SmoothedRTT
 	case cs.raw != nil:
-		return tcpRTT(cs.raw)
+		now := time.Now().UnixNano()
+		if at := cs.tcpRTTAt.Load(); at != 0 && now-at < int64(rttMaxAge) {
+			return time.Duration(cs.tcpRTT.Load())
+		}
+		d := tcpRTT(cs.raw)
+		cs.tcpRTT.Store(int64(d))
+		cs.tcpRTTAt.Store(now)
+		return d
 	}
 	return 0
 }

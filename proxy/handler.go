@@ -159,8 +159,11 @@ type exchange struct {
 	// queueWait is the time spent in the edge admission queue: the
 	// "queue" stage.
 	queueWait time.Duration
-	// conn describes the client's connection.
-	conn ConnInfo
+	// conn describes the client's connection; rtt is its RTT estimate,
+	// read once (rttRead) when first needed.
+	conn    ConnInfo
+	rtt     time.Duration
+	rttRead bool
 	// itl holds inter-token gaps in microseconds; lastTokenAt is the
 	// previous token's arrival.
 	itl         *[]uint32

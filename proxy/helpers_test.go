@@ -90,13 +90,14 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 			t.Fatal(err)
 		}
 		pools[pc.Name] = p
-		if o.start {
-			p.Start(context.Background())
-		}
 		t.Cleanup(func() { p.Close() })
 		tr, err := proxy.NewPoolTransport(o.proxy, p.Config())
 		if err != nil {
 			t.Fatal(err)
+		}
+		p.UseTransport(tr) // as cmd/sluice does: probes with the pool's settings
+		if o.start {
+			p.Start(context.Background())
 		}
 		t.Cleanup(tr.CloseIdleConnections)
 		transports[pc.Name] = tr

@@ -80,6 +80,7 @@ func (l *leg) open() {
 		return
 	}
 	l.resp, l.headers = resp, time.Now()
+	l.b.Progress(l.headers)
 	if v := resp.Header.Get("Endpoint-Load-Metrics"); v != "" {
 		l.b.ObserveLoadHeader(v, l.headers)
 	}
@@ -172,7 +173,7 @@ func (l *leg) close() {
 		l.br = nil
 	}
 	if l.bufp != nil {
-		eventPool.Put(l.bufp)
+		putEvent(l.bufp)
 		l.bufp, l.ev = nil, nil
 	}
 	l.end()

@@ -30,6 +30,80 @@ type Metrics struct {
 	tenantCap int
 	mu        sync.Mutex
 	tenants   map[string]bool
+
+	// Series looked up once and kept, so that recording a request does
+	// not hash its label values again: *routeObs by routeKey,
+	// prometheus.Counter by requestKey, *backendObs by backendKey,
+	// *tokenObs by tokenKey. Their cardinality is the metrics' own.
+	byRoute, byRequest, byBackend, byTokens sync.Map
+}
+
+type (
+	routeKey   struct{ route, proto string }
+	requestKey struct {
+		route, proto, tenant string
+		code                 int
+	}
+	backendKey struct{ route, pool, backend, proto string }
+	tokenKey   struct{ route, tenant string }
+)
+
+// routeObs are a (route, proto)'s duration series: e2e, and each stage in
+// the order of headerStages followed by decode.
+type routeObs struct {
+	e2e    prometheus.Observer
+	stages [len(headerStages) + 1]prometheus.Observer
+}
+
+type backendObs struct{ ttft, itl prometheus.Observer }
+
+type tokenObs struct{ in, out prometheus.Counter }
+
+func (m *Metrics) routeObs(route, proto string) *routeObs {
+	k := routeKey{route, proto}
+	if o, ok := m.byRoute.Load(k); ok {
+		return o.(*routeObs)
+	}
+	o := &routeObs{e2e: m.e2e.WithLabelValues(route, proto)}
+	for i, s := range headerStages {
+		o.stages[i] = m.stages.WithLabelValues(route, proto, s)
+	}
+	o.stages[len(headerStages)] = m.stages.WithLabelValues(route, proto, StageDecode)
+	v, _ := m.byRoute.LoadOrStore(k, o)
+	return v.(*routeObs)
+}
+
+func (m *Metrics) requestCounter(route, proto, tenant string, code int) prometheus.Counter {
+	k := requestKey{route, proto, tenant, code}
+	if c, ok := m.byRequest.Load(k); ok {
+		return c.(prometheus.Counter)
+	}
+	v, _ := m.byRequest.LoadOrStore(k, m.requests.WithLabelValues(route, proto, tenant, strconv.Itoa(code)))
+	return v.(prometheus.Counter)
+}
+
+func (m *Metrics) backendObs(route, pool, backend, proto string) *backendObs {
+	k := backendKey{route, pool, backend, proto}
+	if o, ok := m.byBackend.Load(k); ok {
+		return o.(*backendObs)
+	}
+	v, _ := m.byBackend.LoadOrStore(k, &backendObs{
+		ttft: m.ttft.WithLabelValues(route, pool, backend, proto),
+		itl:  m.itl.WithLabelValues(route, pool, backend, proto),
+	})
+	return v.(*backendObs)
+}
+
+func (m *Metrics) tokenObs(route, tenant string) *tokenObs {
+	k := tokenKey{route, tenant}
+	if o, ok := m.byTokens.Load(k); ok {
+		return o.(*tokenObs)
+	}
+	v, _ := m.byTokens.LoadOrStore(k, &tokenObs{
+		in:  m.tokens.WithLabelValues(route, tenant, "in"),
+		out: m.tokens.WithLabelValues(route, tenant, "out"),
+	})
+	return v.(*tokenObs)
 }
 
 // latencyBuckets span 0.5 ms to ~2 min; itlBuckets 1 ms to ~8 s.
@@ -144,33 +218,34 @@ func (m *Metrics) record(x *exchange, route, proto string, status int, end time.
 		tenant = x.tenant.ID
 	}
 	tl := m.tenantLabel(tenant)
-	m.requests.WithLabelValues(route, proto, tl, strconv.Itoa(status)).Inc()
-	m.e2e.WithLabelValues(route, proto).Observe(end.Sub(x.start).Seconds())
+	m.requestCounter(route, proto, tl, status).Inc()
+	ro := m.routeObs(route, proto)
+	ro.e2e.Observe(end.Sub(x.start).Seconds())
 	if d := x.decision; d.Reason != "" && (!d.Allowed || d.WouldRefuse) {
 		m.refusals.WithLabelValues(route, d.Reason, strconv.FormatBool(!d.WouldRefuse)).Inc()
 	}
-	for _, s := range headerStages {
+	for i, s := range headerStages {
 		if d, ok := x.stage(s); ok {
-			m.stages.WithLabelValues(route, proto, s).Observe(d.Seconds())
+			ro.stages[i].Observe(d.Seconds())
 		}
 	}
 	if d, ok := x.stage(StageDecode); ok {
-		m.stages.WithLabelValues(route, proto, StageDecode).Observe(d.Seconds())
+		ro.stages[len(headerStages)].Observe(d.Seconds())
 	}
 	if x.backend != nil && !x.firstToken.IsZero() {
-		pool, backend := x.route.Pool.Name(), x.backend.URL.Host
-		m.ttft.WithLabelValues(route, pool, backend, proto).Observe(x.firstToken.Sub(x.start).Seconds())
+		bo := m.backendObs(route, x.route.Pool.Name(), x.backend.URL.Host, proto)
+		bo.ttft.Observe(x.firstToken.Sub(x.start).Seconds())
 		if x.itl != nil {
-			o := m.itl.WithLabelValues(route, pool, backend, proto)
 			for _, us := range *x.itl {
-				o.Observe(float64(us) / 1e6)
+				bo.itl.Observe(float64(us) / 1e6)
 			}
 		}
 	}
 	if x.usage != nil || x.tokens > 0 {
 		u := x.consumed()
-		m.tokens.WithLabelValues(route, tl, "in").Add(float64(u.InputTokens))
-		m.tokens.WithLabelValues(route, tl, "out").Add(float64(u.OutputTokens))
+		to := m.tokenObs(route, tl)
+		to.in.Add(float64(u.InputTokens))
+		to.out.Add(float64(u.OutputTokens))
 	}
 }
 
@@ -209,6 +284,15 @@ func (h *Handler) observe(x *exchange) {
 	h.access.LogAttrs(context.Background(), slog.LevelInfo, "request", x.logAttrs(route, proto, status, end)...)
 }
 
+// stageLogKeys are the access log keys of headerStages ("auth_ms"),
+// made once rather than per request.
+var stageLogKeys = func() (keys [len(headerStages)]string) {
+	for i, s := range headerStages {
+		keys[i] = s + "_ms"
+	}
+	return keys
+}()
+
 // logAttrs is the access log line: ids, outcome, every stage, tokens, bytes.
 // Keys and prompt text are never logged.
 func (x *exchange) logAttrs(route, proto string, status int, end time.Time) []slog.Attr {
@@ -232,9 +316,9 @@ func (x *exchange) logAttrs(route, proto string, status int, end time.Time) []sl
 	}
 	str("backend", backend)
 	str("model", x.meta.Model)
-	for _, s := range headerStages {
+	for i, s := range headerStages {
 		if d, ok := x.stage(s); ok {
-			ms(s+"_ms", d)
+			ms(stageLogKeys[i], d)
 		}
 	}
 	if d, ok := x.stage(StageDecode); ok {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -18,10 +17,27 @@ import (
 // maxEventBytes bounds one SSE event from a backend.
 const maxEventBytes = 1 << 20
 
+// relayBufferSize is the size of a stream's read buffer, held for the
+// stream's life: events are far smaller, and a longer line is read in
+// pieces (see readEvent).
+const relayBufferSize = 4 << 10
+
 var (
-	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
-	eventPool  = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, relayBufferSize) }}
+	// eventPool holds a stream's current event: a few hundred bytes
+	// usually; a buffer that grew past maxPooledEvent is dropped.
+	eventPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
+	rawPool   = sync.Pool{New: func() any { b := make([]byte, relayBufferSize); return &b }}
 )
+
+const maxPooledEvent = 64 << 10
+
+// putEvent returns an event buffer to its pool unless it grew too large.
+func putEvent(bufp *[]byte) {
+	if cap(*bufp) <= maxPooledEvent {
+		eventPool.Put(bufp)
+	}
+}
 
 // relayOpenAI commits a leg whose first event is held and relays the
 // stream event by event, flushing each as it arrives. It records the usage
@@ -44,6 +60,7 @@ func (x *exchange) relayOpenAI(l *leg) error {
 		}
 		now = time.Now()
 		l.wd.tick(idle)
+		l.b.Progress(now)
 	}
 }
 
@@ -137,15 +154,17 @@ func (x *exchange) relayRaw(l *leg) error {
 	if rc.Flush() != nil {
 		return context.Canceled
 	}
-	bufp := eventPool.Get().(*[]byte)
-	defer eventPool.Put(bufp)
-	buf := (*bufp)[:cap(*bufp)]
+	bufp := rawPool.Get().(*[]byte)
+	defer rawPool.Put(bufp)
+	buf := *bufp
 	for {
 		n, err := l.resp.Body.Read(buf)
 		if n > 0 {
+			now := time.Now()
 			if x.firstToken.IsZero() {
-				x.firstToken = time.Now()
+				x.firstToken = now
 			}
+			l.b.Progress(now)
 			if !x.send(rc, buf[:n]) {
 				return context.Canceled
 			}
@@ -266,25 +285,142 @@ func eventData(ev []byte) []byte {
 }
 
 // usageOf finds an OpenAI usage object in a chunk or body. usageOnly tells
-// that the chunk carries no choices (the include_usage chunk).
+// that the chunk carries no choices (the include_usage chunk). Only the
+// top-level "usage" value is decoded: a body is scanned, not parsed whole.
 func usageOf(data []byte) (u *limiter.Usage, usageOnly bool) {
-	i := bytes.Index(data, usageKey)
-	if i < 0 {
+	if !bytes.Contains(data, usageKey) {
 		return nil, false
 	}
-	rest := bytes.TrimLeft(data[i+len(usageKey):], " ")
-	if len(rest) == 0 || rest[0] != '{' {
-		return nil, false // "usage":null
+	v := topLevelValue(data, "usage")
+	if len(v) == 0 || v[0] != '{' {
+		return nil, false // absent, or "usage":null
 	}
-	var c struct {
-		Choices []json.RawMessage `json:"choices"`
-		Usage   *struct {
-			PromptTokens     int64 `json:"prompt_tokens"`
-			CompletionTokens int64 `json:"completion_tokens"`
-		} `json:"usage"`
-	}
-	if json.Unmarshal(data, &c) != nil || c.Usage == nil {
+	in, ok1 := intMember(v, "prompt_tokens")
+	out, ok2 := intMember(v, "completion_tokens")
+	if !ok1 || !ok2 {
 		return nil, false
 	}
-	return &limiter.Usage{InputTokens: c.Usage.PromptTokens, OutputTokens: c.Usage.CompletionTokens}, len(c.Choices) == 0
+	choices := bytes.TrimSpace(topLevelValue(data, "choices"))
+	empty := len(choices) == 0 || string(choices) == "null" ||
+		(choices[0] == '[' && len(bytes.TrimSpace(choices[1:len(choices)-1])) == 0)
+	return &limiter.Usage{InputTokens: in, OutputTokens: out}, empty
+}
+
+// intMember reads an integer member of a JSON object: 0 when absent or
+// null, ok false when it is not an integer.
+func intMember(obj []byte, key string) (n int64, ok bool) {
+	v := topLevelValue(obj, key)
+	if v == nil || string(v) == "null" {
+		return 0, true
+	}
+	n, err := strconv.ParseInt(string(v), 10, 64)
+	return n, err == nil
+}
+
+// topLevelValue returns the raw value of key in the JSON object data (top
+// level only, the first occurrence, names compared without case), or nil when
+// data is not an object, has no such key, or is cut before the value ends.
+// It checks the object's structure up to that value, not the rest.
+func topLevelValue(data []byte, key string) []byte {
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return nil
+	}
+	i++
+	for {
+		i = skipSpace(data, i)
+		if i >= len(data) || data[i] != '"' {
+			return nil
+		}
+		end := stringEnd(data, i)
+		if end < 0 {
+			return nil
+		}
+		k := data[i+1 : end-1]
+		i = skipSpace(data, end)
+		if i >= len(data) || data[i] != ':' {
+			return nil
+		}
+		i = skipSpace(data, i+1)
+		vend := valueEnd(data, i)
+		if vend < 0 {
+			return nil
+		}
+		if bytes.EqualFold(k, []byte(key)) { // as encoding/json matches names
+			return data[i:vend]
+		}
+		i = skipSpace(data, vend)
+		if i >= len(data) || data[i] != ',' {
+			return nil
+		}
+		i++
+	}
+}
+
+func skipSpace(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index after the JSON string starting at data[i]
+// (a quote), or -1 when it is not terminated.
+func stringEnd(data []byte, i int) int {
+	for j := i + 1; j < len(data); j++ {
+		switch data[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return -1
+}
+
+// valueEnd returns the index after the JSON value starting at data[i], or
+// -1 when it is cut (a value of an object member cannot end the data).
+func valueEnd(data []byte, i int) int {
+	if i >= len(data) {
+		return -1
+	}
+	switch data[i] {
+	case '"':
+		return stringEnd(data, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(data); j++ {
+			switch data[j] {
+			case '"':
+				if j = stringEnd(data, j); j < 0 {
+					return -1
+				}
+				j-- // the loop's j++ moves past the quote
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return -1
+	}
+	j := i
+	for j < len(data) && !endsScalar(data[j]) {
+		j++
+	}
+	if j == i || j == len(data) {
+		return -1
+	}
+	return j
+}
+
+// endsScalar reports whether c ends a number, true, false or null.
+func endsScalar(c byte) bool {
+	switch c {
+	case ',', '}', ']', ' ', '\t', '\r', '\n':
+		return true
+	}
+	return false
 }

@@ -2,9 +2,13 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/sluice-proxy/sluice/limiter"
 )
 
 func TestReadEvent(t *testing.T) {
@@ -63,6 +67,76 @@ func TestUsageAndTokens(t *testing.T) {
 	}
 }
 
+// usageOfReference is the former usageOf: the whole chunk decoded.
+func usageOfReference(data []byte) (u *limiter.Usage, usageOnly bool) {
+	i := bytes.Index(data, usageKey)
+	if i < 0 {
+		return nil, false
+	}
+	rest := bytes.TrimLeft(data[i+len(usageKey):], " ")
+	if len(rest) == 0 || rest[0] != '{' {
+		return nil, false
+	}
+	var c struct {
+		Choices []json.RawMessage `json:"choices"`
+		Usage   *struct {
+			PromptTokens     int64 `json:"prompt_tokens"`
+			CompletionTokens int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(data, &c) != nil || c.Usage == nil {
+		return nil, false
+	}
+	return &limiter.Usage{InputTokens: c.Usage.PromptTokens, OutputTokens: c.Usage.CompletionTokens}, len(c.Choices) == 0
+}
+
+var usageSeeds = []string{
+	`{"choices":[{"delta":{"content":"hi"}}]}`,
+	`{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}`,
+	`{"choices":[{"text":" x"}],"usage": {"prompt_tokens":1,"completion_tokens":1}}`,
+	`{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"a \"usage\": {} }"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4,"prompt_tokens_details":{"cached_tokens":0}}}`,
+	` { "usage":{"prompt_tokens":2,"completion_tokens":5} , "choices" : [ ] } `,
+	`{"choices":null,"usage":{"prompt_tokens":2,"completion_tokens":5}}`,
+	`{"x":[1,{"usage":{"prompt_tokens":9}}],"usage":{"completion_tokens":4},"choices":[{}]}`,
+	`{"usage":{"prompt_tokens":"x"}}`,
+	`{"usage":{"prompt_tokens":1}`,
+	`{"usage":null,"choices":[]}`,
+	`[{"usage":{"prompt_tokens":1}}]`,
+	`{"a":true,"b":null,"c":-1.5e3,"usage":{"prompt_tokens":1,"completion_tokens":2}}`,
+}
+
+// usageOf agrees with decoding the whole chunk on valid ASCII JSON (names
+// not repeated, written without escapes).
+func TestUsageOfMatchesDecoding(t *testing.T) {
+	for _, s := range usageSeeds {
+		checkUsageOf(t, []byte(s))
+	}
+}
+
+func FuzzUsageOf(f *testing.F) {
+	for _, s := range usageSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) { checkUsageOf(t, []byte(s)) })
+}
+
+func checkUsageOf(t *testing.T, data []byte) {
+	u, only := usageOf(data)
+	lower := bytes.ToLower(data)
+	for _, k := range []string{`"usage"`, `"choices"`, `"prompt_tokens"`, `"completion_tokens"`} {
+		if bytes.Count(lower, []byte(k)) > 1 {
+			return // duplicate names: encoding/json takes the last
+		}
+	}
+	if !json.Valid(data) || bytes.Contains(data, []byte(`\u`)) || bytes.ContainsFunc(data, func(r rune) bool { return r > 0x7e }) {
+		return // usageOf must only not panic
+	}
+	ru, ronly := usageOfReference(data)
+	if (u == nil) != (ru == nil) || (u != nil && (*u != *ru || only != ronly)) {
+		t.Errorf("%s: got %v %v; want %v %v", data, u, only, ru, ronly)
+	}
+}
+
 func TestAskForUsage(t *testing.T) {
 	cases := []struct{ in, want string }{
 		{`{"stream":true}`, `{"stream_options":{"include_usage":true},"stream":true}`},
@@ -97,6 +171,25 @@ func FuzzReadEvent(f *testing.F) {
 		}
 		if total > len(in) {
 			t.Fatalf("read %d bytes from %d", total, len(in))
+		}
+	})
+}
+
+// BenchmarkUsageOf reads the usage of a small non-streamed answer.
+//
+//	go test -run '^$' -bench BenchmarkUsageOf -benchmem ./proxy/
+func BenchmarkUsageOf(b *testing.B) {
+	body := []byte(usageSeeds[3])
+	b.Run("scan", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			usageOf(body)
+		}
+	})
+	b.Run("decode-whole", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			usageOfReference(body)
 		}
 	})
 }

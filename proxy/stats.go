@@ -98,7 +98,7 @@ func (s *series) window(epoch int64, slots int) Percentiles {
 
 // statStages are the stages kept per route, with the ITL samples and the
 // end-to-end duration.
-var statStages = append(append([]string{}, headerStages...), StageDecode, StageITL, StageE2E)
+var statStages = append(append([]string{}, headerStages[:]...), StageDecode, StageITL, StageE2E)
 
 // routeStats holds one route's series.
 type routeStats struct {

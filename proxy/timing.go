@@ -31,7 +31,7 @@ const (
 )
 
 // headerStages are the stages of the initial Server-Timing header, in order.
-var headerStages = []string{StageNetRTT, StageTLS, StageAuth, StageRecv, StageRoute, StageLimit,
+var headerStages = [...]string{StageNetRTT, StageTLS, StageAuth, StageRecv, StageRoute, StageLimit,
 	StageQueue, StageUpstream, StagePrefill, StageTTFT, StageEdge}
 
 // timingCommentHeader lets a client ask for the final timing as an SSE
@@ -77,7 +77,7 @@ func (x *exchange) stage(name string) (time.Duration, bool) {
 	}
 	switch name {
 	case StageNetRTT:
-		return x.conn.rtt()
+		return x.netRTT()
 	case StageTLS:
 		return x.conn.Handshake, x.conn.Handshake > 0
 	case StageAuth:
@@ -211,6 +211,17 @@ func (x *exchange) setTrailer() {
 	if wantsTrailer(x.r) {
 		x.w.Header().Set(http.TrailerPrefix+"Server-Timing", x.finalTiming())
 	}
+}
+
+// netRTT returns the connection's RTT estimate, read from the transport
+// once per request (a TCP_INFO system call) and kept: the Server-Timing
+// header, metrics, stats and the access log all report the same value.
+func (x *exchange) netRTT() (time.Duration, bool) {
+	if !x.rttRead {
+		x.rtt, _ = x.conn.rtt()
+		x.rttRead = true
+	}
+	return x.rtt, x.rtt > 0
 }
 
 // rtt returns the connection's RTT estimate, if known.

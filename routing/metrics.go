@@ -46,6 +46,8 @@ var (
 		"Failed reads of the backend's metrics.", backendLabels, nil)
 	descProbeFailures = prometheus.NewDesc("sluice_backend_probe_failures_total",
 		"Failed health probes of the backend.", backendLabels, nil)
+	descProbeExcused = prometheus.NewDesc("sluice_backend_probe_timeouts_excused_total",
+		"Health probes that timed out while the backend was still answering requests (not counted as failures).", backendLabels, nil)
 	descDepth = prometheus.NewDesc("sluice_queue_depth",
 		"Requests waiting in the pool's admission queue.", []string{"pool", "class"}, nil)
 	descOutcomes = prometheus.NewDesc("sluice_queue_requests_total",
@@ -112,4 +114,5 @@ func collectBackend(ch chan<- prometheus.Metric, p *Pool, b *Backend, now time.T
 	counter(descEjections, b.probeEjections.Load(), "probe")
 	counter(descScrapeErrors, b.scrapeErrors.Load())
 	counter(descProbeFailures, b.probeFailures.Load())
+	counter(descProbeExcused, b.probeExcused.Load())
 }

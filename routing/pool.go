@@ -56,12 +56,30 @@ type Backend struct {
 	ejections    atomic.Int32 // consecutive, for backoff
 	ejectedUntil atomic.Int64 // unix nanoseconds
 	probeDown    atomic.Bool
+	progressAt   atomic.Int64 // unix nanoseconds of the last answer or event seen
 
 	scraped atomic.Pointer[Sample]
 	header  atomic.Pointer[Sample]
 
 	// Counted for metrics.
 	passiveEjections, probeEjections, scrapeErrors, probeFailures atomic.Int64
+	// probeExcused counts probes that timed out while the backend was
+	// still answering requests (not counted as failures).
+	probeExcused atomic.Int64
+}
+
+// progressGrain is how often Progress stores a new time: calls closer
+// together than this only read it.
+const progressGrain = 50 * time.Millisecond
+
+// Progress records that the backend answered a request or sent a stream
+// event at t. A health probe that times out while the backend keeps making
+// progress is not held against it: a backend busy streaming to many
+// clients may answer its probes late. Cheap enough to call on every event.
+func (b *Backend) Progress(t time.Time) {
+	if n := t.UnixNano(); n-b.progressAt.Load() >= int64(progressGrain) {
+		b.progressAt.Store(n)
+	}
 }
 
 // InFlight is the number of this node's requests the backend is serving.
@@ -92,6 +110,7 @@ func (b *Backend) Begin() (end func()) {
 // exponential backoff; a success resets both counts.
 func (b *Backend) Report(ok bool, t time.Time) {
 	if ok {
+		b.Progress(t)
 		b.failures.Store(0)
 		b.ejections.Store(0)
 		return
@@ -163,11 +182,22 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	return p, nil
 }
 
-// UseTransport makes the pool's scrapes and health probes go through rt
-// (for instance the transport that carries its requests, with the pool's
-// upstream TLS settings). Call it before Start. By default they use a
-// plain HTTP client of their own.
+// UseTransport makes the pool's scrapes and health probes use rt's
+// settings (for instance those of the transport that carries its requests:
+// the pool's upstream TLS and HTTP/2 choice). An *http.Transport is cloned
+// with a small idle pool of its own, so probes and scrapes never share
+// connections, or wait, with the requests: a backend holding thousands of
+// streams still gets its probes on a connection of their own. Other round
+// trippers are used as they are. Call it before Start. By default probes
+// and scrapes use a plain HTTP client of their own.
 func (p *Pool) UseTransport(rt http.RoundTripper) {
+	if t, ok := rt.(*http.Transport); ok {
+		t = t.Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost, t.MaxConnsPerHost = 0, probeIdleConns, 0
+		t.IdleConnTimeout = probeIdleTimeout
+		t.ReadBufferSize, t.WriteBufferSize = 0, 0 // the defaults (4 KiB)
+		rt = t
+	}
 	p.client = &http.Client{Transport: rt}
 }
 

@@ -13,6 +13,12 @@ import (
 // maxExposition bounds the metrics body read from a backend.
 const maxExposition = 8 << 20
 
+// The probe client's idle pool: a scrape and a probe per backend at most.
+const (
+	probeIdleConns   = 2
+	probeIdleTimeout = 30 * time.Second
+)
+
 // newProbeClient is the HTTP client for scrapes and health probes: a few
 // kept-alive connections per backend, no proxy from the environment.
 func newProbeClient() *http.Client {
@@ -20,8 +26,8 @@ func newProbeClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{
 		Proxy:               nil,
 		DialContext:         d.DialContext,
-		MaxIdleConnsPerHost: 2,
-		IdleConnTimeout:     30 * time.Second,
+		MaxIdleConnsPerHost: probeIdleConns,
+		IdleConnTimeout:     probeIdleTimeout,
 	}}
 }
 
