@@ -22,6 +22,9 @@ import (
 //     = one whole round; the ideal inter-token latency is 10 ms.
 //   - sparse-2000x1s: 2000 streams at 1 token/s, 3 tokens each, one op =
 //     one whole round; the ideal inter-token latency is 1 s.
+//   - unpaced-stamped: unpaced with StampTokens, the cost of the stamps.
+//   - pace-64x10ms, pace-sparse-2000x1s: the paced runs with Config.Pace
+//     (a timer per stream) instead of the batch scheduler.
 //
 // tokens/s of the paced runs include connection set-up and queueing for
 // the first step; itl-ms (mean over streams of each stream's mean
@@ -41,6 +44,34 @@ func BenchmarkStream(b *testing.B) {
 		b.StopTimer()
 		reportRates(b, streams*per, cpu0, t0)
 	})
+	b.Run("unpaced-stamped", func(b *testing.B) {
+		const streams = 64
+		per := max(1, b.N/streams)
+		url := benchSim(b, Config{MaxBatch: streams, StepBase: -1, StepPerSeq: -1, PrefillBase: -1,
+			PrefillPerToken: -1, KVCacheTokens: 1 << 30, StampTokens: true})
+		b.ReportAllocs()
+		cpu0, t0 := cpuTime(), time.Now()
+		b.ResetTimer()
+		_, _ = runStreams(b, url, streams, per)
+		b.StopTimer()
+		reportRates(b, streams*per, cpu0, t0)
+	})
+	for _, pc := range []struct {
+		name           string
+		streams, token int
+		every          time.Duration
+	}{{"pace-64x10ms", 64, 100, 10 * time.Millisecond}, {"pace-sparse-2000x1s", 2000, 3, time.Second}} {
+		b.Run(pc.name, func(b *testing.B) {
+			url := benchSim(b, Config{Pace: pc.every, PrefillBase: -1, PrefillPerToken: -1, KVCacheTokens: 1 << 20})
+			cpu0, t0 := cpuTime(), time.Now()
+			var mean, worst time.Duration
+			for b.Loop() {
+				mean, worst = runStreams(b, url, pc.streams, pc.token)
+			}
+			reportRates(b, b.N*pc.streams*pc.token, cpu0, t0)
+			reportITL(b, mean, worst)
+		})
+	}
 	b.Run("paced-64x10ms", func(b *testing.B) {
 		const streams, tokens = 64, 100
 		url := benchSim(b, Config{MaxBatch: streams, StepBase: 10 * time.Millisecond, StepPerSeq: -1,

@@ -19,4 +19,15 @@
 // X-Sim-Fail, X-Sim-Die-After, X-Sim-Stall-After, X-Sim-Stall-For and
 // X-Sim-Slow-Start request headers. It is the test and benchmark backend for
 // Sluice and the engine behind "sluice sim".
+//
+// In the batch model, token timing depends on load: every running sequence
+// gets its token at the same step boundary (so thousands of streams write
+// in one burst), a step lengthens with the batch and with every prefill
+// admitted into it, and a request beyond MaxBatch waits. For benchmarks of
+// what a proxy adds per token, Config.Pace replaces the scheduler with a
+// timer per request (token i at arrival + prefill + i × Pace, on an
+// absolute schedule), so gaps are Pace at any concurrency and streams
+// started at different times stay out of phase; Config.StampTokens puts
+// the wall-clock write time into every streamed chunk ("sluice_emit_ns",
+// Unix nanoseconds) for sluice bench's token delay.
 package gpusim

@@ -35,25 +35,53 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 		s.writeError(w, errInjected())
 		return
 	}
-	q := newSeq(j.prompt, j.limit, j.finish)
+	var src source
 	if s.cfg.Pace > 0 {
-		stop := s.startPacer(q)
-		defer stop()
+		p := s.newPacer(j)
+		defer p.end()
+		src = p
 	} else {
+		q := newSeq(j.prompt, j.limit, j.finish)
 		if !s.submit(ctx, q) {
 			s.gone(w, ctx)
 			return
 		}
 		defer s.release(q)
+		src = seqSource{s, q}
 	}
 	j.id = s.newID(chat)
 	j.created = time.Now().Unix()
 	if j.stream {
-		s.stream(w, r, j, q, f)
+		s.stream(w, r, j, src, f)
 	} else {
-		s.respond(w, r, j, q, f)
+		s.respond(w, r, j, src, f)
 	}
 }
+
+// source is where a request's tokens come from: the batch scheduler (a
+// seq) or, with Config.Pace, the request's own pacer.
+type source interface {
+	// progress returns how many tokens have been produced and whether
+	// that is all of them.
+	progress() (produced int, done bool)
+	// wait blocks until more tokens may have been produced (true) or the
+	// client goes away (false, counted as a cancel); it aborts the
+	// response when the Sim closes.
+	wait(ctx context.Context) bool
+}
+
+// seqSource reads a sequence run by the batch scheduler.
+type seqSource struct {
+	s *Sim
+	q *seq
+}
+
+func (x seqSource) progress() (int, bool) {
+	done := x.q.finished.Load() // before produced: then produced is final
+	return int(x.q.produced.Load()), done
+}
+
+func (x seqSource) wait(ctx context.Context) bool { return x.s.wait(ctx, x.q) }
 
 // submit hands q to the scheduler; false if the client or the Sim went
 // away first.
@@ -104,7 +132,7 @@ func abort() {
 // stream answers with server-sent events, one chunk per token, each
 // flushed as soon as it is produced. A reader that falls behind gets every
 // event produced meanwhile in one write.
-func (s *Sim) stream(w http.ResponseWriter, r *http.Request, j *job, q *seq, f faults) {
+func (s *Sim) stream(w http.ResponseWriter, r *http.Request, j *job, src source, f faults) {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -116,14 +144,14 @@ func (s *Sim) stream(w http.ResponseWriter, r *http.Request, j *job, q *seq, f f
 		return
 	}
 	for {
-		done := q.finished.Load() // before produced: then produced is final
-		if !st.send(min(int(q.produced.Load()), j.limit), done) {
+		produced, done := src.progress()
+		if !st.send(min(produced, j.limit), done) {
 			return
 		}
 		if done {
 			break
 		}
-		if !s.wait(st.ctx, q) {
+		if !src.wait(st.ctx) {
 			return
 		}
 	}
@@ -244,14 +272,18 @@ func (s *Sim) stall(ctx context.Context, d time.Duration) bool {
 }
 
 // respond answers with one JSON body once the sequence has finished.
-func (s *Sim) respond(w http.ResponseWriter, r *http.Request, j *job, q *seq, f faults) {
+func (s *Sim) respond(w http.ResponseWriter, r *http.Request, j *job, src source, f faults) {
 	ctx := r.Context()
-	for !q.finished.Load() {
-		if f.dieAfter > 0 && j.limit >= f.dieAfter && int(q.produced.Load()) >= f.dieAfter {
+	for {
+		produced, done := src.progress()
+		if done {
+			break
+		}
+		if f.dieAfter > 0 && j.limit >= f.dieAfter && produced >= f.dieAfter {
 			s.failed.Add(1)
 			abort()
 		}
-		if !s.wait(ctx, q) {
+		if !src.wait(ctx) {
 			return
 		}
 	}

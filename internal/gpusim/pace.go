@@ -1,73 +1,101 @@
 package gpusim
 
 import (
+	"context"
 	"time"
 )
 
-// startPacer produces q's tokens on q's own timer (Config.Pace) instead of
-// the batch scheduler: token i at arrival + prefill + i × Pace. The
-// returned stop ends the pacer (a client that went away) and waits for it
-// to exit; the handler calls it before returning.
-func (s *Sim) startPacer(q *seq) (stop func()) {
-	q.arrived = time.Now()
-	quit := make(chan struct{})
-	exited := make(chan struct{})
+// pacer produces one request's tokens on the request's own clock
+// (Config.Pace) instead of the batch scheduler: token i (from 0) is due at
+// arrival + prefill + i × Pace. It is not a goroutine: the handler asks it
+// how many tokens are due and sleeps on its timer until the next one, so a
+// token costs one timer wake-up of the handler. A handler that wakes late
+// (a busy CPU, a slow reader, a stall) finds every token due by then and
+// sends them in one write, and the schedule never drifts. The handler owns
+// the pacer and calls end when it returns.
+type pacer struct {
+	s      *Sim
+	every  time.Duration
+	steps  int    // tokens to produce (≥ 1)
+	finish string // finish_reason once all are produced
+	k      int    // tokens produced
+	timer  *time.Timer
+
+	arrived, start, first, last time.Time // start: when token 0 is due
+}
+
+// newPacer starts pacing j's tokens from now.
+func (s *Sim) newPacer(j *job) *pacer {
+	now := time.Now()
+	p := &pacer{s: s, every: s.cfg.Pace, steps: max(j.limit, 1), finish: j.finish,
+		arrived: now, start: now.Add(s.cfg.prefill(j.prompt))}
 	s.running.Add(1)
-	go s.pace(q, quit, exited)
-	return func() {
-		close(quit)
-		<-exited
+	s.metrics.queue.Observe(0)
+	s.metrics.promptTokens.Add(float64(j.prompt))
+	return p
+}
+
+func (p *pacer) progress() (int, bool) {
+	if p.k < p.steps {
+		if now := time.Now(); !now.Before(p.start) {
+			if n := min(p.steps, 1+int(now.Sub(p.start)/p.every)); n > p.k {
+				p.produce(now, n)
+			}
+		}
+	}
+	return p.k, p.k == p.steps
+}
+
+// produce records tokens p.k … n-1 as produced at now.
+func (p *pacer) produce(now time.Time, n int) {
+	m := p.s.metrics
+	if p.k == 0 {
+		p.first = now
+		m.ttft.Observe(now.Sub(p.arrived).Seconds())
+		m.prefill.Observe(now.Sub(p.arrived).Seconds())
+	} else {
+		m.itl.Observe(now.Sub(p.last).Seconds())
+	}
+	m.genTokens.Add(float64(n - p.k))
+	p.last, p.k = now, n
+	if p.k == p.steps {
+		m.e2e.Observe(now.Sub(p.arrived).Seconds())
+		m.decode.Observe(now.Sub(p.first).Seconds())
+		m.success.WithLabelValues(p.finish).Inc()
 	}
 }
 
-// pace is the pacer goroutine of q, owned by the handler that started it:
-// it exits when q has all its tokens, when quit is closed or when the Sim
-// closes. A pacer that wakes late (a busy CPU) produces every token due by
-// then at once, so the schedule never drifts; the handler then sends them
-// in one write, as it does for a slow reader.
-func (s *Sim) pace(q *seq, quit <-chan struct{}, exited chan<- struct{}) {
-	defer close(exited)
-	defer s.running.Add(-1)
-	m := s.metrics
-	cfg := &s.cfg
-	m.queue.Observe(0)
-	m.promptTokens.Add(float64(q.prompt))
-	start := q.arrived.Add(cfg.prefill(q.prompt))
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	k := 0 // tokens produced
-	for k < q.steps {
-		due := start.Add(time.Duration(k) * cfg.Pace) // token k (from 0)
-		if d := time.Until(due); d > 0 {
-			timer.Reset(d)
-			select {
-			case <-timer.C:
-			case <-quit:
-				m.success.WithLabelValues("abort").Inc()
-				return
-			case <-s.closing:
-				return
-			}
-		}
-		now := time.Now()
-		n := min(q.steps, 1+int(now.Sub(start)/cfg.Pace)) // tokens due by now
-		if k == 0 {
-			q.first = now
-			m.ttft.Observe(now.Sub(q.arrived).Seconds())
-			m.prefill.Observe(now.Sub(q.arrived).Seconds())
-		} else {
-			m.itl.Observe(now.Sub(q.last).Seconds())
-		}
-		m.genTokens.Add(float64(n - k))
-		q.last = now
-		k = n
-		q.produced.Store(int64(k))
-		if k == q.steps {
-			q.finished.Store(true)
-		}
-		q.wake()
+// wait sleeps until the next token is due.
+func (p *pacer) wait(ctx context.Context) bool {
+	d := time.Until(p.start.Add(time.Duration(p.k) * p.every))
+	if d <= 0 {
+		return true
 	}
-	m.e2e.Observe(q.last.Sub(q.arrived).Seconds())
-	m.decode.Observe(q.last.Sub(q.first).Seconds())
-	m.success.WithLabelValues(q.finish).Inc()
+	if p.timer == nil {
+		p.timer = time.NewTimer(d)
+	} else {
+		p.timer.Reset(d)
+	}
+	select {
+	case <-p.timer.C:
+		return true
+	case <-ctx.Done():
+		p.s.cancelled.Add(1)
+		return false
+	case <-p.s.closing:
+		abort()
+	}
+	return false
+}
+
+// end releases the pacer: a request that did not get all its tokens
+// counts as aborted, as a cancelled sequence does in the scheduler.
+func (p *pacer) end() {
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	if p.k < p.steps {
+		p.s.metrics.success.WithLabelValues("abort").Inc()
+	}
+	p.s.running.Add(-1)
 }

@@ -187,11 +187,13 @@ func (s *Sim) finishStep(now time.Time) {
 			continue
 		}
 		sc.removeRunning(q) // moves another sequence into slot i
-		q.finished.Store(true)
-		q.wake()
+		// Recorded before the handler learns the sequence finished, so
+		// the metrics of an answered request are always visible.
 		m.e2e.Observe(now.Sub(q.arrived).Seconds())
 		m.decode.Observe(now.Sub(q.first).Seconds())
 		m.success.WithLabelValues(q.finish).Inc()
+		q.finished.Store(true)
+		q.wake()
 	}
 	s.publish()
 }

@@ -133,7 +133,9 @@ type Config struct {
 	// ramp are warm-up in every phase (every round of a comparison, every
 	// point of a sweep): they are not measured, and the measured duration
 	// starts after max(Ramp, Warmup). Zero starts every worker at once.
-	// Closed loop only.
+	// Closed loop only. As only requests started after the ramp are
+	// measured, the first request of every worker is not: with streams
+	// longer than the ramp, make Duration longer than one stream.
 	Ramp time.Duration
 	// Timeout bounds each request (send to end of stream). Zero means 5 min.
 	Timeout time.Duration

@@ -20,6 +20,20 @@
 //     stream. Samples of every stream are pooled.
 //   - E2E: from send to the [DONE] event (or the WebSocket done frame, or
 //     the end of a non-streamed body).
+//   - Token delay: for a content event whose chunk carries a top-level
+//     "sluice_emit_ns" (EmitField: the Unix time in nanoseconds at which
+//     the backend wrote it, as the Sluice simulator does with
+//     stamp_tokens / sluice sim --stamp-tokens), the generator's wall
+//     clock when the event was parsed minus that time: how long the token
+//     took from the backend's write to the client, one sample per content
+//     event (N is the tokens received). Both clocks are the host's wall
+//     clock, so it is exact only with the backend on the same host. Unlike
+//     ITL it separates what a proxy adds to every token from the backend's
+//     own jitter: in a comparison, the token-delay delta of target (through
+//     the proxy) over baseline (the backend directly) is the per-token
+//     delay the proxy adds. A stamp that is not a non-negative integer is
+//     ignored; chunks without one give no sample, and the report shows no
+//     token delay row.
 //   - Output tokens: usage.completion_tokens when the server reports it,
 //     else the number of content-bearing choices received.
 //   - Truncated: a 2xx stream that ended (EOF or connection error) without
@@ -30,6 +44,14 @@
 //     percentile of n sorted samples is sample number ceil(p/100 × n), so
 //     every reported figure is an observed value. Averages are never
 //     headline figures.
+//
+// Closed loops of thousands of streams: Config.Ramp (-ramp) starts the
+// workers evenly over a duration and never measures the ramp, so the
+// figures are of the steady state rather than of a connection storm. Each
+// HTTP/1.1 stream holds a connection, so the process needs a file
+// descriptor per stream (per target in a comparison); sluice bench warns
+// when the open-file limit is lower, and a dial that fails with "too many
+// open files" says to raise it with ulimit -n.
 //
 // Run measures one configuration, Sweep measures a series of them, and
 // Execute does what the `sluice bench` command does (run, print, write

@@ -18,6 +18,9 @@ func Execute(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 		return fmt.Errorf("invalid config: %w", err)
 	}
 	cfg = cfg.withDefaults()
+	if w := fdWarning(cfg); w != "" {
+		fmt.Fprintf(stderr, "sluice bench: warning: %s\n", w)
+	}
 	progress := progressWriter(cfg.Progress, stderr)
 	if cfg.Sweep.Kind != "" {
 		points, err := Sweep(ctx, cfg, progress)

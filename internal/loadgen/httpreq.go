@@ -44,7 +44,7 @@ func (h *httpRequester) do(ctx context.Context, j *job, res *Result) {
 	resp, err := h.rt.RoundTrip(req)
 	if err != nil {
 		res.E2E = time.Since(start)
-		res.Class, res.Err = classifyErr(ctx, err), err.Error()
+		res.Class, res.Err = classifyErr(ctx, err), errText(err)
 		return
 	}
 	defer resp.Body.Close()
@@ -212,7 +212,7 @@ func readWhole(ctx context.Context, body io.Reader, start time.Time, res *Result
 	now := time.Now()
 	res.E2E, res.TTFT = now.Sub(start), now.Sub(start)
 	if err != nil {
-		res.Class, res.Err = classifyErr(ctx, err), err.Error()
+		res.Class, res.Err = classifyErr(ctx, err), errText(err)
 		if res.Class == ClassTransport {
 			res.Class = ClassTruncated
 			res.Truncated = true

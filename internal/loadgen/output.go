@@ -112,6 +112,10 @@ func (t *TargetReport) writeCPU(ew *errWriter) {
 		ew.printf("  cpu pid %d: %.0f ms, %.2f ms per 1,000 tokens\n", u.PID, u.CPUMs, u.MsPer1kTokens)
 	}
 	g := t.GeneratorCPU
+	if g.Err != "" {
+		ew.printf("  cpu of the generator: %s\n", g.Err)
+		return
+	}
 	ew.printf("  cpu of the generator: %.0f ms, %.2f ms per 1,000 tokens\n", g.CPUMs, g.MsPer1kTokens)
 }
 

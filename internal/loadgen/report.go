@@ -148,6 +148,9 @@ func buildReport(cfg Config, started time.Time, ts []*target, ms []measurement) 
 		tr := summarizeTarget(m.results, m.wall)
 		tr.Role, tr.URL, tr.Protocol = t.role, t.url, t.protocol
 		tr.CPU, tr.GeneratorCPU = cpuUsage(m), usage1k(0, m.genCPU, m.allTokens)
+		if m.genCPUErr {
+			tr.GeneratorCPU = CPUUsage{Err: "reading /proc/self/stat failed (out of file descriptors?)"}
+		}
 		rep.Targets = append(rep.Targets, tr)
 		rep.Results = append(rep.Results, m.results...)
 	}

@@ -99,6 +99,7 @@ type measurement struct {
 	cpu       map[int]time.Duration
 	cpuErr    map[int]string
 	genCPU    time.Duration
+	genCPUErr bool // a reading of genCPU failed
 }
 
 func (m *measurement) add(out phaseOut, cpu cpuSample) {
@@ -106,6 +107,7 @@ func (m *measurement) add(out phaseOut, cpu cpuSample) {
 	m.wall += out.wall
 	m.allTokens += out.allTokens
 	m.genCPU += cpu.gen
+	m.genCPUErr = m.genCPUErr || !cpu.genOK
 	if m.cpu == nil {
 		m.cpu, m.cpuErr = map[int]time.Duration{}, map[int]string{}
 	}
@@ -379,9 +381,10 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 
 // cpuSample is CPU time read from /proc for the given pids and this process.
 type cpuSample struct {
-	used map[int]time.Duration
-	errs map[int]string
-	gen  time.Duration
+	used  map[int]time.Duration
+	errs  map[int]string
+	gen   time.Duration
+	genOK bool // gen was read
 }
 
 func readCPU(pids []int) cpuSample {
@@ -394,13 +397,17 @@ func readCPU(pids []int) cpuSample {
 		}
 		s.used[pid] = d
 	}
-	s.gen, _ = ProcCPU(os.Getpid())
+	gen, err := ProcCPU(os.Getpid())
+	s.gen, s.genOK = gen, err == nil // fails when out of file descriptors
 	return s
 }
 
 // since returns the CPU used between before and s.
 func (s cpuSample) since(before cpuSample) cpuSample {
-	out := cpuSample{used: map[int]time.Duration{}, errs: map[int]string{}, gen: s.gen - before.gen}
+	out := cpuSample{used: map[int]time.Duration{}, errs: map[int]string{}}
+	if s.genOK && before.genOK {
+		out.gen, out.genOK = s.gen-before.gen, true
+	}
 	for pid, e := range s.errs {
 		out.errs[pid] = e
 	}

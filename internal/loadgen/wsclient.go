@@ -112,7 +112,7 @@ func (w *wsRequester) conn(ctx context.Context) (*wsConn, error) {
 func (w *wsRequester) do(ctx context.Context, j *job, res *Result) {
 	wc, err := w.conn(ctx)
 	if err != nil {
-		res.Class, res.Err = classifyErr(ctx, err), err.Error()
+		res.Class, res.Err = classifyErr(ctx, err), errText(err)
 		if res.Class == ClassTransport {
 			res.Class = ClassConnect
 		}
