@@ -2,7 +2,7 @@
 # Sluice benchmark suite: see docs/BENCHMARKS.md.
 #
 #   bash docs/benchmarks/run.sh [OUTDIR]     # everything (~20 min on 2 cores)
-#   QUICK=1 bash docs/benchmarks/run.sh      # smoke version (~3-4 min)
+#   QUICK=1 bash docs/benchmarks/run.sh      # smoke version (~4-5 min)
 #   ONLY=1,3 bash docs/benchmarks/run.sh     # some targets (1 2 3 4 5 5b 6)
 #   REFS=0 ...                               # no nginx/Caddy references
 #
@@ -19,7 +19,7 @@ set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-OUT=${1:-$ROOT/bench-out/$(date -u +%Y%m%dT%H%M%SZ)}
+OUT=${1:-${TMPDIR:-/tmp}/sluice-bench-$(date -u +%Y%m%dT%H%M%SZ)}
 QUICK=${QUICK:-0}
 ONLY=${ONLY:-1,2,3,4,5,5b,6}
 REFS=${REFS:-1}
@@ -36,11 +36,11 @@ want() { [[ ",$ONLY," == *",$1,"* ]]; }
 # ---- sizes: full and QUICK ------------------------------------------------
 # (IDLE_N and SPARSE_N may be set in the environment.)
 if [[ $QUICK == 1 ]]; then
-	D_STREAM=6s ROUNDS=2 D_SMALL=4s IDLE_N=${IDLE_N:-1000} IDLE_TOKENS=10 IDLE_RAMP=5s SPARSE_N=${SPARSE_N:-200} D_SPARSE=8s
-	SWEEP_RATES=8,24,48 D_SWEEP=4s D_REDIS=4s
+	D_STREAM=4s ROUNDS=2 D_SMALL=3s IDLE_N=${IDLE_N:-1000} IDLE_TOKENS=6 IDLE_RAMP=3s
+	SPARSE_N=${SPARSE_N:-200} SPARSE_TOKENS=3 D_SPARSE=6s SWEEP_RATES=8,24,48 D_SWEEP=3s D_REDIS=4s
 else
-	D_STREAM=16s ROUNDS=4 D_SMALL=10s IDLE_N=${IDLE_N:-10000} IDLE_TOKENS=20 IDLE_RAMP=20s SPARSE_N=${SPARSE_N:-2000} D_SPARSE=24s
-	SWEEP_RATES=4,8,12,16,24,32,48 D_SWEEP=8s D_REDIS=12s
+	D_STREAM=16s ROUNDS=4 D_SMALL=10s IDLE_N=${IDLE_N:-10000} IDLE_TOKENS=20 IDLE_RAMP=20s
+	SPARSE_N=${SPARSE_N:-2000} SPARSE_TOKENS=6 D_SPARSE=24s SWEEP_RATES=4,8,12,16,24,32,48 D_SWEEP=8s D_REDIS=12s
 fi
 
 # ---- processes --------------------------------------------------------------
@@ -199,11 +199,10 @@ SIM_IDLE=$SIM_PORT
 # ---- Sluice -----------------------------------------------------------------------
 start_sluice() { # start_sluice NAME TEMPLATE [EXTRA-YAML-FILE]: sets SL_HTTP SL_HTTPS SL_PID
 	local name=$1 tmpl=$2 extra=${3:-}
-	local admin
 	free_port SL_HTTP
 	free_port SL_HTTPS
-	free_port admin
-	sed -e "s/@HTTP@/$SL_HTTP/g; s/@HTTPS@/$SL_HTTPS/g; s/@ADMIN@/$admin/g" \
+	free_port SL_ADMIN
+	sed -e "s/@HTTP@/$SL_HTTP/g; s/@HTTPS@/$SL_HTTPS/g; s/@ADMIN@/$SL_ADMIN/g" \
 		-e "s/@SIM_STREAM@/$SIM_STREAM/g; s/@SIM_SPARSE@/$SIM_SPARSE/g; s/@SIM_IDLE@/$SIM_IDLE/g" \
 		-e "s/@SIM_A@/${SIM_A:-0}/g; s/@SIM_B@/${SIM_B:-0}/g; s/@IDLE_H2C@/$IDLE_H2C/g" \
 		-e "/@QUEUE@/{r ${QUEUE_FILE:-/dev/null}" -e 'd}' \
@@ -220,7 +219,7 @@ start_sluice main "$HERE/sluice.yaml" || {
 	log "sluice did not start (logs/sluice-main.log)"
 	exit 1
 }
-MAIN_HTTP=$SL_HTTP MAIN_HTTPS=$SL_HTTPS MAIN_PID=$SL_PID
+MAIN_HTTP=$SL_HTTP MAIN_HTTPS=$SL_HTTPS MAIN_PID=$SL_PID MAIN_ADMIN=$SL_ADMIN
 
 # ---- references ------------------------------------------------------------------------
 NGINX_PIDS= CADDY_PID= NGINX_PORTS=() CADDY_PORTS=()
@@ -342,7 +341,7 @@ fi
 if want 5b; then
 	while read -r who url pids; do
 		bench "t5b-$who" -target "$url" -compare "http://127.0.0.1:$SIM_SPARSE" -pid "$pids" \
-			-model sim-sparse -concurrency "$SPARSE_N" -prompt-tokens 16 -output-tokens 6 \
+			-model sim-sparse -concurrency "$SPARSE_N" -prompt-tokens 16 -output-tokens "$SPARSE_TOKENS" \
 			-duration "$D_SPARSE" -rounds 2 -ramp 2s -api-key "$KEY"
 	done < <(proxies sparse)
 fi
@@ -351,9 +350,19 @@ fi
 # N slow streams (one token every 2 s, ramped up over IDLE_RAMP) through one
 # proxy; RSS of the proxy (all its processes, /proc/PID/status VmRSS) before
 # the load and at the highest count of established client connections.
+# go_metrics WHO WHEN: Sluice's Go runtime gauges (goroutines, heap, stacks)
+# next to an RSS sample, for the memory split in BENCHMARKS.md.
+go_metrics() {
+	[[ $1 == sluice ]] || return 0
+	curl -s --max-time 2 "http://127.0.0.1:$MAIN_ADMIN/metrics" |
+		grep -E '^(go_goroutines|go_memstats_(heap_inuse|heap_idle|heap_released|stack_inuse|sys)_bytes|process_resident_memory_bytes) ' \
+			>"$OUT/raw/t4-sluice-go-$2.txt"
+}
+
 idle_run() { # idle_run LABEL URL PORT N PIDS
 	local who=$1 url=$2 port=$3 n=$4 pids=${5//,/ } before hold held peak=0 rss i
 	before=$(rss_kib $pids)
+	go_metrics "$who" before
 	echo "$SLUICE bench -target $url -model sim-idle -concurrency $n -requests $n -ramp $IDLE_RAMP -prompt-tokens 16 -output-tokens $IDLE_TOKENS -timeout 5m -api-key $KEY -json $OUT/raw/t4-$who-bench.json -progress never" >>"$CMDS"
 	log "bench t4-$who ($n streams)"
 	"$SLUICE" bench -target "$url" -model sim-idle -concurrency "$n" -requests "$n" -ramp "$IDLE_RAMP" \
@@ -370,13 +379,17 @@ idle_run() { # idle_run LABEL URL PORT N PIDS
 		if ((held > peak)); then
 			peak=$held
 			hold=$(rss_kib $pids)
+			go_metrics "$who" hold
 		fi
 		((held >= n)) && break
 	done
 	sleep 2
 	held=$(established "$port")
 	rss=$(rss_kib $pids)
-	if ((held >= peak)); then peak=$held hold=$rss; fi
+	if ((held >= peak)); then
+		peak=$held hold=$rss
+		go_metrics "$who" hold
+	fi
 	wait "$bpid"
 	forget "$bpid"
 	cat >"$OUT/raw/t4-$who.json" <<EOF
