@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/sluice-proxy/sluice/internal/loadgen"
 )
 
 // Proxies are the proxies of the suite, Sluice first.
@@ -82,14 +84,8 @@ func (t target) cpuPer1k() float64 {
 	return s
 }
 
-type compareRow struct {
-	Metric     string  `json:"metric"`
-	Stat       string  `json:"stat"`
-	TargetMs   float64 `json:"target_ms"`
-	BaselineMs float64 `json:"baseline_ms"`
-	Ratio      float64 `json:"ratio"`
-	DeltaMs    float64 `json:"delta_ms"`
-}
+// compareRow is what `sluice bench -compare` writes for one percentile.
+type compareRow = loadgen.CompareRow
 
 // Report is one `sluice bench -json` report (a single run or -compare).
 type Report struct {
