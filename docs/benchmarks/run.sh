@@ -5,6 +5,7 @@
 #   QUICK=1 bash docs/benchmarks/run.sh      # smoke version (~4-5 min)
 #   ONLY=1,3 bash docs/benchmarks/run.sh     # some targets (1 2 3 4 5 5b 6)
 #   REFS=0 ...                               # no nginx/Caddy references
+#   SLUICE_ENV="GOMAXPROCS=1 GOGC=400" ...   # environment for the Sluice processes only
 #
 # Every figure is measured against a direct connection to the simulator in
 # the same run (`sluice bench -compare`, interleaved rounds). Raw JSON, CSV
@@ -208,8 +209,8 @@ start_sluice() { # start_sluice NAME TEMPLATE [EXTRA-YAML-FILE]: sets SL_HTTP SL
 		-e "/@QUEUE@/{r ${QUEUE_FILE:-/dev/null}" -e 'd}' \
 		"$tmpl" >"$OUT/conf/$name.yaml"
 	[[ -n $extra ]] && cat "$extra" >>"$OUT/conf/$name.yaml"
-	echo "$SLUICE serve -c $OUT/conf/$name.yaml" >>"$CMDS"
-	"$SLUICE" serve -c "$OUT/conf/$name.yaml" >"$OUT/logs/sluice-$name.log" 2>&1 &
+	echo "${SLUICE_ENV:+env $SLUICE_ENV }$SLUICE serve -c $OUT/conf/$name.yaml" >>"$CMDS"
+	env ${SLUICE_ENV:-} "$SLUICE" serve -c "$OUT/conf/$name.yaml" >"$OUT/logs/sluice-$name.log" 2>&1 &
 	SL_PID=$!
 	PIDS+=($SL_PID)
 	wait_port "$SL_HTTP" || return 1
