@@ -305,22 +305,18 @@ func joinChanges(cs []FieldChange) string {
 
 func diffRoutes(old, new []routing.RouteConfig) []string {
 	var out []string
-	key := func(r routing.RouteConfig) string { return r.Name }
-	om, nm := indexBy(old, key), indexBy(new, key)
-	for _, name := range unionKeys(om, nm) {
-		o, inOld := om[name]
-		n, inNew := nm[name]
+	pairByKey(old, new, func(r routing.RouteConfig) string { return r.Name }, func(name string, o, n *routing.RouteConfig) {
 		switch {
-		case !inOld:
-			out = append(out, fmt.Sprintf("+ added %q: %s", name, routeSummary(n)))
-		case !inNew:
-			out = append(out, fmt.Sprintf("- removed %q: %s", name, routeSummary(o)))
+		case o == nil:
+			out = append(out, fmt.Sprintf("+ added %q: %s", name, routeSummary(*n)))
+		case n == nil:
+			out = append(out, fmt.Sprintf("- removed %q: %s", name, routeSummary(*o)))
 		default:
-			if cs := diffFields("", o, n); len(cs) > 0 {
+			if cs := diffFields("", *o, *n); len(cs) > 0 {
 				out = append(out, fmt.Sprintf("~ changed %q: %s", name, joinChanges(cs)))
 			}
 		}
-	}
+	})
 	return out
 }
 
@@ -341,22 +337,18 @@ func routeSummary(r routing.RouteConfig) string {
 
 func diffPools(old, new []routing.PoolConfig) []string {
 	var out []string
-	key := func(p routing.PoolConfig) string { return p.Name }
-	om, nm := indexBy(old, key), indexBy(new, key)
-	for _, name := range unionKeys(om, nm) {
-		o, inOld := om[name]
-		n, inNew := nm[name]
+	pairByKey(old, new, func(p routing.PoolConfig) string { return p.Name }, func(name string, o, n *routing.PoolConfig) {
 		switch {
-		case !inOld:
+		case o == nil:
 			out = append(out, fmt.Sprintf("+ added %q: backends %s", name, backendURLs(n.Backends)))
-		case !inNew:
+		case n == nil:
 			out = append(out, fmt.Sprintf("- removed %q: backends %s", name, backendURLs(o.Backends)))
 		default:
-			if parts := poolChanges(o, n); len(parts) > 0 {
+			if parts := poolChanges(*o, *n); len(parts) > 0 {
 				out = append(out, fmt.Sprintf("~ changed %q: %s", name, strings.Join(parts, "; ")))
 			}
 		}
-	}
+	})
 	return out
 }
 
@@ -372,27 +364,18 @@ func backendURLs(bs []routing.BackendConfig) string {
 // pool's other settings.
 func poolChanges(o, n routing.PoolConfig) []string {
 	var parts []string
-	ob, nb := map[string]routing.BackendConfig{}, map[string]routing.BackendConfig{}
-	for _, b := range o.Backends {
-		ob[b.URL] = b
-	}
-	for _, b := range n.Backends {
-		nb[b.URL] = b
-	}
-	for _, u := range unionKeys(ob, nb) {
-		a, inOld := ob[u]
-		b, inNew := nb[u]
+	pairByKey(o.Backends, n.Backends, func(b routing.BackendConfig) string { return b.URL }, func(u string, a, b *routing.BackendConfig) {
 		switch {
-		case !inOld:
+		case a == nil:
 			parts = append(parts, "backend added "+u)
-		case !inNew:
+		case b == nil:
 			parts = append(parts, "backend removed "+u)
 		default:
-			for _, c := range diffFields("", a, b) {
+			for _, c := range diffFields("", *a, *b) {
 				parts = append(parts, "backend "+u+" "+c.String())
 			}
 		}
-	}
+	})
 	o.Backends, n.Backends = nil, nil
 	for _, c := range diffFields("", o, n) {
 		parts = append(parts, c.String())
@@ -402,27 +385,18 @@ func poolChanges(o, n routing.PoolConfig) []string {
 
 func diffSimulators(old, new []Simulator) []string {
 	var out []string
-	om, nm := map[string]Simulator{}, map[string]Simulator{}
-	for _, s := range old {
-		om[s.Name] = s
-	}
-	for _, s := range new {
-		nm[s.Name] = s
-	}
-	for _, name := range unionKeys(om, nm) {
-		o, inOld := om[name]
-		n, inNew := nm[name]
+	pairByKey(old, new, func(s Simulator) string { return s.Name }, func(name string, o, n *Simulator) {
 		switch {
-		case !inOld:
+		case o == nil:
 			out = append(out, fmt.Sprintf("+ added %q (model %s)", name, n.Model))
-		case !inNew:
+		case n == nil:
 			out = append(out, fmt.Sprintf("- removed %q", name))
 		default:
-			if cs := diffFields("", o, n); len(cs) > 0 {
+			if cs := diffFields("", *o, *n); len(cs) > 0 {
 				out = append(out, fmt.Sprintf("~ changed %q (restarted on reload): %s", name, joinChanges(cs)))
 			}
 		}
-	}
+	})
 	return out
 }
 
@@ -603,6 +577,23 @@ func unionKeys[V any](a, b map[string]V) []string {
 const Redacted = "<redacted>"
 
 func redacted(s string) bool { return s == Redacted }
+
+// pairByKey matches the entries of two lists by key and calls f for each
+// key in sorted order with both sides; o is nil for an entry only in new, n
+// for one only in old.
+func pairByKey[T any](old, new []T, key func(T) string, f func(k string, o, n *T)) {
+	om, nm := indexBy(old, key), indexBy(new, key)
+	for _, k := range unionKeys(om, nm) {
+		var o, n *T
+		if v, ok := om[k]; ok {
+			o = &v
+		}
+		if v, ok := nm[k]; ok {
+			n = &v
+		}
+		f(k, o, n)
+	}
+}
 
 // indexBy maps each element of xs by its key (the last one wins).
 func indexBy[T any](xs []T, key func(T) string) map[string]T {
