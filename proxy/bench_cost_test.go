@@ -168,7 +168,7 @@ func BenchmarkStreamCost(b *testing.B) {
 	cpu := make([]time.Duration, len(cases))
 	delays := make([][]time.Duration, len(cases))
 	for _, c := range cases {
-		c.streams(b, streams, 5, 0) // open the connections and warm up
+		c.benchCase().streams(b, streams, 5, 0) // open the connections and warm up
 	}
 	b.ResetTimer()
 	for range b.N {

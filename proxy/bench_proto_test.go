@@ -105,8 +105,11 @@ func (c protoCase) stream(b *testing.B, n int, every time.Duration, delays []tim
 	return delays
 }
 
+// benchCase is c as one of the cases benchStreams runs.
+func (c protoCase) benchCase() benchCase { return benchCase{c.name, c.stream} }
+
 // streams runs k streams of n events at once and waits for them all.
-func (c protoCase) streams(b *testing.B, k, n int, every time.Duration) {
+func (c benchCase) streams(b *testing.B, k, n int, every time.Duration) {
 	var wg sync.WaitGroup
 	for range k {
 		wg.Go(func() { c.stream(b, n, every, nil) })
@@ -143,8 +146,26 @@ func cpuTime(b *testing.B) time.Duration {
 func BenchmarkProtocols(b *testing.B) {
 	srv := httptest.NewServer(stampBackend{})
 	defer srv.Close()
+	benchStreams(b, func(b *testing.B) []benchCase {
+		var cases []benchCase
+		for _, c := range protoCases(b, srv.URL) {
+			cases = append(cases, c.benchCase())
+		}
+		return cases
+	})
+}
+
+// benchStreams runs the "delay" and "cpu" sub-benchmarks shared by
+// BenchmarkProtocols and BenchmarkWSBridge over the cases that newCases
+// builds; the first case is the baseline of the ratios.
+//
+// delay: 500 events 1 ms apart per op and case, in turn; reports per-event
+// delay P50 and P99 per case and as ratios. cpu: 20 concurrent streams of
+// 250 events 2 ms apart per op and case; reports the process's CPU time per
+// 1,000 events per case and as a ratio.
+func benchStreams(b *testing.B, newCases func(b *testing.B) []benchCase) {
 	b.Run("delay", func(b *testing.B) {
-		cases := protoCases(b, srv.URL)
+		cases := newCases(b)
 		const n = 500
 		all := make([][]time.Duration, len(cases))
 		for i, c := range cases {
@@ -173,7 +194,7 @@ func BenchmarkProtocols(b *testing.B) {
 		b.ReportMetric(0, "ns/op")
 	})
 	b.Run("cpu", func(b *testing.B) {
-		cases := protoCases(b, srv.URL)
+		cases := newCases(b)
 		const streams, n = 20, 250
 		for _, c := range cases {
 			c.streams(b, streams, 10, 0) // open the connections and warm up

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http/httptest"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -130,68 +129,7 @@ func wsBenchCases(b *testing.B, backendURL string) []benchCase {
 func BenchmarkWSBridge(b *testing.B) {
 	srv := httptest.NewServer(stampBackend{})
 	defer srv.Close()
-	b.Run("delay", func(b *testing.B) {
-		cases := wsBenchCases(b, srv.URL)
-		const n = 500
-		all := make([][]time.Duration, len(cases))
-		for i, c := range cases {
-			all[i] = make([]time.Duration, 0, b.N*n)
-			c.stream(b, 10, 0, nil) // connect and warm up
-		}
-		b.ResetTimer()
-		for range b.N {
-			for i, c := range cases {
-				all[i] = c.stream(b, n, time.Millisecond, all[i])
-			}
-		}
-		b.StopTimer()
-		var p50, p99 []time.Duration
-		for i, c := range cases {
-			slices.Sort(all[i])
-			p50 = append(p50, all[i][len(all[i])/2])
-			p99 = append(p99, all[i][len(all[i])*99/100])
-			b.ReportMetric(float64(p50[i].Microseconds()), c.name+"-p50-µs")
-			b.ReportMetric(float64(p99[i].Microseconds()), c.name+"-p99-µs")
-			if i > 0 {
-				b.ReportMetric(float64(p50[i])/float64(p50[0]), c.name+"-p50-x")
-			}
-		}
-		b.ReportMetric(0, "ns/op")
-	})
-	b.Run("cpu", func(b *testing.B) {
-		cases := wsBenchCases(b, srv.URL)
-		const streams, n = 20, 250
-		run := func(c benchCase, n int, every time.Duration) {
-			done := make(chan struct{}, streams)
-			for range streams {
-				go func() { c.stream(b, n, every, nil); done <- struct{}{} }()
-			}
-			for range streams {
-				<-done
-			}
-		}
-		for _, c := range cases {
-			run(c, 10, 0) // open the connections and warm up
-		}
-		cpu := make([]time.Duration, len(cases))
-		b.ResetTimer()
-		for range b.N {
-			for i, c := range cases {
-				start := cpuTime(b)
-				run(c, n, 2*time.Millisecond)
-				cpu[i] += cpuTime(b) - start
-			}
-		}
-		b.StopTimer()
-		events := float64(b.N * streams * n)
-		for i, c := range cases {
-			b.ReportMetric(float64(cpu[i].Microseconds())/events*1000, c.name+"-cpu-µs/1k")
-			if i > 0 {
-				b.ReportMetric(float64(cpu[i])/float64(cpu[0]), c.name+"-cpu-x")
-			}
-		}
-		b.ReportMetric(0, "ns/op")
-	})
+	benchStreams(b, func(b *testing.B) []benchCase { return wsBenchCases(b, srv.URL) })
 }
 
 // BenchmarkWSRelay measures relaying one event as fast as it can go: an op
