@@ -2,9 +2,7 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -75,21 +73,7 @@ func TestVersionAndHelp(t *testing.T) {
 // The embedded default, on free ports: two simulators behind the proxy,
 // the demo key works, tokens stream to [DONE].
 func TestDefaultNodeServes(t *testing.T) {
-	cfg, err := configs.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Listeners.HTTP = "127.0.0.1:0"
-	cfg.Listeners.HTTPS.Addr = "127.0.0.1:0"
-	cfg.Listeners.Admin = "127.0.0.1:0"
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	n, err := startNode(ctx, cfg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { n.shutdown(); cancel(); n.close() }()
+	n := startDefaultNode(t)
 	var banner bytes.Buffer
 	printBanner(&banner, n, true)
 	if !strings.Contains(banner.String(), "Authorization: Bearer sk-sluice-demo") {

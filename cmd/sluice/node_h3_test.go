@@ -37,12 +37,7 @@ import (
 // prints the dev certificate's pin, which the certificate presented on
 // TCP and on QUIC matches.
 func TestDefaultNodeHTTP3(t *testing.T) {
-	cfg, err := configs.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Listeners.HTTP, cfg.Listeners.HTTPS.Addr, cfg.Listeners.Admin = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	n := startTestNode(t, cfg)
+	n := startDefaultNode(t)
 	var banner bytes.Buffer
 	printBanner(&banner, n, true)
 	h3addr := n.server.Addr(proxy.ListenerHTTP3)
@@ -234,8 +229,20 @@ func startTestNode(t *testing.T, cfg *configs.Config) *node {
 		cancel()
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { n.shutdown(); cancel() })
+	t.Cleanup(func() { n.shutdown(); cancel(); n.close() })
 	return n
+}
+
+// startDefaultNode starts the embedded default with every listener on a
+// free loopback port.
+func startDefaultNode(t *testing.T) *node {
+	t.Helper()
+	cfg, err := configs.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listeners.HTTP, cfg.Listeners.HTTPS.Addr, cfg.Listeners.Admin = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	return startTestNode(t, cfg)
 }
 
 func demoRequest(t *testing.T, rt http.RoundTripper, base string) *http.Response {

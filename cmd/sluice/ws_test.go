@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,27 +10,13 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/sluice-proxy/sluice/configs"
 	"github.com/sluice-proxy/sluice/proxy"
 )
 
 // The embedded default serves the WebSocket bridge: a browser-style client
 // (key in the subprotocol) streams a completion and gets done with usage.
 func TestDefaultNodeWebSocket(t *testing.T) {
-	cfg, err := configs.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Listeners.HTTP = "127.0.0.1:0"
-	cfg.Listeners.HTTPS.Addr = "127.0.0.1:0"
-	cfg.Listeners.Admin = "127.0.0.1:0"
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	n, err := startNode(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.shutdown()
+	n := startDefaultNode(t)
 
 	d := websocket.Dialer{Subprotocols: []string{"sluice.v1", "sluice.key." + demoKey}, HandshakeTimeout: 5 * time.Second}
 	c, _, err := d.Dial("ws://"+n.server.Addr(proxy.ListenerHTTP)+"/v1/ws", nil)

@@ -2,34 +2,17 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 
-	"github.com/sluice-proxy/sluice/configs"
 	"github.com/sluice-proxy/sluice/proxy"
 )
 
 // sluice bench -protocol ws speaks the bridge protocol Sluice serves.
 func TestBenchOverWebSocket(t *testing.T) {
-	cfg, err := configs.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Listeners.HTTP = "127.0.0.1:0"
-	cfg.Listeners.HTTPS.Addr = "127.0.0.1:0"
-	cfg.Listeners.Admin = "127.0.0.1:0"
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	n, err := startNode(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.shutdown()
+	n := startDefaultNode(t)
 	var stdout, stderr bytes.Buffer
 	out := filepath.Join(t.TempDir(), "report.json")
 	code := cmdBench([]string{"-target", "http://" + n.server.Addr(proxy.ListenerHTTP), "-protocol", "ws",
