@@ -59,51 +59,49 @@ type backendObs struct{ ttft, itl prometheus.Observer }
 
 type tokenObs struct{ in, out prometheus.Counter }
 
+// cachedSeries returns the series kept in cache under k, making it with mk the
+// first time.
+func cachedSeries[K comparable, V any](cache *sync.Map, k K, mk func() V) V {
+	if v, ok := cache.Load(k); ok {
+		return v.(V)
+	}
+	v, _ := cache.LoadOrStore(k, mk())
+	return v.(V)
+}
+
 func (m *Metrics) routeObs(route, proto string) *routeObs {
-	k := routeKey{route, proto}
-	if o, ok := m.byRoute.Load(k); ok {
-		return o.(*routeObs)
-	}
-	o := &routeObs{e2e: m.e2e.WithLabelValues(route, proto)}
-	for i, s := range headerStages {
-		o.stages[i] = m.stages.WithLabelValues(route, proto, s)
-	}
-	o.stages[len(headerStages)] = m.stages.WithLabelValues(route, proto, StageDecode)
-	v, _ := m.byRoute.LoadOrStore(k, o)
-	return v.(*routeObs)
+	return cachedSeries(&m.byRoute, routeKey{route, proto}, func() *routeObs {
+		o := &routeObs{e2e: m.e2e.WithLabelValues(route, proto)}
+		for i, s := range headerStages {
+			o.stages[i] = m.stages.WithLabelValues(route, proto, s)
+		}
+		o.stages[len(headerStages)] = m.stages.WithLabelValues(route, proto, StageDecode)
+		return o
+	})
 }
 
 func (m *Metrics) requestCounter(route, proto, tenant string, code int) prometheus.Counter {
-	k := requestKey{route, proto, tenant, code}
-	if c, ok := m.byRequest.Load(k); ok {
-		return c.(prometheus.Counter)
-	}
-	v, _ := m.byRequest.LoadOrStore(k, m.requests.WithLabelValues(route, proto, tenant, strconv.Itoa(code)))
-	return v.(prometheus.Counter)
+	return cachedSeries(&m.byRequest, requestKey{route, proto, tenant, code}, func() prometheus.Counter {
+		return m.requests.WithLabelValues(route, proto, tenant, strconv.Itoa(code))
+	})
 }
 
 func (m *Metrics) backendObs(route, pool, backend, proto string) *backendObs {
-	k := backendKey{route, pool, backend, proto}
-	if o, ok := m.byBackend.Load(k); ok {
-		return o.(*backendObs)
-	}
-	v, _ := m.byBackend.LoadOrStore(k, &backendObs{
-		ttft: m.ttft.WithLabelValues(route, pool, backend, proto),
-		itl:  m.itl.WithLabelValues(route, pool, backend, proto),
+	return cachedSeries(&m.byBackend, backendKey{route, pool, backend, proto}, func() *backendObs {
+		return &backendObs{
+			ttft: m.ttft.WithLabelValues(route, pool, backend, proto),
+			itl:  m.itl.WithLabelValues(route, pool, backend, proto),
+		}
 	})
-	return v.(*backendObs)
 }
 
 func (m *Metrics) tokenObs(route, tenant string) *tokenObs {
-	k := tokenKey{route, tenant}
-	if o, ok := m.byTokens.Load(k); ok {
-		return o.(*tokenObs)
-	}
-	v, _ := m.byTokens.LoadOrStore(k, &tokenObs{
-		in:  m.tokens.WithLabelValues(route, tenant, "in"),
-		out: m.tokens.WithLabelValues(route, tenant, "out"),
+	return cachedSeries(&m.byTokens, tokenKey{route, tenant}, func() *tokenObs {
+		return &tokenObs{
+			in:  m.tokens.WithLabelValues(route, tenant, "in"),
+			out: m.tokens.WithLabelValues(route, tenant, "out"),
+		}
 	})
-	return v.(*tokenObs)
 }
 
 // latencyBuckets span 0.5 ms to ~2 min; itlBuckets 1 ms to ~8 s.
