@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -39,7 +38,7 @@ func fullEdge(b *testing.B, pc routing.PoolConfig) *testEdge {
 		pool:        pc,
 		limiter:     limiter.NewLocal(1),
 		limits:      limiter.Limits{MaxConcurrency: 1 << 20, TokensPerMinute: 1 << 50, RequestsPerMinute: 1 << 50},
-		log:         slog.New(slog.NewJSONHandler(io.Discard, nil)),
+		log:         io.Discard,
 		promMetrics: true,
 	})
 }

@@ -44,7 +44,7 @@ type Options struct {
 	// Log receives errors. Nil means slog.Default().
 	Log *slog.Logger
 	// AccessLog receives one line per request. Nil means none.
-	AccessLog *slog.Logger
+	AccessLog *AccessLog
 	// Stats keeps the sliding-window percentiles of /debug/stats. Nil
 	// means none.
 	Stats *Stats
@@ -61,7 +61,7 @@ type Handler struct {
 	node      string
 	region    string
 	log       *slog.Logger
-	access    *slog.Logger
+	access    *AccessLog
 	metrics   *Metrics
 	stats     *Stats
 	transport http.RoundTripper

@@ -62,7 +62,7 @@ type edgeOpts struct {
 	extra   []routing.PoolConfig
 	limits  limiter.Limits // the test tenant's limits
 	limiter proxy.Limiter  // nil: none
-	log     *slog.Logger   // access log; nil: JSON lines into testEdge.log
+	log     io.Writer      // access log (JSON lines); nil: into testEdge.log
 	metrics *proxy.Metrics // nil: none
 	http3   proxy.HTTP3Config
 	tls     *tls.Config // nil: httptest's certificate
@@ -121,7 +121,7 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	logs := &logBuffer{}
 	if o.log == nil {
-		o.log = slog.New(slog.NewJSONHandler(logs, nil))
+		o.log = logs
 	}
 	reg := prometheus.NewRegistry()
 	if err := routing.RegisterMetrics(reg, st.Routes.Pools); err != nil {
@@ -130,7 +130,7 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	if o.metrics == nil && o.promMetrics {
 		o.metrics = proxy.NewMetrics(reg, 0)
 	}
-	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, AccessLog: o.log,
+	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, AccessLog: proxy.NewAccessLog(o.log, "json"),
 		Metrics: o.metrics, Stats: proxy.NewStats()})
 	if o.tls == nil {
 		o.tls = testTLSConfig(t)

@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"context"
-	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -276,10 +274,9 @@ func (h *Handler) observe(x *exchange) {
 	if h.stats != nil && x.route != nil {
 		h.stats.record(x, route, end)
 	}
-	if h.access == nil || !h.access.Enabled(context.Background(), slog.LevelInfo) {
-		return
+	if h.access != nil {
+		h.access.write(x, route, proto, status, end)
 	}
-	h.access.LogAttrs(context.Background(), slog.LevelInfo, "request", x.logAttrs(route, proto, status, end)...)
 }
 
 // stageLogKeys are the access log keys of headerStages ("auth_ms"),
@@ -291,53 +288,53 @@ var stageLogKeys = func() (keys [len(headerStages)]string) {
 	return keys
 }()
 
-// logAttrs is the access log line: ids, outcome, every stage, tokens, bytes.
+// write is the access log line: ids, outcome, every stage, tokens, bytes.
 // Keys and prompt text are never logged.
-func (x *exchange) logAttrs(route, proto string, status int, end time.Time) []slog.Attr {
-	attrs := make([]slog.Attr, 0, 32)
-	str := func(k, v string) { attrs = append(attrs, slog.String(k, v)) }
-	ms := func(k string, d time.Duration) { attrs = append(attrs, slog.Float64(k, millis(d))) }
-	str("request_id", x.id)
+func (a *AccessLog) write(x *exchange, route, proto string, status int, end time.Time) {
+	l := a.begin(end)
+	l.str("request_id", x.id)
+	tenant := ""
 	if x.tenant != nil {
-		str("tenant", x.tenant.ID)
-	} else {
-		str("tenant", "")
+		tenant = x.tenant.ID
 	}
-	str("method", x.r.Method)
-	str("path", x.r.URL.Path)
-	str("proto", proto)
-	attrs = append(attrs, slog.Int("status", status))
-	str("route", route)
+	l.str("tenant", tenant)
+	l.str("method", x.r.Method)
+	l.str("path", x.r.URL.Path)
+	l.str("proto", proto)
+	l.int("status", int64(status))
+	l.str("route", route)
 	backend := ""
 	if x.backend != nil {
 		backend = x.backend.URL.Host
 	}
-	str("backend", backend)
-	str("model", x.meta.Model)
+	l.str("backend", backend)
+	l.str("model", x.meta.Model)
 	for i, s := range headerStages {
 		if d, ok := x.stage(s); ok {
-			ms(stageLogKeys[i], d)
+			l.ms(stageLogKeys[i], d)
 		}
 	}
 	if d, ok := x.stage(StageDecode); ok {
-		ms("decode_ms", d)
+		l.ms("decode_ms", d)
 	}
-	ms("e2e_ms", end.Sub(x.start))
+	l.ms("e2e_ms", end.Sub(x.start))
 	p50, p99, _, n := x.itlPercentiles()
 	if n > 0 {
-		ms("itl_p50_ms", p50)
-		ms("itl_p99_ms", p99)
+		l.ms("itl_p50_ms", p50)
+		l.ms("itl_p99_ms", p99)
 	}
 	u := x.consumed()
-	attrs = append(attrs, slog.Int64("tokens_in", u.InputTokens), slog.Int64("tokens_out", u.OutputTokens),
-		slog.Int64("bytes_out", x.bytesToUser), slog.Int64("bytes_in", int64(len(x.body))),
-		slog.Int("retries", x.retries))
+	l.int("tokens_in", u.InputTokens)
+	l.int("tokens_out", u.OutputTokens)
+	l.int("bytes_out", x.bytesToUser)
+	l.int("bytes_in", int64(len(x.body)))
+	l.int("retries", int64(x.retries))
 	if x.hedged {
-		attrs = append(attrs, slog.Bool("hedged", true))
+		l.boolean("hedged", true)
 	}
 	if x.decision.WouldRefuse {
-		str("would_refuse", x.decision.Reason)
+		l.str("would_refuse", x.decision.Reason)
 	}
-	str("error", errorClass(x))
-	return attrs
+	l.str("error", errorClass(x))
+	a.end(&l)
 }

@@ -26,7 +26,7 @@ func BenchmarkObserve(b *testing.B) {
 	}
 	defer p.Close()
 	route := &routing.Route{RouteConfig: routing.RouteConfig{Name: "r", Pool: "p"}.WithDefaults(), Pool: p}
-	h := &Handler{log: slog.Default(), access: slog.New(slog.NewJSONHandler(io.Discard, nil)),
+	h := &Handler{log: slog.Default(), access: NewAccessLog(io.Discard, "json"),
 		metrics: NewMetrics(prometheus.NewRegistry(), 0), stats: NewStats()}
 	r := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 	tenant := &Tenant{ID: "t1"}

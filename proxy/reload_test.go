@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"io"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -30,7 +29,7 @@ func TestRouteShadowMode(t *testing.T) {
 			{Name: "shadow", Path: "/v1/", Pool: "p", EnforceLimits: &off},
 			{Name: "strict", Path: "/strict/v1/", Pool: "p"},
 		},
-		log: slog.New(slog.NewJSONHandler(&logBuf, nil)), metrics: proxy.NewMetrics(reg, 0)})
+		log: &logBuf, metrics: proxy.NewMetrics(reg, 0)})
 	for i := 0; i < 3; i++ {
 		resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
 		io.Copy(io.Discard, resp.Body)

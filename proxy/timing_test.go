@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -159,7 +158,7 @@ func TestAccessLogAndMetrics(t *testing.T) {
 	_, simURL := startSim(t, fastSim())
 	var logs syncBuffer
 	reg := prometheus.NewRegistry()
-	e := startEdge(t, edgeOpts{pool: poolOf(simURL), log: slog.New(slog.NewJSONHandler(&logs, nil)),
+	e := startEdge(t, edgeOpts{pool: poolOf(simURL), log: &logs,
 		metrics: proxy.NewMetrics(reg, 10), limiter: limiter.NewLocal(1), limits: limiter.Limits{TokensPerMinute: 100000}})
 	resp := post(t, h2cClient(), e.http+"/v1/chat/completions", chatBody(""), "Server-Timing", "spoofed;dur=1")
 	io.Copy(io.Discard, resp.Body)

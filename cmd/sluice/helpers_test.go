@@ -113,7 +113,7 @@ func startFileNode(t testing.TB, cfg string, files ...string) *testNode {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(tn.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	n, err := startNode(context.Background(), c, log)
+	n, err := startNode(context.Background(), c, log, proxy.NewAccessLog(tn.logs, "text"))
 	if err != nil {
 		t.Fatal(err)
 	}

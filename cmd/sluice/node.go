@@ -60,8 +60,9 @@ type simServer struct {
 
 // startNode wires a config into a running node. Background work (limiter
 // heartbeat, certificate reloads, pools' scrapers) runs until close, or
-// until parent is done. Stop the node with shutdown, then close.
-func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*node, error) {
+// until parent is done. Stop the node with shutdown, then close. access
+// receives the access log (nil: none).
+func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger, access *proxy.AccessLog) (*node, error) {
 	n := &node{log: log, reg: prometheus.NewRegistry(), sims: map[string]*simServer{}, serveErr: make(chan error, 1)}
 	n.cfg.Store(cfg)
 	n.bgCtx, n.stopBg = context.WithCancel(parent)
@@ -103,7 +104,7 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger) (*
 		n.limiter.Run(n.bgCtx)
 	}()
 	n.handler = proxy.NewHandler(st, proxy.Options{
-		Node: cfg.Node.Name, Region: cfg.Node.Region, Log: log, AccessLog: log,
+		Node: cfg.Node.Name, Region: cfg.Node.Region, Log: log, AccessLog: access,
 		Metrics: proxy.NewMetrics(n.reg, cfg.Proxy.TenantMetricLabels), Stats: proxy.NewStats(),
 	})
 	n.reg.MustRegister(routing.Collector(func() []*routing.Pool { return n.handler.State().Routes.Pools() }))

@@ -224,7 +224,7 @@ func TestParseCurlVersion(t *testing.T) {
 func startTestNode(t *testing.T, cfg *configs.Config) *node {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	n, err := startNode(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	n, err := startNode(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	if err != nil {
 		cancel()
 		t.Fatal(err)

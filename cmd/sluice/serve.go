@@ -33,7 +33,7 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return flagExit(err)
 	}
-	log, err := newLogger(stderr, *logFormat, *logLevel)
+	log, access, err := newLogger(stderr, *logFormat, *logLevel)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice: %v\n", err)
 		return 2
@@ -53,7 +53,7 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	n, err := startNode(context.Background(), cfg, log)
+	n, err := startNode(context.Background(), cfg, log, access)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice: %v\n", err)
 		return 1
@@ -95,19 +95,29 @@ func (n *node) run(sigs <-chan os.Signal) {
 	}
 }
 
-func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+// newLogger returns the node's log and its access log, both writing to w
+// in the same format; the access log's lines are at level info, so it is
+// nil when level is above that.
+func newLogger(w io.Writer, format, level string) (*slog.Logger, *proxy.AccessLog, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("bad -log-level %q", level)
+		return nil, nil, fmt.Errorf("bad -log-level %q", level)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
+	var log *slog.Logger
 	switch format {
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		log = slog.New(slog.NewJSONHandler(w, opts))
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		log = slog.New(slog.NewTextHandler(w, opts))
+	default:
+		return nil, nil, fmt.Errorf("bad -log-format %q (json or text)", format)
 	}
-	return nil, fmt.Errorf("bad -log-format %q (json or text)", format)
+	var access *proxy.AccessLog
+	if lv <= slog.LevelInfo {
+		access = proxy.NewAccessLog(w, format)
+	}
+	return log, access, nil
 }
 
 // printBanner says where the node listens and how to try it.
