@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -389,18 +390,8 @@ func scanObject(data []byte, i, depth int, member func(key []byte, v int) int) i
 		return i + 1
 	}
 	for {
-		if i >= len(data) || data[i] != '"' {
-			return -1
-		}
-		kend := stringValid(data, i)
-		if kend < 0 {
-			return -1
-		}
-		v := skipSpace(data, kend)
-		if v >= len(data) || data[v] != ':' {
-			return -1
-		}
-		if v = skipSpace(data, v+1); v >= len(data) {
+		kend, v := memberValue(data, i)
+		if v < 0 || v >= len(data) {
 			return -1
 		}
 		if i = member(data[i:kend], v); i < 0 {
@@ -451,24 +442,99 @@ func scanArray(data []byte, i, depth int, elem func(v int) int) int {
 	}
 }
 
-// skipValue checks the value at data[i] (i < len(data)), inside a
-// container at nesting depth, and returns the index after it, or -1.
+// skipValue checks the value at data[i] (i < len(data)), inside depth
+// containers, and returns the index after it, or -1. It loops rather than
+// recurses: a body nested 10000 deep must not grow the stack.
 func skipValue(data []byte, i, depth int) int {
-	switch data[i] {
-	case '"':
-		return stringValid(data, i)
-	case '{':
-		return scanObject(data, i, depth+1, func(_ []byte, v int) int { return skipValue(data, v, depth+1) })
-	case '[':
-		return scanArray(data, i, depth+1, func(v int) int { return skipValue(data, v, depth+1) })
-	case 't':
-		return literalEnd(data, i, "true")
-	case 'f':
-		return literalEnd(data, i, "false")
-	case 'n':
-		return literalEnd(data, i, "null")
+	var objects uint64 // bit k: the kth open container is an object
+	var deeper []bool  // the same beyond 64 open containers
+	open := 0
+	for {
+		switch c := data[i]; c {
+		case '{', '[':
+			if depth+open+1 > maxJSONDepth {
+				return -1
+			}
+			if open < 64 {
+				objects = objects&^(1<<open) | b2u(c == '{')<<open
+			} else {
+				deeper = append(deeper[:open-64], c == '{')
+			}
+			open++
+			if i = skipSpace(data, i+1); i < len(data) && data[i] == c+2 { // '}' or ']'
+				i++
+				open--
+				break
+			}
+			if c == '{' {
+				_, i = memberValue(data, i)
+			}
+			if i < 0 || i >= len(data) {
+				return -1
+			}
+			continue
+		case '"':
+			i = stringValid(data, i)
+		case 't':
+			i = literalEnd(data, i, "true")
+		case 'f':
+			i = literalEnd(data, i, "false")
+		case 'n':
+			i = literalEnd(data, i, "null")
+		default:
+			i = numberEnd(data, i)
+		}
+		// After a value: the next one, or the ends of containers.
+		for {
+			if i < 0 {
+				return -1
+			}
+			if open == 0 {
+				return i
+			}
+			if i = skipSpace(data, i); i >= len(data) {
+				return -1
+			}
+			obj := open > 64 && deeper[open-65] || open <= 64 && objects&(1<<(open-1)) != 0
+			if data[i] == ',' {
+				if i = skipSpace(data, i+1); obj {
+					_, i = memberValue(data, i)
+				}
+				if i < 0 || i >= len(data) {
+					return -1
+				}
+				break
+			}
+			if obj && data[i] != '}' || !obj && data[i] != ']' {
+				return -1
+			}
+			i++
+			open--
+		}
 	}
-	return numberEnd(data, i)
+}
+
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// memberValue reads a member's name and colon at data[i]: it returns the
+// index after the name and the index of the value (maybe len(data)), or
+// -1s.
+func memberValue(data []byte, i int) (nameEnd, v int) {
+	if i >= len(data) || data[i] != '"' {
+		return -1, -1
+	}
+	if nameEnd = stringValid(data, i); nameEnd < 0 {
+		return -1, -1
+	}
+	if v = skipSpace(data, nameEnd); v >= len(data) || data[v] != ':' {
+		return -1, -1
+	}
+	return nameEnd, skipSpace(data, v+1)
 }
 
 // validJSON is json.Valid.
@@ -484,30 +550,59 @@ func validJSON(data []byte) bool {
 // stringValid returns the index after the JSON string at data[i] (a
 // quote), or -1 when it is cut or has a control character or a bad escape.
 func stringValid(data []byte, i int) int {
-	for j := i + 1; j < len(data); j++ {
-		switch c := data[j]; {
-		case c == '"':
+	j := i + 1
+	for {
+		// Contents are most of a body: 8 plain bytes at a time.
+		for j+8 <= len(data) && !hasStringStop(binary.LittleEndian.Uint64(data[j:])) {
+			j += 8
+		}
+		for j < len(data) && !stringStop[data[j]] {
+			j++
+		}
+		if j >= len(data) {
+			return -1
+		}
+		switch data[j] {
+		case '"':
 			return j + 1
-		case c == '\\':
+		case '\\':
 			if j+1 >= len(data) {
 				return -1
 			}
 			switch data[j+1] {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				j++
+				j += 2
 			case 'u':
 				if j+6 > len(data) || !isHex(data[j+2]) || !isHex(data[j+3]) || !isHex(data[j+4]) || !isHex(data[j+5]) {
 					return -1
 				}
-				j += 5
+				j += 6
 			default:
 				return -1
 			}
-		case c < 0x20:
-			return -1
+		default:
+			return -1 // a control character
 		}
 	}
-	return -1
+}
+
+// stringStop marks the bytes that end a run of plain string contents: a
+// quote, a backslash and the control characters.
+var stringStop = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
+
+// hasStringStop reports whether one of the 8 bytes of x is a stringStop
+// (the zero-byte test of Hacker's Delight, exact for whether there is one).
+func hasStringStop(x uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	q := x ^ (ones * '"')
+	b := x ^ (ones * '\\')
+	return ((q-ones)&^q|(b-ones)&^b|(x-ones*0x20)&^x)&highs != 0
 }
 
 func isHex(c byte) bool {

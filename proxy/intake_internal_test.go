@@ -94,6 +94,7 @@ var parseSeeds = []string{
 	" \t\r\n{ \"model\" : \"m\" , \"stream\" :true ,\"messages\":[ { \"content\" : \"x\" } ] } \n",
 	`null`, ` null `, `[]`, `"x"`, `1`, `true`, ``, ` `, `{}`, `{"a":[{"b":{}}]}`,
 	`{"model":"m","stream":true`, `{"model":"m`, `{"model":"m",}`, `{"model" "m"}`, `{"a":01}`, `{"a":1.}`,
+	`{"x":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[{"a":[1,{}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}]}`,
 	`{"a":"\x"}`, `{"a":"\u12"}`, "{\"a\":\"\x01\"}", `{"a":tru}`, `{"a":nul}`, `{} x`, `{}{}`, `[1,]`,
 }
 
@@ -169,6 +170,8 @@ func TestParseOpenAI(t *testing.T) {
 		{name: "two values", in: `{} {}`, err: "after top-level value"},
 		{name: "deepest nesting", in: `{"x":` + strings.Repeat("[", maxJSONDepth-1) + strings.Repeat("]", maxJSONDepth-1) + `}`, want: requestMeta{}},
 		{name: "too deep", in: `{"x":` + strings.Repeat("[", maxJSONDepth) + strings.Repeat("]", maxJSONDepth) + `}`, err: "exceeded max depth"},
+		{name: "deep mixed nesting", in: `{"x":` + strings.Repeat(`[{"a":`, 70) + `1` + strings.Repeat(`}]`, 70) + `}`, want: requestMeta{}},
+		{name: "deep mismatched nesting", in: `{"x":` + strings.Repeat(`[{"a":`, 70) + `1` + strings.Repeat(`]}`, 70) + `}`, err: "invalid character"},
 		{name: "too deep content", in: `{"messages":[{"content":` + strings.Repeat("[", maxJSONDepth-2) + strings.Repeat("]", maxJSONDepth-2) + `}]}`, err: "exceeded max depth"},
 	}
 	for _, c := range cases {
