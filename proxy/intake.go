@@ -78,9 +78,9 @@ func isJSON(r *http.Request) bool {
 // parseOpenAI reads the fields the pipeline needs and, for a stream whose
 // client did not ask for usage, returns a body that asks the backend for it.
 // The body is scanned once, without decoding it; what the scan leaves (an
-// invalid body, a field of the wrong type) is decoded by encoding/json,
-// whose result the scan matches (FuzzParseOpenAI) and whose errors name the
-// problem.
+// invalid body, a field of the wrong type, a repeated messages array) is
+// decoded by encoding/json, whose result the scan matches (FuzzParseOpenAI)
+// and whose errors name the problem.
 func parseOpenAI(body []byte) (requestMeta, []byte, error) {
 	var f openAIFields
 	if !f.scan(body) {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -228,6 +229,142 @@ func checkParseOpenAI(t *testing.T, body []byte) {
 	var fields openAIFields
 	if !fields.scan(body) && rerr == nil && arraysNamedMessages(body) < 2 {
 		t.Fatalf("%q: the scan gave up on a body encoding/json decodes", body)
+	}
+}
+
+// TestParseOpenAIGenerated runs checkParseOpenAI on bodies built from
+// the names parseOpenAI reads, spelled in the ways encoding/json matches,
+// and values of every type: the mixes of repeats, nulls and wrong types a
+// byte-mutating fuzzer seldom builds.
+func TestParseOpenAIGenerated(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 20000 {
+		var g bodyGen
+		g.r = r
+		g.value(0, "")
+		body := g.b.Bytes()
+		if r.IntN(20) == 0 { // cut or spoilt
+			body = body[:r.IntN(len(body)+1)]
+			if len(body) > 0 && r.IntN(2) == 0 {
+				body[r.IntN(len(body))] = "{}[],:\"\\ 0an"[r.IntN(12)]
+			}
+		}
+		checkParseOpenAI(t, body)
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+type bodyGen struct {
+	r *rand.Rand
+	b bytes.Buffer
+}
+
+// genMembers are the names written in an object by what holds it.
+var genMembers = map[string][]string{
+	"":               {"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "messages", "prompt", "input", "temperature"},
+	"stream_options": {"include_usage", "x"},
+	"message":        {"content", "role"},
+}
+
+// genKinds is the kind of value mostly written for a name: one of
+// "{}[]s0b" (an object, an array of messages, a string, an integer, a bool).
+var genKinds = map[string]byte{
+	"": '{', "model": 's', "stream": 'b', "stream_options": '{', "include_usage": 'b',
+	"max_tokens": '0', "max_completion_tokens": '0', "messages": '[', "message": '{',
+}
+
+// value writes the value of a member named name ("" for the body,
+// "message" for an element of messages): mostly of the kind encoding/json
+// takes for it, sometimes null or another kind.
+func (g *bodyGen) value(depth int, name string) {
+	r := g.r
+	g.space()
+	kind, ok := genKinds[name]
+	if !ok || r.IntN(6) == 0 {
+		kind = "{[s0bn"[r.IntN(6)]
+	}
+	if depth > 4 && (kind == '{' || kind == '[') {
+		kind = 'n'
+	}
+	switch kind {
+	case '{':
+		members := genMembers[name]
+		if members == nil {
+			members = genMembers[""]
+		}
+		g.b.WriteByte('{')
+		for i := range r.IntN(7) {
+			if i > 0 {
+				g.b.WriteByte(',')
+			}
+			g.space()
+			m := members[r.IntN(len(members))]
+			if r.IntN(10) == 0 {
+				m = genMembers[""][r.IntN(9)]
+			}
+			g.name(m)
+			g.space()
+			g.b.WriteByte(':')
+			if name != "" && m != "include_usage" {
+				m = "x" // the pipeline reads only the body's other members
+			}
+			g.value(depth+1, m)
+		}
+		g.space()
+		g.b.WriteByte('}')
+	case '[':
+		elem := "x"
+		if name == "messages" {
+			elem = "message"
+		}
+		g.b.WriteByte('[')
+		for i := range r.IntN(4) {
+			if i > 0 {
+				g.b.WriteByte(',')
+			}
+			g.value(depth+1, elem)
+		}
+		g.b.WriteByte(']')
+	case 's':
+		g.b.WriteString([]string{`"m"`, `"gpt\u002d4"`, `"caf\u00e9 \ud83d\ude00"`, "\"a\xffb\"", `"\"\\\/\b\f\n\r\t"`, `""`, `"\ud800"`}[r.IntN(7)])
+	case '0':
+		g.b.WriteString([]string{"0", "-0", "12", "-3", "7", "1.5", "1e3", "2E-1", "9223372036854775807", "9223372036854775808", "-9223372036854775809"}[r.IntN(11)])
+	case 'b':
+		g.b.WriteString([]string{"true", "false"}[r.IntN(2)])
+	default:
+		g.b.WriteString("null")
+	}
+	g.space()
+}
+
+// name writes a member name as encoding/json would match it to name:
+// in another case, with the Kelvin sign for k or long s for s, or escaped.
+func (g *bodyGen) name(name string) {
+	r := g.r
+	var b strings.Builder
+	for _, c := range name {
+		switch {
+		case r.IntN(12) == 0 && (c == 'k' || c == 's'):
+			b.WriteString(map[rune]string{'k': "\u212a", 's': "ſ"}[c])
+		case r.IntN(12) == 0:
+			b.WriteString(strings.ToUpper(string(c)))
+		case r.IntN(20) == 0:
+			b.WriteString(`\u00` + strings.ToUpper(string("0123456789abcdef"[c>>4])) + string("0123456789abcdef"[c&15]))
+		default:
+			b.WriteRune(c)
+		}
+	}
+	if r.IntN(40) == 0 {
+		b.WriteString("x") // another name
+	}
+	g.b.WriteString(`"` + b.String() + `"`)
+}
+
+func (g *bodyGen) space() {
+	if g.r.IntN(4) == 0 {
+		g.b.WriteString([]string{" ", "\n", "\t", "\r\n  "}[g.r.IntN(4)])
 	}
 }
 
