@@ -2,12 +2,15 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"strconv"
+	"unicode/utf8"
 )
 
 // requestMeta is what the pipeline needs from an OpenAI request body.
@@ -74,35 +77,588 @@ func isJSON(r *http.Request) bool {
 
 // parseOpenAI reads the fields the pipeline needs and, for a stream whose
 // client did not ask for usage, returns a body that asks the backend for it.
+// The body is scanned once, without decoding it; what the scan leaves (an
+// invalid body, a field of the wrong type, a repeated messages array) is
+// decoded by encoding/json, whose result the scan matches (FuzzParseOpenAI)
+// and whose errors name the problem.
 func parseOpenAI(body []byte) (requestMeta, []byte, error) {
-	var b openAIBody
-	if err := json.Unmarshal(body, &b); err != nil {
-		return requestMeta{}, nil, badRequest("invalid_json", "request body is not valid JSON: "+jsonProblem(err))
+	var f openAIFields
+	if !f.scan(body) {
+		if err := f.decode(body); err != nil {
+			return requestMeta{}, nil, badRequest("invalid_json", "request body is not valid JSON: "+jsonProblem(err))
+		}
 	}
-	m := requestMeta{Model: b.Model, Stream: b.Stream}
-	if b.StreamOptions != nil && b.StreamOptions.IncludeUsage != nil {
-		m.ClientUsage = *b.StreamOptions.IncludeUsage
-	}
+	m := requestMeta{Model: f.model, Stream: f.stream, ClientUsage: f.options && f.includeUsage}
 	switch {
-	case b.MaxCompletionTokens != nil:
-		m.OutputTokens = max(*b.MaxCompletionTokens, 0)
-	case b.MaxTokens != nil:
-		m.OutputTokens = max(*b.MaxTokens, 0)
+	case f.hasMaxCompletion:
+		m.OutputTokens = max(f.maxCompletion, 0)
+	case f.hasMaxTokens:
+		m.OutputTokens = max(f.maxTokens, 0)
 	}
-	var chars int
-	for _, msg := range b.Messages {
-		chars += len(msg.Content) + 16 // role and framing cost a few tokens
-	}
-	chars += len(b.Prompt) + len(b.Input)
-	m.InputTokens = int64(chars+3) / 4
+	m.InputTokens = int64(f.chars+f.prompt+f.input+3) / 4
 	if !m.Stream || m.ClientUsage {
 		return m, body, nil
 	}
-	out, err := askForUsage(body, b.StreamOptions == nil)
+	out, err := askForUsage(body, !f.options)
 	if err != nil {
 		return requestMeta{}, nil, badRequest("invalid_json", "request body is not a JSON object")
 	}
 	return m, out, nil
+}
+
+// openAIFields is what parseOpenAI uses of openAIBody, as json.Unmarshal
+// leaves it.
+type openAIFields struct {
+	model  string
+	stream bool
+	// options is set when stream_options is an object (the pointer is
+	// not nil: null and absent are alike).
+	options      bool
+	includeUsage bool
+	maxTokens    int64
+	hasMaxTokens bool
+	// maxCompletion is max_completion_tokens.
+	maxCompletion    int64
+	hasMaxCompletion bool
+	// messages is the length of the messages slice; chars is the length
+	// of their raw contents plus 16 each (role and framing cost a few
+	// tokens).
+	messages int
+	chars    int
+	// prompt and input are the lengths of the raw values.
+	prompt, input int
+}
+
+// decode is json.Unmarshal into openAIBody.
+func (f *openAIFields) decode(body []byte) error {
+	var b openAIBody
+	if err := json.Unmarshal(body, &b); err != nil {
+		return err
+	}
+	*f = openAIFields{model: b.Model, stream: b.Stream, options: b.StreamOptions != nil,
+		messages: len(b.Messages), prompt: len(b.Prompt), input: len(b.Input)}
+	if b.StreamOptions != nil && b.StreamOptions.IncludeUsage != nil {
+		f.includeUsage = *b.StreamOptions.IncludeUsage
+	}
+	if b.MaxTokens != nil {
+		f.maxTokens, f.hasMaxTokens = *b.MaxTokens, true
+	}
+	if b.MaxCompletionTokens != nil {
+		f.maxCompletion, f.hasMaxCompletion = *b.MaxCompletionTokens, true
+	}
+	for _, msg := range b.Messages {
+		f.chars += len(msg.Content) + 16
+	}
+	return nil
+}
+
+// The members of openAIBody, in openAINames's order.
+const (
+	fieldModel = iota
+	fieldStream
+	fieldStreamOptions
+	fieldMaxTokens
+	fieldMaxCompletion
+	fieldMessages
+	fieldPrompt
+	fieldInput
+)
+
+var openAINames = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "messages", "prompt", "input"}
+
+// scan reads body in one pass, checking as it goes that it is valid JSON.
+// It sets f as json.Unmarshal into openAIBody would: names matched without
+// case, later members over earlier ones, null leaving a value (and
+// clearing a pointer or slice). It reports false when body is not valid,
+// when a field has the wrong type, and for a non-empty "messages" array
+// after another: encoding/json decodes that into the earlier elements,
+// keeping contents the new ones lack, which is left to decode.
+func (f *openAIFields) scan(body []byte) bool {
+	i := skipSpace(body, 0)
+	if i < len(body) && body[i] == 'n' { // null leaves the struct as is
+		end := literalEnd(body, i, "null")
+		return end > 0 && skipSpace(body, end) == len(body)
+	}
+	if i >= len(body) || body[i] != '{' {
+		return false // invalid, or not an object (a wrong type)
+	}
+	var model []byte // the last model string, as written
+	end := scanObject(body, i, 1, func(key []byte, v int) int {
+		switch fieldIndex(key, openAINames) {
+		case fieldModel:
+			switch body[v] {
+			case '"':
+				end := stringValid(body, v)
+				if end > 0 {
+					model = body[v:end]
+				}
+				return end
+			case 'n':
+				return literalEnd(body, v, "null")
+			}
+		case fieldStream:
+			return boolValue(body, v, &f.stream)
+		case fieldStreamOptions:
+			return f.scanOptions(body, v)
+		case fieldMaxTokens:
+			return intValue(body, v, &f.maxTokens, &f.hasMaxTokens)
+		case fieldMaxCompletion:
+			return intValue(body, v, &f.maxCompletion, &f.hasMaxCompletion)
+		case fieldMessages:
+			return f.scanMessages(body, v)
+		case fieldPrompt:
+			end := skipValue(body, v, 1)
+			f.prompt = end - v
+			return end
+		case fieldInput:
+			end := skipValue(body, v, 1)
+			f.input = end - v
+			return end
+		default:
+			return skipValue(body, v, 1)
+		}
+		return -1 // the wrong type
+	})
+	if end < 0 || skipSpace(body, end) != len(body) {
+		return false
+	}
+	if model != nil {
+		f.model = unquote(model)
+	}
+	return true
+}
+
+// scanOptions reads the stream_options value at body[v].
+func (f *openAIFields) scanOptions(body []byte, v int) int {
+	switch body[v] {
+	case 'n':
+		f.options, f.includeUsage = false, false
+		return literalEnd(body, v, "null")
+	case '{':
+		if !f.options { // a repeated object is decoded into the first
+			f.options, f.includeUsage = true, false
+		}
+		return scanObject(body, v, 2, func(key []byte, v int) int {
+			if fieldIndex(key, []string{"include_usage"}) < 0 {
+				return skipValue(body, v, 2)
+			}
+			if body[v] == 'n' { // a nil *bool
+				f.includeUsage = false
+				return literalEnd(body, v, "null")
+			}
+			return boolValue(body, v, &f.includeUsage)
+		})
+	}
+	return -1
+}
+
+// scanMessages reads the messages value at body[v].
+func (f *openAIFields) scanMessages(body []byte, v int) int {
+	switch body[v] {
+	case 'n':
+		f.messages, f.chars = 0, 0
+		return literalEnd(body, v, "null")
+	case '[':
+		if f.messages > 0 {
+			if i := skipSpace(body, v+1); i >= len(body) || body[i] != ']' {
+				return -1 // merged into the earlier elements: see scan
+			}
+		}
+		f.messages, f.chars = 0, 0
+		return scanArray(body, v, 2, func(e int) int {
+			f.messages++
+			f.chars += 16
+			switch body[e] {
+			case 'n': // a new element stays zero
+				return literalEnd(body, e, "null")
+			case '{':
+				content := 0
+				end := scanObject(body, e, 3, func(key []byte, v int) int {
+					end := skipValue(body, v, 3)
+					if fieldIndex(key, []string{"content"}) == 0 {
+						content = end - v
+					}
+					return end
+				})
+				f.chars += content
+				return end
+			}
+			return -1
+		})
+	}
+	return -1
+}
+
+// boolValue reads a bool at body[v] into b; null leaves b.
+func boolValue(body []byte, v int, b *bool) int {
+	switch body[v] {
+	case 't':
+		*b = true
+		return literalEnd(body, v, "true")
+	case 'f':
+		*b = false
+		return literalEnd(body, v, "false")
+	case 'n':
+		return literalEnd(body, v, "null")
+	}
+	return -1
+}
+
+// intValue reads an *int64 at body[v]: null clears it; a number must be an
+// integer in range, as encoding/json reads it (strconv.ParseInt).
+func intValue(body []byte, v int, n *int64, set *bool) int {
+	if body[v] == 'n' {
+		*n, *set = 0, false
+		return literalEnd(body, v, "null")
+	}
+	end := numberEnd(body, v)
+	if end < 0 {
+		return -1
+	}
+	x, err := strconv.ParseInt(string(body[v:end]), 10, 64)
+	if err != nil {
+		return -1
+	}
+	*n, *set = x, true
+	return end
+}
+
+// fieldIndex returns the index in names of the member name key (quoted, as
+// written), or -1. Names match as encoding/json matches struct fields:
+// unescaped, then compared under Unicode case folding (so "\u212a", the
+// Kelvin sign, is a k).
+func fieldIndex(key []byte, names []string) int {
+	k := key[1 : len(key)-1]
+	for _, c := range k {
+		if c == '\\' || c >= utf8.RuneSelf {
+			k = []byte(unquote(key))
+			for i, n := range names {
+				if bytes.EqualFold(k, []byte(n)) {
+					return i
+				}
+			}
+			return -1
+		}
+	}
+	for i, n := range names {
+		if len(k) == len(n) && equalLower(k, n) {
+			return i
+		}
+	}
+	return -1
+}
+
+// equalLower reports whether ASCII k equals the lower-case name n when
+// k's letters are lowered.
+func equalLower(k []byte, n string) bool {
+	for i, c := range k {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != n[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// unquote returns the valid JSON string s unescaped. encoding/json does
+// the rare escaped or not UTF-8 one (invalid bytes become U+FFFD).
+func unquote(s []byte) string {
+	in := s[1 : len(s)-1]
+	if bytes.IndexByte(in, '\\') < 0 && utf8.Valid(in) {
+		return string(in)
+	}
+	var out string
+	json.Unmarshal(s, &out)
+	return out
+}
+
+// maxJSONDepth is encoding/json's limit on nesting: deeper is invalid.
+const maxJSONDepth = 10000
+
+// scanObject checks the object at data[i] (its '{', at nesting depth) and
+// calls member with each member's name (quoted, as written) and the index
+// of its value. member checks the value and returns the index after it, or
+// -1. scanObject returns the index after the object, or -1.
+func scanObject(data []byte, i, depth int, member func(key []byte, v int) int) int {
+	if depth > maxJSONDepth {
+		return -1
+	}
+	i = skipSpace(data, i+1)
+	if i < len(data) && data[i] == '}' {
+		return i + 1
+	}
+	for {
+		kend, v := memberValue(data, i)
+		if v < 0 || v >= len(data) {
+			return -1
+		}
+		if i = member(data[i:kend], v); i < 0 {
+			return -1
+		}
+		if i = skipSpace(data, i); i >= len(data) {
+			return -1
+		}
+		switch data[i] {
+		case ',':
+			i = skipSpace(data, i+1)
+		case '}':
+			return i + 1
+		default:
+			return -1
+		}
+	}
+}
+
+// scanArray is scanObject for the array at data[i]: elem gets the index of
+// each element.
+func scanArray(data []byte, i, depth int, elem func(v int) int) int {
+	if depth > maxJSONDepth {
+		return -1
+	}
+	i = skipSpace(data, i+1)
+	if i < len(data) && data[i] == ']' {
+		return i + 1
+	}
+	for {
+		if i >= len(data) {
+			return -1
+		}
+		if i = elem(i); i < 0 {
+			return -1
+		}
+		if i = skipSpace(data, i); i >= len(data) {
+			return -1
+		}
+		switch data[i] {
+		case ',':
+			i = skipSpace(data, i+1)
+		case ']':
+			return i + 1
+		default:
+			return -1
+		}
+	}
+}
+
+// skipValue checks the value at data[i] (i < len(data)), inside depth
+// containers, and returns the index after it, or -1. It loops rather than
+// recurses: a body nested 10000 deep must not grow the stack.
+func skipValue(data []byte, i, depth int) int {
+	var objects uint64 // bit k: the kth open container is an object
+	var deeper []bool  // the same beyond 64 open containers
+	open := 0
+	for {
+		switch c := data[i]; c {
+		case '{', '[':
+			if depth+open+1 > maxJSONDepth {
+				return -1
+			}
+			if open < 64 {
+				objects = objects&^(1<<open) | b2u(c == '{')<<open
+			} else {
+				deeper = append(deeper[:open-64], c == '{')
+			}
+			open++
+			if i = skipSpace(data, i+1); i < len(data) && data[i] == c+2 { // '}' or ']'
+				i++
+				open--
+				break
+			}
+			if c == '{' {
+				_, i = memberValue(data, i)
+			}
+			if i < 0 || i >= len(data) {
+				return -1
+			}
+			continue
+		case '"':
+			i = stringValid(data, i)
+		case 't':
+			i = literalEnd(data, i, "true")
+		case 'f':
+			i = literalEnd(data, i, "false")
+		case 'n':
+			i = literalEnd(data, i, "null")
+		default:
+			i = numberEnd(data, i)
+		}
+		// After a value: the next one, or the ends of containers.
+		for {
+			if i < 0 {
+				return -1
+			}
+			if open == 0 {
+				return i
+			}
+			if i = skipSpace(data, i); i >= len(data) {
+				return -1
+			}
+			obj := open > 64 && deeper[open-65] || open <= 64 && objects&(1<<(open-1)) != 0
+			if data[i] == ',' {
+				if i = skipSpace(data, i+1); obj {
+					_, i = memberValue(data, i)
+				}
+				if i < 0 || i >= len(data) {
+					return -1
+				}
+				break
+			}
+			if obj && data[i] != '}' || !obj && data[i] != ']' {
+				return -1
+			}
+			i++
+			open--
+		}
+	}
+}
+
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// memberValue reads a member's name and colon at data[i]: it returns the
+// index after the name and the index of the value (maybe len(data)), or
+// -1s.
+func memberValue(data []byte, i int) (nameEnd, v int) {
+	if i >= len(data) || data[i] != '"' {
+		return -1, -1
+	}
+	if nameEnd = stringValid(data, i); nameEnd < 0 {
+		return -1, -1
+	}
+	if v = skipSpace(data, nameEnd); v >= len(data) || data[v] != ':' {
+		return -1, -1
+	}
+	return nameEnd, skipSpace(data, v+1)
+}
+
+// validJSON is json.Valid.
+func validJSON(data []byte) bool {
+	i := skipSpace(data, 0)
+	if i >= len(data) {
+		return false
+	}
+	end := skipValue(data, i, 0)
+	return end > 0 && skipSpace(data, end) == len(data)
+}
+
+// stringValid returns the index after the JSON string at data[i] (a
+// quote), or -1 when it is cut or has a control character or a bad escape.
+func stringValid(data []byte, i int) int {
+	j := i + 1
+	for {
+		// Contents are most of a body: 8 plain bytes at a time.
+		for j+8 <= len(data) && !hasStringStop(binary.LittleEndian.Uint64(data[j:])) {
+			j += 8
+		}
+		for j < len(data) && !stringStop[data[j]] {
+			j++
+		}
+		if j >= len(data) {
+			return -1
+		}
+		switch data[j] {
+		case '"':
+			return j + 1
+		case '\\':
+			if j+1 >= len(data) {
+				return -1
+			}
+			switch data[j+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				j += 2
+			case 'u':
+				if j+6 > len(data) || !isHex(data[j+2]) || !isHex(data[j+3]) || !isHex(data[j+4]) || !isHex(data[j+5]) {
+					return -1
+				}
+				j += 6
+			default:
+				return -1
+			}
+		default:
+			return -1 // a control character
+		}
+	}
+}
+
+// stringStop marks the bytes that end a run of plain string contents: a
+// quote, a backslash and the control characters.
+var stringStop = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
+
+// hasStringStop reports whether one of the 8 bytes of x is a stringStop
+// (the zero-byte test of Hacker's Delight, exact for whether there is one).
+func hasStringStop(x uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	q := x ^ (ones * '"')
+	b := x ^ (ones * '\\')
+	return ((q-ones)&^q|(b-ones)&^b|(x-ones*0x20)&^x)&highs != 0
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// numberEnd returns the index after the JSON number at data[i], or -1.
+func numberEnd(data []byte, i int) int {
+	if i < len(data) && data[i] == '-' {
+		i++
+	}
+	switch {
+	case i >= len(data):
+		return -1
+	case data[i] == '0':
+		i++
+	case '1' <= data[i] && data[i] <= '9':
+		i = digitsEnd(data, i+1)
+	default:
+		return -1
+	}
+	if i < len(data) && data[i] == '.' {
+		if j := digitsEnd(data, i+1); j > i+1 {
+			i = j
+		} else {
+			return -1
+		}
+	}
+	if i < len(data) && (data[i] == 'e' || data[i] == 'E') {
+		i++
+		if i < len(data) && (data[i] == '+' || data[i] == '-') {
+			i++
+		}
+		j := digitsEnd(data, i)
+		if j == i {
+			return -1
+		}
+		i = j
+	}
+	return i
+}
+
+func digitsEnd(data []byte, i int) int {
+	for i < len(data) && '0' <= data[i] && data[i] <= '9' {
+		i++
+	}
+	return i
+}
+
+// literalEnd returns the index after lit (true, false or null) at data[i],
+// or -1.
+func literalEnd(data []byte, i int, lit string) int {
+	if len(data)-i < len(lit) || string(data[i:i+len(lit)]) != lit {
+		return -1
+	}
+	return i + len(lit)
 }
 
 func jsonProblem(err error) string {
