@@ -397,18 +397,28 @@ func scanObject(data []byte, i, depth int, member func(key []byte, v int) int) i
 		if i = member(data[i:kend], v); i < 0 {
 			return -1
 		}
-		if i = skipSpace(data, i); i >= len(data) {
-			return -1
+		next, done := afterItem(data, i, '}')
+		if done || next < 0 {
+			return next
 		}
-		switch data[i] {
-		case ',':
-			i = skipSpace(data, i+1)
-		case '}':
-			return i + 1
-		default:
-			return -1
-		}
+		i = next
 	}
+}
+
+// afterItem reads what follows a member or an element at data[i]: a comma
+// (next is the index of the next item) or closer (done, next is the index
+// after it); next is -1 for anything else.
+func afterItem(data []byte, i int, closer byte) (next int, done bool) {
+	if i = skipSpace(data, i); i >= len(data) {
+		return -1, false
+	}
+	switch data[i] {
+	case ',':
+		return skipSpace(data, i+1), false
+	case closer:
+		return i + 1, true
+	}
+	return -1, false
 }
 
 // scanArray is scanObject for the array at data[i]: elem gets the index of
@@ -428,17 +438,11 @@ func scanArray(data []byte, i, depth int, elem func(v int) int) int {
 		if i = elem(i); i < 0 {
 			return -1
 		}
-		if i = skipSpace(data, i); i >= len(data) {
-			return -1
+		next, done := afterItem(data, i, ']')
+		if done || next < 0 {
+			return next
 		}
-		switch data[i] {
-		case ',':
-			i = skipSpace(data, i+1)
-		case ']':
-			return i + 1
-		default:
-			return -1
-		}
+		i = next
 	}
 }
 
