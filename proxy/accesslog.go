@@ -110,12 +110,11 @@ func (l *line) boolean(k string, v bool) { l.b = strconv.AppendBool(l.key(k), v)
 func (l *line) ms(k string, d time.Duration) { l.b = appendMillis(l.key(k), d) }
 
 func appendMillis(b []byte, d time.Duration) []byte {
-	us := (d + 500*time.Nanosecond) / time.Microsecond
 	if d < 0 {
-		us = (d - 500*time.Nanosecond) / time.Microsecond
 		b = append(b, '-')
-		us = -us
+		d = -d
 	}
+	us := (d + 500*time.Nanosecond) / time.Microsecond
 	b = strconv.AppendInt(b, int64(us/1000), 10)
 	frac := int(us % 1000)
 	return append(b, '.', byte('0'+frac/100), byte('0'+frac/10%10), byte('0'+frac%10))

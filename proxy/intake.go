@@ -541,16 +541,6 @@ func memberValue(data []byte, i int) (nameEnd, v int) {
 	return nameEnd, skipSpace(data, v+1)
 }
 
-// validJSON is json.Valid.
-func validJSON(data []byte) bool {
-	i := skipSpace(data, 0)
-	if i >= len(data) {
-		return false
-	}
-	end := skipValue(data, i, 0)
-	return end > 0 && skipSpace(data, end) == len(data)
-}
-
 // stringValid returns the index after the JSON string at data[i] (a
 // quote), or -1 when it is cut or has a control character or a bad escape.
 func stringValid(data []byte, i int) int {

@@ -416,3 +416,14 @@ func BenchmarkParseOpenAI(b *testing.B) {
 		})
 	}
 }
+
+// validJSON is skipValue over a whole body; checked against json.Valid, it
+// tests the validation the scan does on the way.
+func validJSON(data []byte) bool {
+	i := skipSpace(data, 0)
+	if i >= len(data) {
+		return false
+	}
+	end := skipValue(data, i, 0)
+	return end > 0 && skipSpace(data, end) == len(data)
+}
