@@ -400,8 +400,19 @@ func TestReloadKeepsUnchanged(t *testing.T) {
 // node runs as many goroutines as before.
 func TestReloadStopsReplacedPools(t *testing.T) {
 	tn := startFileNode(t, nodeConfig{}.String())
-	time.Sleep(100 * time.Millisecond) // let the first pool's scrapers and probes start
-	before := runtime.NumGoroutine()
+	// Counted by kind, not in total: the live pool's probe and scrape
+	// connections and the test's own keep-alive connection to the admin
+	// listener come and go with timing, a replaced pool's goroutines must
+	// not stay.
+	count := func() (loops, conns int) {
+		buf := make([]byte, 4<<20)
+		all := string(buf[:runtime.Stack(buf, true)])
+		return strings.Count(all, "routing.(*Pool).scrapeLoop(") + strings.Count(all, "routing.(*Pool).probeLoop("),
+			strings.Count(all, "net/http.(*persistConn).readLoop(")
+	}
+	// The config's one backend has a scraper and a prober.
+	waitFor(t, 5*time.Second, "the first pool's scraper and prober", func() bool { loops, _ := count(); return loops == 2 })
+	loopsBefore, connsBefore := count()
 	for i := 1; i <= 12; i++ {
 		backend := []string{"gpu-a", "gpu-b"}[i%2]
 		tn.write("sluice.yaml", nodeConfig{Pools: fmt.Sprintf("  - {name: p, backends: [{url: \"sim://%s\"}]}\n", backend)}.String())
@@ -409,5 +420,10 @@ func TestReloadStopsReplacedPools(t *testing.T) {
 			t.Fatalf("reload %d: %d %+v", i, code, res)
 		}
 	}
-	waitFor(t, 5*time.Second, "replaced pools' goroutines to end", func() bool { return runtime.NumGoroutine() <= before+4 })
+	// At most the live pool's scrape and probe connections and the admin
+	// connection are new; 12 replaced pools leaking theirs would be 24.
+	waitFor(t, 5*time.Second, "replaced pools' goroutines and connections to end", func() bool {
+		loops, conns := count()
+		return loops == loopsBefore && conns <= connsBefore+3
+	})
 }
