@@ -49,19 +49,19 @@ func (x *exchange) forward() error {
 	tried := triedBuf[:0]
 	var lastErr error
 	for attempt := 0; attempt <= retries; attempt++ {
-		b, err := x.pickNext(attempt, tried)
+		a, err := x.acquire(attempt, tried, true)
 		if err != nil {
 			if lastErr != nil {
 				break
 			}
 			return err
 		}
-		tried = append(tried, b)
+		tried = append(tried, a.Backend())
 		var l *leg
 		if x.route.HedgeAfter > 0 {
-			l, tried, err = x.race(b, tried)
+			l, tried, err = x.race(a, tried)
 		} else {
-			l = x.newLeg(b, &x.leg)
+			l = x.newLeg(a, &x.leg)
 			l.open()
 			err = l.err
 		}
@@ -202,20 +202,4 @@ func dropConnectionHeaders(dst, src http.Header) {
 			}
 		}
 	}
-}
-
-// pickNext chooses the backend for an attempt (skipping those tried) and
-// records it: the pick mark on the first attempt, a retry on the others.
-func (x *exchange) pickNext(attempt int, tried []*routing.Backend) (*routing.Backend, error) {
-	b, err := x.route.Pool.Pick(tried)
-	if err != nil {
-		return nil, err
-	}
-	if attempt == 0 {
-		x.picked = time.Now()
-	} else {
-		x.retries++
-		x.h.metrics.retry(x.route.Name)
-	}
-	return b, nil
 }

@@ -33,6 +33,10 @@ type State struct {
 	// name (see NewPoolTransport). A pool without one uses the handler's
 	// transport.
 	Transports map[string]http.RoundTripper
+	// Pickers hand out the attempts on each pool's backends, keyed by
+	// pool name. A pool without one is its own picker (routing.Pool's
+	// Acquire); tests put fakes here.
+	Pickers map[string]Picker
 }
 
 // Options configures a Handler.
@@ -169,10 +173,9 @@ type exchange struct {
 	itl         *[]uint32
 	lastTokenAt time.Time
 
-	adm     routing.Admission // held from the queue until the first Begin
-	leg     leg               // storage for an unhedged attempt
-	hedging *race             // the latest hedged race, drained before return
-	hedged  bool              // a hedge was sent
+	leg     leg   // storage for an unhedged attempt
+	hedging *race // the latest hedged race, drained before return
+	hedged  bool  // a hedge was sent
 
 	status      int   // sent to the client; 0 until headers are written
 	tokens      int64 // chunks carrying generated text
@@ -221,10 +224,6 @@ func (x *exchange) serve() error {
 	if err := x.admit(); err != nil {
 		return err
 	}
-	if err := x.enqueue(); err != nil {
-		return err
-	}
-	defer x.adm.Done()
 	return x.forward()
 }
 
@@ -293,15 +292,6 @@ func (x *exchange) admit() error {
 	}
 	x.ticket = d.Ticket
 	return nil
-}
-
-// enqueue waits in the pool's admission queue while every backend is at its
-// target load; the wait is the request's queue stage.
-func (x *exchange) enqueue() error {
-	adm, err := x.route.Pool.Enter(x.r.Context(), x.route.Class, x.tenant.ID)
-	x.admitted, x.queueWait = time.Now(), adm.Waited
-	x.adm = adm
-	return err
 }
 
 // fail answers err unless the response has already started.

@@ -73,6 +73,10 @@ type edgeOpts struct {
 	// promMetrics registers the proxy's metrics in testEdge.reg (when
 	// metrics is nil).
 	promMetrics bool
+	// pickers wraps each pool's picker (nil: the pools pick).
+	pickers func(*routing.Pool) proxy.Picker
+	// errLog receives the handler's own log (text); nil: discarded.
+	errLog io.Writer
 }
 
 // startEdge serves a handler for one pool of backends with the given routes
@@ -118,7 +122,16 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		Limiter:    o.limiter,
 		Transports: transports,
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if o.pickers != nil {
+		st.Pickers = map[string]proxy.Picker{}
+		for name, p := range pools {
+			st.Pickers[name] = o.pickers(p)
+		}
+	}
+	if o.errLog == nil {
+		o.errLog = io.Discard
+	}
+	log := slog.New(slog.NewTextHandler(o.errLog, nil))
 	logs := &logBuffer{}
 	if o.log == nil {
 		o.log = logs

@@ -29,8 +29,8 @@ const (
 // one dropped. A leg is used by one goroutine at a time.
 type leg struct {
 	x      *exchange
-	b      *routing.Backend
-	end    func() // ends the backend's in-flight count
+	att    Attempt
+	b      *routing.Backend // att's backend
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	wd     *watchdog
@@ -43,19 +43,17 @@ type leg struct {
 	ev             []byte        // modeEvents: the held first event
 	body           []byte        // modeBody
 	err            error
+	outcome        routing.Outcome // ended with, for the backend's health
 	closed         bool
 
 	race  *race // nil unless hedging
 	hedge bool  // the second leg of a race
 }
 
-// newLeg starts a leg on b in l's storage: it counts the request on the
-// backend (which ends the exchange's hold on the admission queue) and arms
-// the first-token watchdog.
-func (x *exchange) newLeg(b *routing.Backend, l *leg) *leg {
-	*l = leg{x: x, b: b}
-	l.end = b.Begin()
-	x.adm.Done()
+// newLeg starts a leg on attempt a in l's storage and arms the
+// first-token watchdog.
+func (x *exchange) newLeg(a Attempt, l *leg) *leg {
+	*l = leg{x: x, att: a, b: a.Backend()}
 	l.ctx, l.cancel = context.WithCancelCause(x.r.Context())
 	timeout := x.st.Config.FirstTokenTimeout
 	if x.route.FirstTokenTimeout > 0 {
@@ -80,10 +78,7 @@ func (l *leg) open() {
 		return
 	}
 	l.resp, l.headers = resp, time.Now()
-	l.b.Progress(l.headers)
-	if v := resp.Header.Get("Endpoint-Load-Metrics"); v != "" {
-		l.b.ObserveLoadHeader(v, l.headers)
-	}
+	l.att.Observe(resp.Header, l.headers)
 	switch {
 	case resp.StatusCode >= 500:
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
@@ -94,7 +89,7 @@ func (l *leg) open() {
 	case resp.StatusCode == http.StatusOK && isEventStream(resp.Header):
 		l.mode = modeRaw // generic streams may idle for long; TCP keep-alive watches them
 		l.wd.stop()
-		l.b.Report(true, l.headers)
+		l.att.Progress(l.headers)
 	default:
 		l.mode = modeBody
 		l.readBody()
@@ -116,7 +111,7 @@ func (l *leg) readFirstEvent() {
 		}
 		if eventData(ev) != nil {
 			l.ev, l.first = ev, time.Now()
-			l.b.Report(true, l.first)
+			l.att.Progress(l.first)
 			l.wd.tick(l.x.st.Config.StreamIdleTimeout)
 			return
 		}
@@ -138,25 +133,28 @@ func (l *leg) readBody() {
 	}
 	l.body, l.first = body, time.Now()
 	if l.resp.StatusCode < 400 {
-		l.b.Report(true, l.first)
+		l.att.Progress(l.first)
 	}
 }
 
-// fail records err and closes the leg. A failure counts against the
-// backend's health unless the client left, the node is draining or
-// another leg won.
+// fail records err, logs it and closes the leg. Unless the client left,
+// the node is draining or another leg won, the failure is logged once at
+// warn, and, when report is set, counts against the backend's health.
 func (l *leg) fail(err error, report bool) {
 	l.err = err
-	if report && l.x.r.Context().Err() == nil && !errors.Is(err, errDraining) &&
+	if l.x.r.Context().Err() == nil && !errors.Is(err, errDraining) &&
 		!errors.Is(context.Cause(l.ctx), errHedgeLost) {
-		l.b.Report(false, time.Now())
+		if report {
+			l.outcome = routing.Failed
+		}
+		l.x.logAttempt(l.b, err)
 	}
 	l.close()
 }
 
 // close releases everything the leg holds: the response body, the timers,
-// the context, the pooled buffers and the backend's in-flight count. It is
-// idempotent.
+// the context, the pooled buffers and the attempt (the backend's count).
+// It is idempotent.
 func (l *leg) close() {
 	if l.closed {
 		return
@@ -176,7 +174,7 @@ func (l *leg) close() {
 		putEvent(l.bufp)
 		l.bufp, l.ev = nil, nil
 	}
-	l.end()
+	l.att.End(l.outcome)
 }
 
 // relay commits the winning leg to the client, relays the rest and closes
@@ -215,14 +213,14 @@ func (l *leg) run() {
 	l.race.out <- l
 }
 
-// race runs the request on b and, when no first token has come after the
+// race runs the request on attempt a and, when no first token has come after the
 // route's hedge_after, on a second backend too. The first leg to produce a
 // first token wins; the other is cancelled at once (its backend frees the
 // slot). It fails only when every leg failed.
-func (x *exchange) race(b *routing.Backend, tried []*routing.Backend) (*leg, []*routing.Backend, error) {
+func (x *exchange) race(a Attempt, tried []*routing.Backend) (*leg, []*routing.Backend, error) {
 	rc := &race{out: make(chan *leg, len(race{}.legs))}
 	x.hedging = rc
-	x.startLeg(rc, b, false)
+	x.startLeg(rc, a, false)
 	timer := time.NewTimer(x.route.HedgeAfter)
 	defer timer.Stop()
 	var lastErr error
@@ -246,21 +244,21 @@ func (x *exchange) race(b *routing.Backend, tried []*routing.Backend) (*leg, []*
 			}
 			return l, tried, nil
 		case <-timer.C:
-			hb, err := x.route.Pool.Pick(tried)
+			ha, err := x.st.picker(x.route).Acquire(x.r.Context(), routing.Want{Tried: tried})
 			if err != nil {
 				continue // nowhere to hedge: keep waiting for the first leg
 			}
-			tried = append(tried, hb)
+			tried = append(tried, ha.Backend())
 			x.hedged = true
 			x.h.metrics.hedge(x.route.Name, "fired")
-			x.startLeg(rc, hb, true)
+			x.startLeg(rc, ha, true)
 		}
 	}
 	return nil, tried, lastErr
 }
 
-func (x *exchange) startLeg(rc *race, b *routing.Backend, hedge bool) {
-	l := x.newLeg(b, new(leg))
+func (x *exchange) startLeg(rc *race, a Attempt, hedge bool) {
+	l := x.newLeg(a, new(leg))
 	l.race, l.hedge = rc, hedge
 	rc.legs[rc.n] = l
 	rc.n++

@@ -60,7 +60,7 @@ func (x *exchange) relayOpenAI(l *leg) error {
 		}
 		now = time.Now()
 		l.wd.tick(idle)
-		l.b.Progress(now)
+		l.att.Progress(now)
 	}
 }
 
@@ -125,6 +125,8 @@ func (x *exchange) drainAfterDone(br *bufio.Reader, wd *watchdog) {
 func (x *exchange) streamFailed(err error) error {
 	if cause := context.Cause(x.r.Context()); cause != nil {
 		err = cause // the client went away, or the node is draining
+	} else {
+		x.logAttempt(x.backend, err)
 	}
 	if !errors.Is(err, context.Canceled) && !x.clientGone {
 		x.send(http.NewResponseController(x.w), sseError(statusOf(err)))
@@ -164,7 +166,7 @@ func (x *exchange) relayRaw(l *leg) error {
 			if x.firstToken.IsZero() {
 				x.firstToken = now
 			}
-			l.b.Progress(now)
+			l.att.Progress(now)
 			if !x.send(rc, buf[:n]) {
 				return context.Canceled
 			}

@@ -37,11 +37,11 @@ func (x *exchange) passthrough(route *routing.Route) error {
 	if err := x.admit(); err != nil {
 		return err
 	}
-	backend, end, err := x.dialAny()
+	backend, att, err := x.dialAny()
 	if err != nil {
 		return err
 	}
-	defer end()
+	defer att.End(routing.Finished)
 	client, err := x.upgradeClient(backend.Subprotocol())
 	if err != nil {
 		backend.WriteControl(websocket.CloseMessage, closeMessage(websocket.CloseGoingAway, "client upgrade failed"),
@@ -59,7 +59,7 @@ func (x *exchange) passthrough(route *routing.Route) error {
 
 // dialAny dials a backend of the route's pool, trying others (up to the
 // route's retries) when one cannot be reached or refuses the upgrade.
-func (x *exchange) dialAny() (*websocket.Conn, func(), error) {
+func (x *exchange) dialAny() (*websocket.Conn, Attempt, error) {
 	retries := *x.st.Config.Retries
 	if x.route.Retries != nil {
 		retries = *x.route.Retries
@@ -67,27 +67,28 @@ func (x *exchange) dialAny() (*websocket.Conn, func(), error) {
 	var tried []*routing.Backend
 	var lastErr error
 	for attempt := 0; attempt <= retries; attempt++ {
-		b, err := x.pickNext(attempt, tried)
+		a, err := x.acquire(attempt, tried, false)
 		if err != nil {
 			if lastErr != nil {
 				break
 			}
 			return nil, nil, err
 		}
+		b := a.Backend()
 		tried = append(tried, b)
 		x.backend = b
-		end := b.Begin()
 		conn, err := x.dialBackend(b)
 		if err == nil {
 			x.upstreamHeaders = time.Now()
-			b.Report(true, x.upstreamHeaders)
-			return conn, end, nil
+			a.Progress(x.upstreamHeaders)
+			return conn, a, nil
 		}
-		end()
 		if x.r.Context().Err() != nil {
+			a.End(routing.Finished)
 			return nil, nil, err
 		}
-		b.Report(false, time.Now())
+		a.End(routing.Failed)
+		x.logAttempt(b, err)
 		lastErr = err
 	}
 	return nil, nil, lastErr

@@ -72,11 +72,11 @@ type Backend struct {
 // together than this only read it.
 const progressGrain = 50 * time.Millisecond
 
-// Progress records that the backend answered a request or sent a stream
+// progress records that the backend answered a request or sent a stream
 // event at t. A health probe that times out while the backend keeps making
 // progress is not held against it: a backend busy streaming to many
 // clients may answer its probes late. Cheap enough to call on every event.
-func (b *Backend) Progress(t time.Time) {
+func (b *Backend) progress(t time.Time) {
 	if n := t.UnixNano(); n-b.progressAt.Load() >= int64(progressGrain) {
 		b.progressAt.Store(n)
 	}
@@ -91,26 +91,22 @@ func (b *Backend) Healthy(t time.Time) bool {
 	return !b.probeDown.Load() && t.UnixNano() >= b.ejectedUntil.Load()
 }
 
-// Begin counts a request to the backend; call the returned function once
-// when the response body is finished (not when headers arrive). Ending a
-// request wakes the pool's admission queue.
-func (b *Backend) Begin() (end func()) {
-	b.inflight.Add(1)
-	var done atomic.Bool
-	return func() {
-		if done.CompareAndSwap(false, true) {
-			b.inflight.Add(-1)
-			b.pool.queue.signal()
-		}
-	}
+// begin counts a request to the backend until end.
+func (b *Backend) begin() { b.inflight.Add(1) }
+
+// end ends a request begun with begin; it wakes the pool's admission
+// queue.
+func (b *Backend) end() {
+	b.inflight.Add(-1)
+	b.pool.queue.signal()
 }
 
-// Report records the outcome of a request for passive health: ok false for
+// report records the outcome of a request for passive health: ok false for
 // a connect error or a 5xx. Consecutive failures eject the backend with
 // exponential backoff; a success resets both counts.
-func (b *Backend) Report(ok bool, t time.Time) {
+func (b *Backend) report(ok bool, t time.Time) {
 	if ok {
-		b.Progress(t)
+		b.progress(t)
 		b.failures.Store(0)
 		b.ejections.Store(0)
 		return
@@ -124,10 +120,10 @@ func (b *Backend) Report(ok bool, t time.Time) {
 	b.passiveEjections.Add(1)
 }
 
-// ObserveLoadHeader records an endpoint-load-metrics response header (ORCA
+// observeLoadHeader records an endpoint-load-metrics response header (ORCA
 // TEXT or JSON form) received at t as a fresh load sample. Values it cannot
 // read are ignored.
-func (b *Backend) ObserveLoadHeader(v string, t time.Time) {
+func (b *Backend) observeLoadHeader(v string, t time.Time) {
 	s, ok := parseLoadHeader(v)
 	if !ok {
 		return
@@ -210,12 +206,12 @@ func (p *Pool) Config() PoolConfig { return p.cfg }
 // Backends lists the pool's backends.
 func (p *Pool) Backends() []*Backend { return p.backends }
 
-// Pick chooses a backend with the pool's policy among healthy backends
+// pick chooses a backend with the pool's policy among healthy backends
 // under their concurrency cap, skipping those in tried. When the admission
 // queue has targets, backends below target are preferred. With no backend
 // healthy it returns an error matching ErrNoHealthyBackend with a retry
 // delay (RetryAfter).
-func (p *Pool) Pick(tried []*Backend) (*Backend, error) {
+func (p *Pool) pick(tried []*Backend) (*Backend, error) {
 	now := time.Now()
 	bufp := p.cands.Get().(*[]*Backend)
 	defer p.cands.Put(bufp)

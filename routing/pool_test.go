@@ -18,7 +18,7 @@ func TestLoadFallsBackToInFlight(t *testing.T) {
 	p := startPool(t, cfg)
 	b := p.Backends()[0]
 	waitFor(t, 3*time.Second, "a fresh sample", func() bool { return b.Load(time.Now()).Known })
-	end1, end2 := b.Begin(), b.Begin()
+	end1, end2 := begin(b), begin(b)
 	defer end1()
 	defer end2()
 	l := b.Load(time.Now())
@@ -43,7 +43,7 @@ func TestLoadUnreachableMetrics(t *testing.T) {
 	b := p.Backends()[0]
 	waitFor(t, 3*time.Second, "scrape errors", func() bool { return b.scrapeErrors.Load() >= 2 })
 	for i := 0; i < 3; i++ {
-		defer b.Begin()()
+		defer begin(b)()
 	}
 	if l := b.Load(time.Now()); l.Known || l.Total != 3 || b.Score(time.Now()) != 3 {
 		t.Fatalf("load %+v score %v; want unknown, own in-flight 3", l, b.Score(time.Now()))
@@ -56,7 +56,7 @@ func TestHeaderSampleFresherWins(t *testing.T) {
 	b := p.Backends()[0]
 	now := time.Now()
 	setSample(b, 1, 1, now.Add(-100*time.Millisecond))
-	b.ObserveLoadHeader("TEXT named_metrics.num_requests_waiting=7, named_metrics.num_requests_running=2", now)
+	b.observeLoadHeader("TEXT named_metrics.num_requests_waiting=7, named_metrics.num_requests_running=2", now)
 	if l := b.Load(now); l.Total != 9 || l.Sample.Source != SourceHeader {
 		t.Fatalf("load %+v; want the header's 7+2", l)
 	}
@@ -64,7 +64,7 @@ func TestHeaderSampleFresherWins(t *testing.T) {
 	if l := b.Load(now.Add(time.Millisecond)); l.Total != 4 || l.Sample.Source != SourceScrape {
 		t.Fatalf("load %+v; want the newer scrape's 0+4", l)
 	}
-	b.ObserveLoadHeader("TEXT unrelated=1", now.Add(time.Second))
+	b.observeLoadHeader("TEXT unrelated=1", now.Add(time.Second))
 	if l := b.Load(now.Add(time.Millisecond)); l.Sample.Source != SourceScrape {
 		t.Fatal("an unreadable header replaced the sample")
 	}
@@ -80,11 +80,11 @@ func TestBurstBetweenSamplesSpreads(t *testing.T) {
 	}
 	counts := map[*Backend]int{}
 	for i := 0; i < 60; i++ {
-		b, err := p.Pick(nil)
+		b, err := p.pick(nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer b.Begin()()
+		defer begin(b)()
 		counts[b]++
 	}
 	for _, b := range p.Backends() {
@@ -103,7 +103,7 @@ func TestLeastQueuedPrefersLowerScore(t *testing.T) {
 	setSample(bs[2], 0, 1, now) // idlest
 	counts := map[*Backend]int{}
 	for i := 0; i < 3000; i++ {
-		b, _ := p.Pick(nil)
+		b, _ := p.pick(nil)
 		counts[b]++
 	}
 	// Power of two choices: the idlest wins both of its pairs (2/3), the
@@ -135,7 +135,7 @@ func TestSelectors(t *testing.T) {
 		p, _ := NewPool(pc)
 		var got []string
 		for i := 0; i < 8; i++ {
-			b, _ := p.Pick(nil)
+			b, _ := p.pick(nil)
 			got = append(got, b.URL.Hostname())
 		}
 		if want := "a b b c a b b c"; join(got) != want {
@@ -147,7 +147,7 @@ func TestSelectors(t *testing.T) {
 		p, _ := NewPool(pc)
 		counts := map[string]int{}
 		for i := 0; i < 4000; i++ {
-			b, _ := p.Pick(nil)
+			b, _ := p.pick(nil)
 			counts[b.URL.Hostname()]++
 		}
 		if counts["b"] < 1700 || counts["b"] > 2300 || counts["a"] < 700 || counts["c"] < 700 {
@@ -159,11 +159,11 @@ func TestSelectors(t *testing.T) {
 		p, _ := NewPool(pc)
 		bs := p.Backends()
 		for i := 0; i < 5; i++ {
-			defer bs[0].Begin()()
-			defer bs[1].Begin()()
+			defer begin(bs[0])()
+			defer begin(bs[1])()
 		}
 		for i := 0; i < 50; i++ {
-			if b, _ := p.Pick([]*Backend{bs[2]}); b != bs[1] { // 5/2 beats 5/1
+			if b, _ := p.pick([]*Backend{bs[2]}); b != bs[1] { // 5/2 beats 5/1
 				t.Fatalf("picked %s; want b (weight 2, same in-flight)", b.URL.Host)
 			}
 		}
@@ -189,13 +189,13 @@ func TestPickHonoursCapAndTried(t *testing.T) {
 	pc.Backends[0].MaxConcurrency = 1
 	p, _ := NewPool(pc)
 	a, b := p.Backends()[0], p.Backends()[1]
-	defer a.Begin()()
+	defer begin(a)()
 	for i := 0; i < 20; i++ {
-		if got, _ := p.Pick(nil); got != b {
+		if got, _ := p.pick(nil); got != b {
 			t.Fatal("picked a backend at its max_concurrency")
 		}
 	}
-	if _, err := p.Pick([]*Backend{b}); !errors.Is(err, ErrNoHealthyBackend) || RetryAfter(err) != 0 {
+	if _, err := p.pick([]*Backend{b}); !errors.Is(err, ErrNoHealthyBackend) || RetryAfter(err) != 0 {
 		t.Fatalf("all at cap or tried: %v (retry after %v); want ErrNoHealthyBackend without a retry delay", err, RetryAfter(err))
 	}
 }
@@ -206,27 +206,27 @@ func TestPassiveEjectionBackoffAndRecovery(t *testing.T) {
 	p, _ := NewPool(pc)
 	a, b := p.Backends()[0], p.Backends()[1]
 	now := time.Now()
-	a.Report(false, now)
+	a.report(false, now)
 	if !a.Healthy(now) {
 		t.Fatal("ejected after one failure; want eject_after 2")
 	}
-	a.Report(false, now)
+	a.report(false, now)
 	if a.Healthy(now) || !a.Healthy(now.Add(300*time.Millisecond)) {
 		t.Fatal("first ejection: want out for eject_for")
 	}
 	later := now.Add(400 * time.Millisecond)
-	a.Report(false, later)
-	a.Report(false, later)
+	a.report(false, later)
+	a.report(false, later)
 	if a.Healthy(later.Add(500*time.Millisecond)) || !a.Healthy(later.Add(600*time.Millisecond)) {
 		t.Fatal("second consecutive ejection: want twice as long")
 	}
-	a.Report(true, later.Add(time.Second))
+	a.report(true, later.Add(time.Second))
 	if a.ejections.Load() != 0 {
 		t.Fatal("a success did not reset the backoff")
 	}
-	b.Report(false, now)
-	b.Report(false, now)
-	_, err := p.Pick(nil)
+	b.report(false, now)
+	b.report(false, now)
+	_, err := p.pick(nil)
 	if !errors.Is(err, ErrNoHealthyBackend) || RetryAfter(err) < time.Second {
 		t.Fatalf("all ejected: %v, retry after %v; want ErrNoHealthyBackend with Retry-After ≥ 1s", err, RetryAfter(err))
 	}
@@ -247,7 +247,7 @@ func TestProbeEjectsAndReadmits(t *testing.T) {
 	g1.set(func(g *gauged) { g.hang = true })
 	waitFor(t, 5*time.Second, "the hung backend to be taken out", func() bool { return !bad.Healthy(time.Now()) })
 	for i := 0; i < 20; i++ {
-		if b, _ := p.Pick(nil); b == bad {
+		if b, _ := p.pick(nil); b == bad {
 			t.Fatal("picked a backend that fails its probes")
 		}
 	}

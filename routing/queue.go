@@ -29,12 +29,12 @@ func (e *queueError) Error() string             { return e.err.Error() }
 func (e *queueError) Unwrap() error             { return e.err }
 func (e *queueError) RetryAfter() time.Duration { return e.retryAfter }
 
-// Admission is a request's pass through a pool's admission queue. From the
+// admission is a request's pass through a pool's admission queue. From the
 // moment it is granted it holds one unit of the pool's capacity, so that a
 // burst of grants cannot overshoot the target; call Done once the request
-// has begun on a backend (Backend.Begin), or when it gives up. The zero
-// Admission (the pool does not queue) is valid and Done does nothing.
-type Admission struct {
+// has begun on a backend (Pool.Acquire does both), or when it gives up.
+// The zero admission (the pool does not queue) is valid and Done does nothing.
+type admission struct {
 	// Waited is how long the request waited in the queue (also when it
 	// gave up or timed out); zero when it went straight through.
 	Waited time.Duration
@@ -44,7 +44,7 @@ type Admission struct {
 
 // Done releases the admission's hold on the pool's capacity. It is
 // idempotent; it is not safe for simultaneous use.
-func (a *Admission) Done() {
+func (a *admission) Done() {
 	if q := a.q; q != nil {
 		a.q = nil
 		q.granted.Add(-1)
@@ -138,17 +138,17 @@ func newQueue(p *Pool) *queue {
 	return q
 }
 
-// Enter admits a request of a traffic class ("interactive" or "batch") from
+// enter admits a request of a traffic class ("interactive" or "batch") from
 // a tenant to the pool: at once while some healthy backend is below the
 // queue's target and nobody waits, else after waiting its turn. It fails
 // with ErrQueueTimeout after max_queue_wait, ErrQueueFull when the queue
 // is at max_queue_length, ErrNoHealthyBackend when no backend is healthy,
 // or ctx's cause when ctx is done first (the request leaves the queue at
 // once). A pool without targets admits everything at once.
-func (p *Pool) Enter(ctx context.Context, class, tenant string) (Admission, error) {
+func (p *Pool) enter(ctx context.Context, class, tenant string) (admission, error) {
 	q := p.queue
 	if !q.enabled {
-		return Admission{}, nil
+		return admission{}, nil
 	}
 	c, start := classIndex(class), time.Now()
 	q.mu.Lock()
@@ -156,16 +156,16 @@ func (p *Pool) Enter(ctx context.Context, class, tenant string) (Admission, erro
 		q.granted.Add(1)
 		q.mu.Unlock()
 		q.observe(c, outcomeImmediate, 0)
-		return Admission{q: q}, nil
+		return admission{q: q}, nil
 	}
 	if !p.anyHealthy(start) {
 		q.mu.Unlock()
-		return Admission{}, &unavailableError{retryAfter: p.nextHealthy(start)}
+		return admission{}, &unavailableError{retryAfter: p.nextHealthy(start)}
 	}
 	if q.waiting.Load() >= int64(q.cfg.MaxLength) {
 		q.mu.Unlock()
 		q.observe(c, outcomeFull, -1)
-		return Admission{}, &queueError{ErrQueueFull, time.Second}
+		return admission{}, &queueError{ErrQueueFull, time.Second}
 	}
 	w := q.pushLocked(c, tenant)
 	q.armLocked(start)
@@ -174,7 +174,7 @@ func (p *Pool) Enter(ctx context.Context, class, tenant string) (Admission, erro
 }
 
 // wait blocks until w is granted, the deadline passes or ctx is done.
-func (q *queue) wait(ctx context.Context, w *waiter, start time.Time) (Admission, error) {
+func (q *queue) wait(ctx context.Context, w *waiter, start time.Time) (admission, error) {
 	t := time.NewTimer(q.cfg.MaxWait)
 	defer t.Stop()
 	var err error
@@ -195,14 +195,14 @@ func (q *queue) wait(ctx context.Context, w *waiter, start time.Time) (Admission
 	if granted && ctx.Err() == nil { // granted, perhaps as the deadline passed: take it
 		waited := time.Since(start)
 		q.observe(w.class, outcomeWaited, waited)
-		return Admission{Waited: waited, q: q}, nil
+		return admission{Waited: waited, q: q}, nil
 	}
 	if granted { // the client left as it was granted: pass the capacity on
 		q.granted.Add(-1)
 		q.signal()
 	}
 	q.observe(w.class, outcome, -1)
-	return Admission{Waited: time.Since(start)}, err
+	return admission{Waited: time.Since(start)}, err
 }
 
 func (q *queue) observe(c, outcome int, waited time.Duration) {

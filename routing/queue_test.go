@@ -30,11 +30,11 @@ func capped(t *testing.T, mod func(*PoolConfig)) (*Pool, *Backend) {
 // occupy admits and begins one request; the returned function ends it.
 func occupy(t *testing.T, p *Pool, b *Backend) func() {
 	t.Helper()
-	adm, err := p.Enter(context.Background(), ClassInteractive, "x")
+	adm, err := p.enter(context.Background(), ClassInteractive, "x")
 	if err != nil || adm.Waited != 0 {
 		t.Fatalf("enter: %v after %v; want at once", err, adm.Waited)
 	}
-	end := b.Begin()
+	end := begin(b)
 	adm.Done()
 	return end
 }
@@ -53,12 +53,12 @@ func TestQueueOrder(t *testing.T) {
 	enqueue := func(class, tenant, label string) {
 		before := p.QueueLen(ClassInteractive) + p.QueueLen(ClassBatch)
 		go func() {
-			adm, err := p.Enter(context.Background(), class, tenant)
+			adm, err := p.enter(context.Background(), class, tenant)
 			if err != nil {
 				out <- served{label: "error " + err.Error()}
 				return
 			}
-			e := b.Begin()
+			e := begin(b)
 			adm.Done()
 			out <- served{label, e}
 		}()
@@ -98,12 +98,12 @@ func TestQueueTenantFairness(t *testing.T) {
 		for i := 0; i < n; i++ {
 			before := p.QueueLen(ClassInteractive)
 			go func() {
-				adm, err := p.Enter(context.Background(), ClassInteractive, tenant)
+				adm, err := p.enter(context.Background(), ClassInteractive, tenant)
 				if err != nil {
 					out <- served{label: "error"}
 					return
 				}
-				e := b.Begin()
+				e := begin(b)
 				adm.Done()
 				out <- served{tenant, e}
 			}()
@@ -140,12 +140,12 @@ func TestQueueTimeoutAndFull(t *testing.T) {
 	errc := make(chan error, 1)
 	var waited time.Duration
 	go func() {
-		adm, err := p.Enter(context.Background(), ClassBatch, "t")
+		adm, err := p.enter(context.Background(), ClassBatch, "t")
 		waited = adm.Waited
 		errc <- err
 	}()
 	waitFor(t, 2*time.Second, "the first to queue", func() bool { return p.QueueLen(ClassBatch) == 1 })
-	if _, err := p.Enter(context.Background(), ClassInteractive, "u"); !errors.Is(err, ErrQueueFull) || RetryAfter(err) < time.Second {
+	if _, err := p.enter(context.Background(), ClassInteractive, "u"); !errors.Is(err, ErrQueueFull) || RetryAfter(err) < time.Second {
 		t.Fatalf("second: %v; want ErrQueueFull with a retry delay", err)
 	}
 	err := <-errc
@@ -188,7 +188,7 @@ func TestQueueCancelLeaves(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		_, err := p.Enter(ctx, ClassInteractive, "t")
+		_, err := p.enter(ctx, ClassInteractive, "t")
 		errc <- err
 	}()
 	waitFor(t, 2*time.Second, "queue depth 1", func() bool { return depth() == 1 })
@@ -221,7 +221,7 @@ func TestQueueWakesOnSample(t *testing.T) {
 	waitFor(t, 3*time.Second, "a sample", func() bool { return b.Load(time.Now()).Known })
 	admc := make(chan error, 1)
 	go func() {
-		adm, err := p.Enter(context.Background(), ClassInteractive, "t")
+		adm, err := p.enter(context.Background(), ClassInteractive, "t")
 		adm.Done()
 		admc <- err
 	}()
@@ -253,12 +253,12 @@ func TestQueueTargetUtilization(t *testing.T) {
 	}
 	done := make(chan time.Duration, 1)
 	go func() {
-		adm, err := p.Enter(context.Background(), ClassInteractive, "t")
+		adm, err := p.enter(context.Background(), ClassInteractive, "t")
 		if err != nil {
 			done <- -1
 			return
 		}
-		defer b.Begin()()
+		defer begin(b)()
 		adm.Done()
 		done <- adm.Waited
 	}()
@@ -281,11 +281,11 @@ func TestQueueTargetUtilization(t *testing.T) {
 // is not used at all.
 func TestQueueFastPaths(t *testing.T) {
 	p, b := capped(t, nil)
-	b.Report(false, time.Now())
-	b.Report(false, time.Now())
-	b.Report(false, time.Now())
+	b.report(false, time.Now())
+	b.report(false, time.Now())
+	b.report(false, time.Now())
 	start := time.Now()
-	if _, err := p.Enter(context.Background(), ClassInteractive, "t"); !errors.Is(err, ErrNoHealthyBackend) {
+	if _, err := p.enter(context.Background(), ClassInteractive, "t"); !errors.Is(err, ErrNoHealthyBackend) {
 		t.Fatalf("got %v; want ErrNoHealthyBackend", err)
 	}
 	if d := time.Since(start); d > time.Second {
@@ -293,8 +293,8 @@ func TestQueueFastPaths(t *testing.T) {
 	}
 	free, _ := NewPool(quiet("http://a:1"))
 	for i := 0; i < 100; i++ {
-		defer free.Backends()[0].Begin()()
-		adm, err := free.Enter(context.Background(), ClassBatch, fmt.Sprint(i))
+		defer begin(free.Backends()[0])()
+		adm, err := free.enter(context.Background(), ClassBatch, fmt.Sprint(i))
 		if err != nil || adm.q != nil {
 			t.Fatalf("pool without targets: %v %+v; want a zero admission", err, adm)
 		}
