@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-proxy/sluice/internal/gpusim"
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/routing"
 	"github.com/sluice-proxy/sluice/tls/certs"
 )
@@ -82,7 +83,7 @@ type HTTPS struct {
 	certs.Config `yaml:",inline"`
 	// HTTP3 configures HTTP/3 over QUIC beside the TLS listener (on by
 	// default, on the same port number over UDP).
-	HTTP3 proxy.HTTP3Config `yaml:"http3"`
+	HTTP3 listen.HTTP3Config `yaml:"http3"`
 }
 
 // Simulator is a simulated GPU backend started inside the Sluice process;

@@ -7,27 +7,27 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 )
 
 // ConnInfo on each protocol: the right Proto, a handshake time on the
 // first request of a TLS or QUIC connection only, and a live RTT estimate.
 func TestConnInfo(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ci, ok := proxy.ConnInfoFrom(r.Context())
-		if n := testing.AllocsPerRun(10, func() { proxy.ConnInfoFrom(r.Context()) }); n != 0 {
+		ci, ok := listen.ConnInfoFrom(r.Context())
+		if n := testing.AllocsPerRun(10, func() { listen.ConnInfoFrom(r.Context()) }); n != 0 {
 			ok = false // reported below as a failure
 			t.Errorf("ConnInfoFrom allocates %v times per call; want 0", n)
 		}
 		fmt.Fprintf(w, "%v %s %d %d", ok, ci.Proto, ci.Handshake, ci.RTT())
 	})
-	srv := &proxy.Server{Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: testTLSConfig(t)}
+	srv := &listen.Server{Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: testTLSConfig(t)}
 	if err := srv.Listen(); err != nil {
 		t.Fatal(err)
 	}
 	go srv.Serve()
 	defer srv.Close()
-	http1, https, h3 := "http://"+srv.Addr(proxy.ListenerHTTP), "https://"+srv.Addr(proxy.ListenerHTTPS), "https://"+srv.Addr(proxy.ListenerHTTP3)
+	http1, https, h3 := "http://"+srv.Addr(listen.ListenerHTTP), "https://"+srv.Addr(listen.ListenerHTTPS), "https://"+srv.Addr(listen.ListenerHTTP3)
 	cases := []struct {
 		name, url, proto string
 		client           *http.Client
@@ -74,7 +74,7 @@ func TestConnInfo(t *testing.T) {
 // Outside a Server, ConnInfoFrom says so and RTT still works.
 func TestConnInfoAbsent(t *testing.T) {
 	r, _ := http.NewRequest(http.MethodGet, "http://example.com/", nil)
-	ci, ok := proxy.ConnInfoFrom(r.Context())
+	ci, ok := listen.ConnInfoFrom(r.Context())
 	if ok || ci.Proto != "" || ci.RTT() != 0 {
 		t.Fatalf("got %+v %v; want zero and false", ci, ok)
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -17,7 +18,6 @@ var (
 	errFirstTokenTimeout = errors.New("backend sent no first token in time")
 	errStreamIdle        = errors.New("backend stream stalled")
 	errStreamCut         = errors.New("backend closed the stream before [DONE]")
-	errDraining          = errors.New("server is shutting down")
 	errEventTooLarge     = errors.New("backend sent an oversized event")
 	errResponseTooLarge  = errors.New("backend response too large")
 )
@@ -69,7 +69,7 @@ func statusOf(err error) *apiError {
 	case errors.Is(err, errFirstTokenTimeout), errors.Is(err, errStreamIdle):
 		return &apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
 			Message: "the backend did not answer in time"}
-	case errors.Is(err, errDraining):
+	case errors.Is(err, listen.ErrDraining):
 		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down",
 			Message: "this edge node is shutting down; retry", RetryAfter: 1}
 	case errors.Is(err, context.Canceled):

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/limiter"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -117,7 +118,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer l.release()
 	x := &exchange{h: h, st: l.st, w: w, r: r, start: time.Now()}
-	x.conn, _ = ConnInfoFrom(r.Context())
+	x.conn, _ = listen.ConnInfoFrom(r.Context())
 	if o := outcomeOf(r.Context()); o != nil {
 		x.conn = o.conn // a request over the WebSocket bridge
 	}
@@ -165,7 +166,7 @@ type exchange struct {
 	queueWait time.Duration
 	// conn describes the client's connection; rtt is its RTT estimate,
 	// read once (rttRead) when first needed.
-	conn    ConnInfo
+	conn    listen.ConnInfo
 	rtt     time.Duration
 	rttRead bool
 	// itl holds inter-token gaps in microseconds; lastTokenAt is the

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-proxy/sluice/internal/gpusim"
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -46,7 +47,7 @@ func startSim(t testing.TB, cfg gpusim.Config) (*gpusim.Sim, string) {
 // testEdge is a Sluice handler on real listeners in front of real backends.
 type testEdge struct {
 	handler *proxy.Handler
-	server  *proxy.Server
+	server  *listen.Server
 	http    string // http://host:port (HTTP/1.1 and h2c)
 	https   string // https://host:port (HTTP/1.1 and h2)
 	h3      string // https://host:port of the UDP listener (HTTP/3)
@@ -64,7 +65,7 @@ type edgeOpts struct {
 	limiter proxy.Limiter  // nil: none
 	log     io.Writer      // access log (JSON lines); nil: into testEdge.log
 	metrics *proxy.Metrics // nil: none
-	http3   proxy.HTTP3Config
+	http3   listen.HTTP3Config
 	tls     *tls.Config // nil: httptest's certificate
 	quic    *tls.Config // nil: derived from tls
 	// start runs the pools' scrapers and health probes (off by default:
@@ -148,7 +149,7 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	if o.tls == nil {
 		o.tls = testTLSConfig(t)
 	}
-	srv := &proxy.Server{
+	srv := &listen.Server{
 		Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: o.tls,
 		HTTP3: o.http3, QUICTLSConfig: o.quic, Log: log,
 	}
@@ -159,9 +160,9 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	t.Cleanup(func() { srv.Close() })
 	return &testEdge{
 		handler: h, server: srv, pools: pools, reg: reg,
-		http:  "http://" + srv.Addr(proxy.ListenerHTTP),
-		https: "https://" + srv.Addr(proxy.ListenerHTTPS),
-		h3:    "https://" + srv.Addr(proxy.ListenerHTTP3),
+		http:  "http://" + srv.Addr(listen.ListenerHTTP),
+		https: "https://" + srv.Addr(listen.ListenerHTTPS),
+		h3:    "https://" + srv.Addr(listen.ListenerHTTP3),
 		log:   logs,
 	}
 }

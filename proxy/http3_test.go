@@ -15,7 +15,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
-	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 )
 
 // quic-go's HTTP/3 client streams a completion through Sluice; the events
@@ -138,7 +138,7 @@ func TestHTTP3PortInUse(t *testing.T) {
 	}
 	defer busy.Close()
 	addr := busy.LocalAddr().String()
-	srv := &proxy.Server{Handler: http.NotFoundHandler(), HTTPSAddr: addr, TLSConfig: testTLSConfig(t)}
+	srv := &listen.Server{Handler: http.NotFoundHandler(), HTTPSAddr: addr, TLSConfig: testTLSConfig(t)}
 	err := srv.Listen()
 	if err == nil {
 		srv.Close()
@@ -155,8 +155,8 @@ func TestHTTP3PortInUse(t *testing.T) {
 	ln.Close()
 	// With HTTP/3 disabled the same address works on TCP alone.
 	off := false
-	srv = &proxy.Server{Handler: http.NotFoundHandler(), HTTPSAddr: addr, TLSConfig: testTLSConfig(t),
-		HTTP3: proxy.HTTP3Config{Enabled: &off}}
+	srv = &listen.Server{Handler: http.NotFoundHandler(), HTTPSAddr: addr, TLSConfig: testTLSConfig(t),
+		HTTP3: listen.HTTP3Config{Enabled: &off}}
 	if err := srv.Listen(); err != nil {
 		t.Fatalf("Listen with http3 disabled: %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -142,7 +143,7 @@ func (l *leg) readBody() {
 // warn, and, when report is set, counts against the backend's health.
 func (l *leg) fail(err error, report bool) {
 	l.err = err
-	if l.x.r.Context().Err() == nil && !errors.Is(err, errDraining) &&
+	if l.x.r.Context().Err() == nil && !errors.Is(err, listen.ErrDraining) &&
 		!errors.Is(context.Cause(l.ctx), errHedgeLost) {
 		if report {
 			l.outcome = routing.Failed

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-proxy/sluice/limiter"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -42,14 +44,13 @@ func BenchmarkObserve(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	cs := newConnState(protoH1)
-	cs.raw, _ = c.(*net.TCPConn).SyscallConn()
-	rtt := cs.rtt
+	info, _ := listen.ConnInfoFrom(listen.ConnContext(context.Background(), c))
+	rtt := info.RTT
 	b.ReportAllocs()
 	for b.Loop() {
 		t0 := time.Now()
 		x := &exchange{h: h, r: r, id: "req-1", tenant: tenant, route: route, backend: p.Backends()[0],
-			conn: ConnInfo{Proto: ProtoH1, RTT: rtt}, status: 200,
+			conn: listen.ConnInfo{Proto: listen.ProtoH1, RTT: rtt}, status: 200,
 			decision: limiter.Decision{Allowed: true, Ticket: &limiter.Ticket{}},
 			usage:    &limiter.Usage{InputTokens: 3, OutputTokens: 1}}
 		x.start, x.authDone, x.bodyRead, x.routed = t0, t0.Add(time.Microsecond), t0.Add(2*time.Microsecond), t0.Add(3*time.Microsecond)

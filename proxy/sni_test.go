@@ -8,19 +8,19 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/tls/certs"
 )
 
 // startCertEdge serves a plain handler on TLS and QUIC listeners whose
 // certificates come from a certs.Store.
-func startCertEdge(t *testing.T, cfg certs.Config) (*certs.Store, *proxy.Server) {
+func startCertEdge(t *testing.T, cfg certs.Config) (*certs.Store, *listen.Server) {
 	t.Helper()
 	store, err := certs.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &proxy.Server{
+	srv := &listen.Server{
 		Handler:   http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.Proto) }),
 		HTTPSAddr: "127.0.0.1:0", TLSConfig: store.TLSConfig(), QUICTLSConfig: store.QUICConfig(),
 	}
@@ -67,10 +67,10 @@ func TestSNIOverHTTP3(t *testing.T) {
 	}})
 	for _, tc := range []struct{ sni, cn string }{{"a.test", "a"}, {"b.test", "b"}, {"x.b.test", "b"}} {
 		cfg := &tls.Config{RootCAs: ca.pool, ServerName: tc.sni}
-		if got := peerCert(t, h3ClientTLS(t, cfg), "https://"+srv.Addr(proxy.ListenerHTTP3)+"/").Subject.CommonName; got != tc.cn {
+		if got := peerCert(t, h3ClientTLS(t, cfg), "https://"+srv.Addr(listen.ListenerHTTP3)+"/").Subject.CommonName; got != tc.cn {
 			t.Errorf("h3 SNI %s: certificate %q; want %q", tc.sni, got, tc.cn)
 		}
-		if got := peerCert(t, tcpClient(cfg.Clone()), "https://"+srv.Addr(proxy.ListenerHTTPS)+"/").Subject.CommonName; got != tc.cn {
+		if got := peerCert(t, tcpClient(cfg.Clone()), "https://"+srv.Addr(listen.ListenerHTTPS)+"/").Subject.CommonName; got != tc.cn {
 			t.Errorf("tcp SNI %s: certificate %q; want %q", tc.sni, got, tc.cn)
 		}
 	}
@@ -90,7 +90,7 @@ func TestDevCertPinOverHTTP3(t *testing.T) {
 	}
 	cfg := &tls.Config{RootCAs: roots, ServerName: "localhost"}
 	for name, c := range map[string]*http.Client{"h3": h3ClientTLS(t, cfg), "tcp": tcpClient(cfg.Clone())} {
-		resp, err := c.Get("https://" + srv.Addr(proxy.ListenerHTTPS) + "/") // the same port on UDP and TCP
+		resp, err := c.Get("https://" + srv.Addr(listen.ListenerHTTPS) + "/") // the same port on UDP and TCP
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"math"
 	"net/http"
 	"slices"
@@ -218,23 +219,16 @@ func (x *exchange) setTrailer() {
 // header, metrics, stats and the access log all report the same value.
 func (x *exchange) netRTT() (time.Duration, bool) {
 	if !x.rttRead {
-		x.rtt, _ = x.conn.rtt()
+		if x.conn.RTT != nil {
+			x.rtt = x.conn.RTT()
+		}
 		x.rttRead = true
 	}
 	return x.rtt, x.rtt > 0
 }
 
-// rtt returns the connection's RTT estimate, if known.
-func (c ConnInfo) rtt() (time.Duration, bool) {
-	if c.RTT == nil {
-		return 0, false
-	}
-	d := c.RTT()
-	return d, d > 0
-}
-
 // protoOf names a request's protocol for metrics and logs.
-func protoOf(r *http.Request, c ConnInfo) string {
+func protoOf(r *http.Request, c listen.ConnInfo) string {
 	if c.Proto != "" {
 		return c.Proto
 	}

@@ -20,8 +20,8 @@ const (
 	subprotocolKey = "sluice.key."
 )
 
-// ProtoWS is ConnInfo.Proto (and the proto label of metrics and the access
-// log) for requests made over the WebSocket bridge.
+// ProtoWS is listen.ConnInfo.Proto (and the proto label of metrics and
+// the access log) for requests made over the WebSocket bridge.
 const ProtoWS = "ws"
 
 // Close codes Sluice sends beyond gorilla's constants.

@@ -12,6 +12,7 @@ import (
 	"github.com/gorilla/websocket"
 	"golang.org/x/time/rate"
 
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -72,7 +73,7 @@ type wsConn struct {
 	hdr  http.Header // template for each request's headers
 	// connInfo is the socket's connection for its requests: protocol
 	// ProtoWS, no handshake (the socket paid it once).
-	connInfo ConnInfo
+	connInfo listen.ConnInfo
 	ctx      context.Context
 	stop     context.CancelCauseFunc
 
@@ -124,7 +125,7 @@ func newWSConn(h *Handler, cfg WebSocketConfig, conn *websocket.Conn, r *http.Re
 		starts: rate.NewLimiter(rate.Limit(cfg.RequestRate), cfg.RequestBurst),
 	}
 	c.ctx, c.stop = context.WithCancelCause(r.Context())
-	c.connInfo, _ = ConnInfoFrom(r.Context())
+	c.connInfo, _ = listen.ConnInfoFrom(r.Context())
 	c.connInfo.Proto, c.connInfo.Handshake = ProtoWS, 0
 	c.lastActive.Store(time.Now().UnixNano())
 	return c
@@ -222,7 +223,7 @@ func (c *wsConn) register(id string) (*wsRequest, *apiError) {
 	defer c.mu.Unlock()
 	switch {
 	case c.draining:
-		return nil, statusOf(errDraining)
+		return nil, statusOf(listen.ErrDraining)
 	case c.closing:
 		return nil, &apiError{Status: http.StatusServiceUnavailable, Type: "invalid_request_error", Code: "socket_closing",
 			Message: "the socket is closing (idle timeout); open a new one", RetryAfter: 1}
@@ -366,7 +367,7 @@ func (c *wsConn) writeLoop() {
 	defer ping.Stop()
 	idle := time.NewTimer(c.cfg.IdleTimeout)
 	defer idle.Stop()
-	drain := drainSignal(c.up.Context())
+	drain := listen.DrainSignal(c.up.Context())
 	stopped := c.up.Context().Done() // the server is stopping now
 	for {
 		select {

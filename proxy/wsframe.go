@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/limiter"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 )
 
 // Frame types of the bridge protocol (docs/WEBSOCKET.md).
@@ -286,7 +287,7 @@ func mustJSON(v any) json.RawMessage {
 // requests through Handler.ServeHTTP itself (the WebSocket bridge) puts an
 // *outcome in the request's context; finish fills it in.
 type outcome struct {
-	conn       ConnInfo // set by the bridge: the request's connection
+	conn       listen.ConnInfo // set by the bridge: the request's connection
 	id         string
 	err        error
 	usage      *limiter.Usage

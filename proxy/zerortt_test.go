@@ -15,7 +15,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
-	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 )
 
 // gatedConn is a client UDP socket that delivers nothing until opened: the
@@ -50,15 +50,15 @@ func TestHTTP3ZeroRTT(t *testing.T) {
 		mu.Unlock()
 		io.WriteString(w, "ok")
 	})
-	srv := &proxy.Server{Handler: h, HTTPSAddr: "127.0.0.1:0", TLSConfig: testTLSConfig(t),
-		HTTP3: proxy.HTTP3Config{Allow0RTT: true},
+	srv := &listen.Server{Handler: h, HTTPSAddr: "127.0.0.1:0", TLSConfig: testTLSConfig(t),
+		HTTP3: listen.HTTP3Config{Allow0RTT: true},
 		Log:   slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	if err := srv.Listen(); err != nil {
 		t.Fatal(err)
 	}
 	go srv.Serve()
 	defer srv.Close()
-	addr := srv.Addr(proxy.ListenerHTTP3)
+	addr := srv.Addr(listen.ListenerHTTP3)
 	tlsCfg := &tls.Config{InsecureSkipVerify: true, ClientSessionCache: tls.NewLRUClientSessionCache(4), NextProtos: []string{http3.NextProtoH3}}
 
 	getTicket(t, addr, tlsCfg)
@@ -149,14 +149,14 @@ func sendEarly(t *testing.T, cc *http3.ClientConn, method, url string) <-chan in
 // Without allow_0rtt (the default) a resuming client's early data is
 // refused: the connection does not use 0-RTT.
 func TestHTTP3ZeroRTTOffByDefault(t *testing.T) {
-	srv := &proxy.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}),
+	srv := &listen.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}),
 		HTTPSAddr: "127.0.0.1:0", TLSConfig: testTLSConfig(t)}
 	if err := srv.Listen(); err != nil {
 		t.Fatal(err)
 	}
 	go srv.Serve()
 	defer srv.Close()
-	addr := srv.Addr(proxy.ListenerHTTP3)
+	addr := srv.Addr(listen.ListenerHTTP3)
 	tlsCfg := &tls.Config{InsecureSkipVerify: true, ClientSessionCache: tls.NewLRUClientSessionCache(4), NextProtos: []string{http3.NextProtoH3}}
 	getTicket(t, addr, tlsCfg)
 	conn, _ := dialGated(t, addr, tlsCfg, false)

@@ -8,13 +8,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 )
 
 // printHTTP3 tells how to try HTTP/3 with curl, or why the local curl
 // cannot, and passes on the hint about small UDP buffers.
 func printHTTP3(w io.Writer, n *node, key, model string) {
-	a := n.server.Addr(proxy.ListenerHTTP3)
+	a := n.server.Addr(listen.ListenerHTTP3)
 	if a == "" {
 		return
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/configs"
 	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 )
 
 const (
@@ -122,8 +123,8 @@ func startFileNode(t testing.TB, cfg string, files ...string) *testNode {
 		n.shutdown()
 		n.close()
 	})
-	tn.base = "http://" + n.server.Addr(proxy.ListenerHTTP)
-	tn.admin = "http://" + n.server.Addr(proxy.ListenerAdmin)
+	tn.base = "http://" + n.server.Addr(listen.ListenerHTTP)
+	tn.admin = "http://" + n.server.Addr(listen.ListenerAdmin)
 	return tn
 }
 

@@ -30,7 +30,7 @@ Run "sluice COMMAND --help" for a command's flags.
 
 func main() {
 	// Sluice checks the UDP buffers itself and prints its own hint (see
-	// proxy.Server.UDPBufferHint); quic-go's log line would repeat it.
+	// listen.Server.UDPBufferHint); quic-go's log line would repeat it.
 	if os.Getenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING") == "" {
 		os.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
 	}

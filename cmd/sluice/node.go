@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-proxy/sluice/internal/gpusim"
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/routing"
 	"github.com/sluice-proxy/sluice/tls/certs"
 )
@@ -30,7 +31,7 @@ type node struct {
 	log      *slog.Logger
 	reg      *prometheus.Registry
 	handler  *proxy.Handler
-	server   *proxy.Server
+	server   *listen.Server
 	admin    *http.ServeMux // the admin listener's routes
 	certs    *certs.Store
 	limiter  limiter.Service
@@ -108,7 +109,7 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger, ac
 		Metrics: proxy.NewMetrics(n.reg, cfg.Proxy.TenantMetricLabels), Stats: proxy.NewStats(),
 	})
 	n.reg.MustRegister(routing.Collector(func() []*routing.Pool { return n.handler.State().Routes.Pools() }))
-	n.server = &proxy.Server{
+	n.server = &listen.Server{
 		Handler: n.handler, HTTPAddr: cfg.Listeners.HTTP, AdminAddr: cfg.Listeners.Admin, Log: log,
 	}
 	if h := cfg.Listeners.HTTPS; h != nil {

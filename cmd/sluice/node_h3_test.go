@@ -29,7 +29,7 @@ import (
 	"github.com/quic-go/quic-go/http3"
 
 	"github.com/sluice-proxy/sluice/configs"
-	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/tls/certs"
 )
 
@@ -40,9 +40,9 @@ func TestDefaultNodeHTTP3(t *testing.T) {
 	n := startDefaultNode(t)
 	var banner bytes.Buffer
 	printBanner(&banner, n, true)
-	h3addr := n.server.Addr(proxy.ListenerHTTP3)
-	if h3addr == "" || h3addr != n.server.Addr(proxy.ListenerHTTPS) {
-		t.Fatalf("http3 on %q, https on %q; want the same port number", h3addr, n.server.Addr(proxy.ListenerHTTPS))
+	h3addr := n.server.Addr(listen.ListenerHTTP3)
+	if h3addr == "" || h3addr != n.server.Addr(listen.ListenerHTTPS) {
+		t.Fatalf("http3 on %q, https on %q; want the same port number", h3addr, n.server.Addr(listen.ListenerHTTPS))
 	}
 	if !strings.Contains(banner.String(), "http3  https://"+h3addr) || !strings.Contains(banner.String(), "HTTP/3") {
 		t.Fatalf("banner does not mention HTTP/3 on %s:\n%s", h3addr, banner.String())
@@ -119,7 +119,7 @@ routes:
 		t.Fatal(err)
 	}
 	n := startTestNode(t, cfg)
-	addr := n.server.Addr(proxy.ListenerHTTPS)
+	addr := n.server.Addr(listen.ListenerHTTPS)
 	trust := &tls.Config{RootCAs: ca.pool, ServerName: "localhost"}
 	if got := tcpCert(t, addr, trust); got != "v1" {
 		t.Fatalf("before rotation: TCP certificate %q; want v1", got)
@@ -162,7 +162,7 @@ routes:
 
 	// A broken file: the reload fails (counted), v2 keeps serving.
 	writeFile(t, certFile, []byte("-----BEGIN CERTIFICATE-----\ngarbage\n-----END CERTIFICATE-----\n"))
-	admin := "http://" + n.server.Addr(proxy.ListenerAdmin) + "/metrics"
+	admin := "http://" + n.server.Addr(listen.ListenerAdmin) + "/metrics"
 	waitUntil(t, 5*time.Second, "the failed reload to be counted", func() bool {
 		return strings.Contains(get(t, admin), `sluice_tls_reload_errors_total{file="`+certFile+`"}`)
 	})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/configs"
 	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 )
 
 // demoKey is the embedded default's demo tenant key; the config holds only
@@ -124,29 +125,29 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, *proxy.AccessLo
 func printBanner(w io.Writer, n *node, embedded bool) {
 	cfg := n.config()
 	fmt.Fprintf(w, "%s: node %s, region %s\n", versionString(), cfg.Node.Name, cfg.Node.Region)
-	if a := n.server.Addr(proxy.ListenerHTTP); a != "" {
+	if a := n.server.Addr(listen.ListenerHTTP); a != "" {
 		fmt.Fprintf(w, "  http   http://%s   HTTP/1.1 and h2c\n", a)
 	}
-	if a := n.server.Addr(proxy.ListenerHTTPS); a != "" {
+	if a := n.server.Addr(listen.ListenerHTTPS); a != "" {
 		fmt.Fprintf(w, "  https  https://%s   HTTP/1.1 and HTTP/2", a)
 		if pins := n.certs.Pins(); cfg.Listeners.HTTPS.DevCert && len(pins) > 0 {
 			fmt.Fprintf(w, "; dev certificate, SPKI pin sha256//%s", pins[0])
 		}
 		fmt.Fprintln(w)
 	}
-	if a := n.server.Addr(proxy.ListenerHTTP3); a != "" {
+	if a := n.server.Addr(listen.ListenerHTTP3); a != "" {
 		fmt.Fprintf(w, "  http3  https://%s   HTTP/3 over QUIC (UDP), advertised to TLS clients with Alt-Svc\n", a)
 	}
-	if a := n.server.Addr(proxy.ListenerAdmin); a != "" {
+	if a := n.server.Addr(listen.ListenerAdmin); a != "" {
 		fmt.Fprintf(w, "  admin  http://%s   status page /, /debug/stats, /debug/config, /metrics, /healthz, /readyz\n", a)
 	}
 	for _, s := range cfg.Simulators {
 		fmt.Fprintf(w, "  simulated GPU %q serving %s at %s\n", s.Name, s.Model, n.simURL(s.Name))
 	}
 	base := ""
-	if a := n.server.Addr(proxy.ListenerHTTP); a != "" {
+	if a := n.server.Addr(listen.ListenerHTTP); a != "" {
 		base = "http://" + a
-	} else if a := n.server.Addr(proxy.ListenerHTTPS); a != "" {
+	} else if a := n.server.Addr(listen.ListenerHTTPS); a != "" {
 		base = "https://" + a
 	}
 	model := "MODEL"

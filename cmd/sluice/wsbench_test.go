@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 )
 
 // sluice bench -protocol ws speaks the bridge protocol Sluice serves.
@@ -15,7 +15,7 @@ func TestBenchOverWebSocket(t *testing.T) {
 	n := startDefaultNode(t)
 	var stdout, stderr bytes.Buffer
 	out := filepath.Join(t.TempDir(), "report.json")
-	code := cmdBench([]string{"-target", "http://" + n.server.Addr(proxy.ListenerHTTP), "-protocol", "ws",
+	code := cmdBench([]string{"-target", "http://" + n.server.Addr(listen.ListenerHTTP), "-protocol", "ws",
 		"-api-key", demoKey, "-model", "sim-small", "-requests", "6", "-concurrency", "3", "-output-tokens", "5",
 		"-progress", "never", "-json", out}, &stdout, &stderr)
 	if code != 0 {

@@ -1,4 +1,4 @@
-package proxy
+package listen
 
 import (
 	"context"
@@ -123,10 +123,12 @@ func withConn(ctx context.Context, cs *connState) context.Context {
 	return context.WithValue(ctx, connKey{}, cs)
 }
 
-// tcpConnContext is http.Server.ConnContext for the TCP listeners. TLS
-// connections arrive with their handshake done (see tlsListener) and carry
-// their state; cleartext ones learn their protocol from the first request.
-func tcpConnContext(ctx context.Context, c net.Conn) context.Context {
+// ConnContext is http.Server.ConnContext for the TCP listeners: it puts
+// the connection's facts on ctx, for ConnInfoFrom. TLS connections arrive
+// with their handshake done (see tlsListener) and carry their state;
+// cleartext ones learn their protocol from the first request. An
+// http.Server of one's own may use it too (the RTT is then read from c).
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
 	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
 		if hc, ok := tc.NetConn().(*handshakenConn); ok {
 			return withConn(ctx, hc.cs)

@@ -1,4 +1,4 @@
-package proxy
+package listen
 
 import (
 	"context"
@@ -12,6 +12,10 @@ import (
 	"sync/atomic"
 	"time"
 )
+
+// ErrDraining is the cause with which a Server cancels the contexts of the
+// requests still running when its drain timeout ends (see Shutdown).
+var ErrDraining = errors.New("server is shutting down")
 
 // Server serves a handler on Sluice's listeners: cleartext HTTP/1.1 and
 // h2c, TLS HTTP/1.1 and HTTP/2, HTTP/3 over QUIC on the HTTPS port, and the
@@ -176,7 +180,7 @@ func (s *Server) newServer(kind string, h http.Handler) *http.Server {
 		ErrorLog:          slog.NewLogLogger(s.Log.Handler(), slog.LevelDebug),
 	}
 	if kind != ListenerAdmin {
-		srv.ConnContext = tcpConnContext
+		srv.ConnContext = ConnContext
 	}
 	return srv
 }
@@ -288,7 +292,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// Hijacked connections (WebSocket) are not tracked by http.Server:
 	// their handlers drain on the drain signal and may run until ctx ends.
 	s.waitHandlers(ctx)
-	s.stopBase(errDraining)
+	s.stopBase(ErrDraining)
 	done := make(chan struct{})
 	go func() { s.active.Wait(); close(done) }()
 	select {
@@ -325,9 +329,9 @@ func (s *Server) waitHandlers(ctx context.Context) {
 // drainKey carries the server's drain signal in every request's context.
 type drainKey struct{}
 
-// drainSignal returns a channel closed when the server serving ctx begins
+// DrainSignal returns a channel closed when the server serving ctx begins
 // to shut down, or nil (never closed) outside a Server.
-func drainSignal(ctx context.Context) <-chan struct{} {
+func DrainSignal(ctx context.Context) <-chan struct{} {
 	ch, _ := ctx.Value(drainKey{}).(<-chan struct{})
 	return ch
 }
@@ -352,7 +356,7 @@ func (s *Server) waitRequests(ctx context.Context, h3drained <-chan struct{}) {
 // Close closes every listener and connection at once.
 func (s *Server) Close() error {
 	if s.stopBase != nil {
-		s.stopBase(errDraining)
+		s.stopBase(ErrDraining)
 	}
 	var errs []error
 	for _, srv := range s.servers {

@@ -1,4 +1,4 @@
-package proxy
+package listen
 
 import (
 	"context"
@@ -32,7 +32,7 @@ type tlsListener struct {
 }
 
 // handshakenConn is the TCP connection under a *tls.Conn that tlsListener
-// returned; it carries the connection's state to tcpConnContext.
+// returned; it carries the connection's state to ConnContext.
 type handshakenConn struct {
 	net.Conn
 	cs *connState

@@ -1,4 +1,4 @@
-package proxy
+package listen
 
 import (
 	"context"
@@ -148,10 +148,15 @@ func (s *Server) earlyOK(w http.ResponseWriter, r *http.Request) bool {
 	}
 	s.Log.Debug("refused a request sent in 0-RTT early data", "status", http.StatusTooEarly,
 		"method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
-	writeError(w, &apiError{Status: http.StatusTooEarly, Type: "invalid_request_error", Code: "too_early",
-		Message: "this request arrived in 0-RTT early data, which may be replayed; retry after the handshake"})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusTooEarly)
+	w.Write(tooEarlyBody)
 	return false
 }
+
+// tooEarlyBody is the 425 answer, in OpenAI's error shape like every
+// error Sluice sends.
+var tooEarlyBody = []byte(`{"error":{"message":"this request arrived in 0-RTT early data, which may be replayed; retry after the handshake","type":"invalid_request_error","param":null,"code":"too_early"}}` + "\n")
 
 // altSvcValue is the Alt-Svc header that advertises HTTP/3 on port.
 func altSvcValue(port int) []string {

@@ -1,4 +1,4 @@
-package proxy
+package listen
 
 // StartDrain makes Draining report true, so /readyz fails, while the
 // listeners keep serving: load balancers notice before Shutdown closes
