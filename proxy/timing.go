@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"github.com/sluice-proxy/sluice/proxy/listen"
 	"math"
 	"net/http"
 	"slices"
@@ -9,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sluice-proxy/sluice/proxy/listen"
 )
 
 // Stages reported in Server-Timing, metrics, the access log and /debug/stats.
