@@ -25,8 +25,7 @@ func (x *exchange) record(end time.Time) observe.Record {
 		r.Status = 499
 	}
 	if x.tenant != nil {
-		r.Tenant = x.tenant.ID
-		r.Decision = &x.decision
+		r.Tenant, r.Decision = x.tenant.ID, x.decision
 	}
 	if x.route != nil {
 		r.Route = x.route.Name

@@ -249,7 +249,7 @@ func (a *AccessLog) Write(r *Record) {
 	if r.Hedged {
 		l.boolean("hedged", true)
 	}
-	if r.Decision != nil && r.Decision.WouldRefuse {
+	if r.Decision.WouldRefuse {
 		l.str("would_refuse", r.Decision.Reason)
 	}
 	l.str("error", r.Error)

@@ -228,7 +228,7 @@ func (m *Metrics) Record(r *Record) {
 	m.requestCounter(route, r.Proto, tl, r.Status).Inc()
 	ro := m.routeObs(route, r.Proto)
 	ro.e2e.Observe(r.End.Sub(r.Start).Seconds())
-	if d := r.Decision; d != nil && d.Reason != "" && (!d.Allowed || d.WouldRefuse) {
+	if d := &r.Decision; d.Reason != "" && (!d.Allowed || d.WouldRefuse) {
 		m.refusals.WithLabelValues(route, d.Reason, strconv.FormatBool(!d.WouldRefuse)).Inc()
 	}
 	for i, d := range r.Stages {

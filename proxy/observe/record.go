@@ -70,8 +70,9 @@ type Record struct {
 	BytesIn, BytesOut int64
 	Retries           int
 	Hedged            bool
-	// Decision is the limiter's decision; nil when no limiter decided.
-	Decision *limiter.Decision
+	// Decision is the limiter's decision; the zero Decision when none
+	// decided.
+	Decision limiter.Decision
 	// Error classifies a failure ("upstream_timeout", "limit_tokens");
 	// empty when none.
 	Error string

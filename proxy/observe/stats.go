@@ -166,7 +166,7 @@ func (s *Stats) Record(r *Record) {
 		add(StageITL, time.Duration(us)*time.Microsecond)
 	}
 	rs.status[r.Status]++
-	if d := r.Decision; r.Tenant != "" && d != nil && (d.Ticket != nil || d.Reason != "") {
+	if d := &r.Decision; r.Tenant != "" && (d.Ticket != nil || d.Reason != "") {
 		s.seeTenant(r.Tenant, d, r.End)
 	}
 }
