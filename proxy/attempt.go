@@ -65,7 +65,7 @@ func (x *exchange) acquire(n int, tried []*routing.Backend, queue bool) (Attempt
 	}
 	if err == nil {
 		x.retries++
-		x.h.metrics.retry(x.route.Name)
+		x.h.metrics.Retry(x.route.Name)
 	}
 	return a, err
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/internal/units"
 	"github.com/sluice-proxy/sluice/limiter"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 )
 
 // Config tunes the request pipeline. Zero fields take the defaults named on
@@ -29,9 +30,9 @@ type Config struct {
 	MaxResponseBytes units.Bytes `yaml:"max_response_bytes"`
 	// WebSocket tunes the WebSocket bridge and passthrough routes.
 	WebSocket WebSocketConfig `yaml:"websocket"`
-	// SLO are the node's objectives, reported at /debug/stats and checked
+	// observe.SLO are the node's objectives, reported at /debug/stats and checked
 	// by "sluice diagnose". Zero fields are not checked.
-	SLO SLO `yaml:"slo"`
+	SLO observe.SLO `yaml:"slo"`
 	// TenantMetricLabels is how many distinct tenants get their own label
 	// value on request and token counters; the rest share "other". Zero
 	// means no per-tenant labels (bounded cardinality).

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -48,13 +49,13 @@ type Options struct {
 	Region string
 	// Log receives errors. Nil means slog.Default().
 	Log *slog.Logger
-	// AccessLog receives one line per request. Nil means none.
-	AccessLog *AccessLog
-	// Stats keeps the sliding-window percentiles of /debug/stats. Nil
+	// observe.AccessLog receives one line per request. Nil means none.
+	AccessLog *observe.AccessLog
+	// observe.Stats keeps the sliding-window percentiles of /debug/stats. Nil
 	// means none.
-	Stats *Stats
-	// Metrics records request metrics. Nil means none.
-	Metrics *Metrics
+	Stats *observe.Stats
+	// observe.Metrics records request metrics. Nil means none.
+	Metrics *observe.Metrics
 	// Transport carries requests to backends. Nil means NewTransport(cfg).
 	Transport http.RoundTripper
 }
@@ -66,9 +67,9 @@ type Handler struct {
 	node      string
 	region    string
 	log       *slog.Logger
-	access    *AccessLog
-	metrics   *Metrics
-	stats     *Stats
+	access    *observe.AccessLog
+	metrics   *observe.Metrics
+	stats     *observe.Stats
 	transport http.RoundTripper
 	started   time.Time
 	inflight  atomic.Int64
@@ -130,10 +131,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	h.inflight.Add(1)
 	defer h.inflight.Add(-1)
-	if h.metrics != nil {
-		h.metrics.inflight.Inc()
-		defer h.metrics.inflight.Dec()
-	}
+	h.metrics.Inflight(1)
+	defer h.metrics.Inflight(-1)
 	defer x.finish()
 	if err := x.serve(); err != nil {
 		x.fail(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -61,10 +62,10 @@ type edgeOpts struct {
 	routes  []routing.RouteConfig
 	proxy   proxy.Config
 	extra   []routing.PoolConfig
-	limits  limiter.Limits // the test tenant's limits
-	limiter proxy.Limiter  // nil: none
-	log     io.Writer      // access log (JSON lines); nil: into testEdge.log
-	metrics *proxy.Metrics // nil: none
+	limits  limiter.Limits   // the test tenant's limits
+	limiter proxy.Limiter    // nil: none
+	log     io.Writer        // access log (JSON lines); nil: into testEdge.log
+	metrics *observe.Metrics // nil: none
 	http3   listen.HTTP3Config
 	tls     *tls.Config // nil: httptest's certificate
 	quic    *tls.Config // nil: derived from tls
@@ -142,10 +143,10 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		t.Fatal(err)
 	}
 	if o.metrics == nil && o.promMetrics {
-		o.metrics = proxy.NewMetrics(reg, 0)
+		o.metrics = observe.NewMetrics(reg, 0)
 	}
-	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, AccessLog: proxy.NewAccessLog(o.log, "json"),
-		Metrics: o.metrics, Stats: proxy.NewStats()})
+	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, AccessLog: observe.NewAccessLog(o.log, "json"),
+		Metrics: o.metrics, Stats: observe.NewStats()})
 	if o.tls == nil {
 		o.tls = testTLSConfig(t)
 	}
@@ -372,7 +373,7 @@ func insecure() *tls.Config { return &tls.Config{InsecureSkipVerify: true} }
 // httptestAdmin serves the edge's admin handler on a loopback listener.
 func httptestAdmin(t testing.TB, e *testEdge) string {
 	t.Helper()
-	srv := httptest.NewServer(proxy.NewAdmin(prometheus.NewRegistry(), func() bool { return false }, e.handler))
+	srv := httptest.NewServer(observe.NewAdmin(prometheus.NewRegistry(), func() bool { return false }, e.handler.Snapshot))
 	t.Cleanup(srv.Close)
 	return srv.URL
 }

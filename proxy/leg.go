@@ -241,7 +241,7 @@ func (x *exchange) race(a Attempt, tried []*routing.Backend) (*leg, []*routing.B
 				}
 			}
 			if l.hedge {
-				x.h.metrics.hedge(x.route.Name, "won")
+				x.h.metrics.Hedge(x.route.Name, "won")
 			}
 			return l, tried, nil
 		case <-timer.C:
@@ -251,7 +251,7 @@ func (x *exchange) race(a Attempt, tried []*routing.Backend) (*leg, []*routing.B
 			}
 			tried = append(tried, ha.Backend())
 			x.hedged = true
-			x.h.metrics.hedge(x.route.Name, "fired")
+			x.h.metrics.Hedge(x.route.Name, "fired")
 			x.startLeg(rc, ha, true)
 		}
 	}

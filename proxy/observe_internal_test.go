@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -28,8 +29,8 @@ func BenchmarkObserve(b *testing.B) {
 	}
 	defer p.Close()
 	route := &routing.Route{RouteConfig: routing.RouteConfig{Name: "r", Pool: "p"}.WithDefaults(), Pool: p}
-	h := &Handler{log: slog.Default(), access: NewAccessLog(io.Discard, "json"),
-		metrics: NewMetrics(prometheus.NewRegistry(), 0), stats: NewStats()}
+	h := &Handler{log: slog.Default(), access: observe.NewAccessLog(io.Discard, "json"),
+		metrics: observe.NewMetrics(prometheus.NewRegistry(), 0), stats: observe.NewStats()}
 	r := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 	tenant := &Tenant{ID: "t1"}
 	// A real loopback TCP connection, so that reading the RTT is the

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -29,7 +30,7 @@ func TestRouteShadowMode(t *testing.T) {
 			{Name: "shadow", Path: "/v1/", Pool: "p", EnforceLimits: &off},
 			{Name: "strict", Path: "/strict/v1/", Pool: "p"},
 		},
-		log: &logBuf, metrics: proxy.NewMetrics(reg, 0)})
+		log: &logBuf, metrics: observe.NewMetrics(reg, 0)})
 	for i := 0; i < 3; i++ {
 		resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
 		io.Copy(io.Discard, resp.Body)

@@ -10,31 +10,8 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 )
-
-// Stages reported in Server-Timing, metrics, the access log and /debug/stats.
-// Each is a duration between two marks of the request's timeline; see
-// docs/TIMING.md for the exact definitions.
-const (
-	StageNetRTT   = "net-rtt"  // transport round-trip time estimate
-	StageTLS      = "tls"      // TLS/QUIC handshake, first request of a connection
-	StageAuth     = "auth"     // request start → tenant known
-	StageRecv     = "recv"     // → request body read
-	StageRoute    = "route"    // → body parsed, route matched
-	StageLimit    = "limit"    // → limiter decision
-	StageQueue    = "queue"    // edge admission queue wait
-	StageUpstream = "upstream" // backend picked → backend response headers (all attempts)
-	StagePrefill  = "prefill"  // backend headers → first token
-	StageTTFT     = "ttft"     // request start → first token written
-	StageEdge     = "edge"     // Sluice's own share of ttft
-	StageDecode   = "decode"   // first token → last token
-	StageE2E      = "e2e"      // request start → end
-	StageITL      = "itl"      // inter-token latency (one sample per gap)
-)
-
-// headerStages are the stages of the initial Server-Timing header, in order.
-var headerStages = [...]string{StageNetRTT, StageTLS, StageAuth, StageRecv, StageRoute, StageLimit,
-	StageQueue, StageUpstream, StagePrefill, StageTTFT, StageEdge}
 
 // timingCommentHeader lets a client ask for the final timing as an SSE
 // comment line (for browsers' EventSource, which cannot read trailers).
@@ -78,27 +55,27 @@ func (x *exchange) stage(name string) (time.Duration, bool) {
 		return max(b.Sub(a), 0), true
 	}
 	switch name {
-	case StageNetRTT:
+	case observe.StageNetRTT:
 		return x.netRTT()
-	case StageTLS:
+	case observe.StageTLS:
 		return x.conn.Handshake, x.conn.Handshake > 0
-	case StageAuth:
+	case observe.StageAuth:
 		return between(x.start, x.authDone)
-	case StageRecv:
+	case observe.StageRecv:
 		return between(x.authDone, x.bodyRead)
-	case StageRoute:
+	case observe.StageRoute:
 		return between(x.bodyRead, x.routed)
-	case StageLimit:
+	case observe.StageLimit:
 		return between(x.routed, x.limited)
-	case StageQueue:
+	case observe.StageQueue:
 		return x.queueWait, !x.limited.IsZero() && x.route != nil
-	case StageUpstream:
+	case observe.StageUpstream:
 		return between(x.picked, x.upstreamHeaders)
-	case StagePrefill:
+	case observe.StagePrefill:
 		return between(x.upstreamHeaders, x.firstToken)
-	case StageTTFT:
+	case observe.StageTTFT:
 		return between(x.start, x.firstToken)
-	case StageEdge:
+	case observe.StageEdge:
 		ttft, ok := between(x.start, x.firstToken)
 		if !ok {
 			return 0, false
@@ -106,7 +83,7 @@ func (x *exchange) stage(name string) (time.Duration, bool) {
 		up, _ := between(x.picked, x.firstToken)
 		recv, _ := between(x.authDone, x.bodyRead)
 		return max(ttft-up-recv-x.queueWait, 0), true
-	case StageDecode:
+	case observe.StageDecode:
 		return between(x.firstToken, x.lastToken)
 	}
 	return 0, false
@@ -128,7 +105,7 @@ func millis(d time.Duration) float64 { return float64(d) / 1e6 }
 // far.
 func (x *exchange) serverTiming() string {
 	b := make([]byte, 0, 256)
-	for _, s := range headerStages {
+	for _, s := range observe.HeaderStages {
 		if d, ok := x.stage(s); ok {
 			b = appendMetric(b, s, millis(d))
 		}
@@ -154,8 +131,8 @@ func (x *exchange) itlPercentiles() (p50, p99, maxd time.Duration, n int) {
 // tokens and tokens per second ("dur" carries the count and the rate).
 func (x *exchange) finalTiming() string {
 	b := make([]byte, 0, 160)
-	decode, _ := x.stage(StageDecode)
-	b = appendMetric(b, StageDecode, millis(decode))
+	decode, _ := x.stage(observe.StageDecode)
+	b = appendMetric(b, observe.StageDecode, millis(decode))
 	p50, p99, mx, _ := x.itlPercentiles()
 	b = appendMetric(b, "itl-p50", millis(p50))
 	b = appendMetric(b, "itl-p99", millis(p99))

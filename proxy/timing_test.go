@@ -16,7 +16,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/internal/loadgen"
 	"github.com/sluice-proxy/sluice/limiter"
-	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 )
 
 // timings parses a Server-Timing value strictly: every entry must parse
@@ -159,7 +159,7 @@ func TestAccessLogAndMetrics(t *testing.T) {
 	var logs syncBuffer
 	reg := prometheus.NewRegistry()
 	e := startEdge(t, edgeOpts{pool: poolOf(simURL), log: &logs,
-		metrics: proxy.NewMetrics(reg, 10), limiter: limiter.NewLocal(1), limits: limiter.Limits{TokensPerMinute: 100000}})
+		metrics: observe.NewMetrics(reg, 10), limiter: limiter.NewLocal(1), limits: limiter.Limits{TokensPerMinute: 100000}})
 	resp := post(t, h2cClient(), e.http+"/v1/chat/completions", chatBody(""), "Server-Timing", "spoofed;dur=1")
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -54,11 +55,11 @@ func (h *Handler) serveBridge(w http.ResponseWriter, r *http.Request, st *State)
 		return // the upgrader has answered
 	}
 	c := newWSConn(h, cfg, conn, r, key, fromProtocol)
-	h.metrics.wsOpen(wsModeBridge, 1)
-	defer h.metrics.wsOpen(wsModeBridge, -1)
+	h.metrics.WSOpen(observe.WSModeBridge, 1)
+	defer h.metrics.WSOpen(observe.WSModeBridge, -1)
 	start := time.Now()
 	code := c.serve()
-	h.log.Info("websocket closed", "mode", wsModeBridge, "tenant", tenant.ID, "remote", clientIP(r),
+	h.log.Info("websocket closed", "mode", observe.WSModeBridge, "tenant", tenant.ID, "remote", clientIP(r),
 		"duration", time.Since(start), "requests", c.served.Load(), "close_code", code)
 }
 
@@ -347,7 +348,7 @@ func (c *wsConn) enqueue(ctx context.Context, f *[]byte, deadline *time.Timer) e
 		return nil
 	case <-timeout:
 		err = errSlowClient
-		c.h.metrics.wsSlowClient()
+		c.h.metrics.WSSlowClient()
 	case <-ctx.Done():
 		err = context.Cause(ctx)
 	case <-c.writerGone:

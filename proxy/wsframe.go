@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 )
 
 // Frame types of the bridge protocol (docs/WEBSOCKET.md).
@@ -177,13 +178,13 @@ func timingJSON(x *exchange, now time.Time) json.RawMessage {
 		b = append(b, ':')
 		b = strconv.AppendFloat(b, v, 'f', -1, 64)
 	}
-	for _, s := range headerStages {
+	for _, s := range observe.HeaderStages {
 		if d, ok := x.stage(s); ok {
 			add(s, roundMillis(d))
 		}
 	}
-	if d, ok := x.stage(StageDecode); ok {
-		add(StageDecode, roundMillis(d))
+	if d, ok := x.stage(observe.StageDecode); ok {
+		add(observe.StageDecode, roundMillis(d))
 		tokens := x.outputTokens()
 		if p50, p99, mx, n := x.itlPercentiles(); n > 0 {
 			add("itl-p50", roundMillis(p50))
@@ -195,7 +196,7 @@ func timingJSON(x *exchange, now time.Time) json.RawMessage {
 			add("tps", math.Round(float64(tokens-1)/d.Seconds()*10)/10)
 		}
 	}
-	add(StageE2E, roundMillis(now.Sub(x.start)))
+	add(observe.StageE2E, roundMillis(now.Sub(x.start)))
 	return append(b, '}')
 }
 

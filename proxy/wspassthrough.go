@@ -12,6 +12,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/sluice-proxy/sluice/proxy/observe"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -50,8 +51,8 @@ func (x *exchange) passthrough(route *routing.Route) error {
 		return err
 	}
 	x.firstToken = time.Now()
-	x.h.metrics.wsOpen(wsModePassthrough, 1)
-	defer x.h.metrics.wsOpen(wsModePassthrough, -1)
+	x.h.metrics.WSOpen(observe.WSModePassthrough, 1)
+	defer x.h.metrics.WSOpen(observe.WSModePassthrough, -1)
 	err = x.relayFrames(client, backend, cfg)
 	x.lastToken = time.Now()
 	return err

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/internal/diagnose"
-	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 )
 
 func cmdDiagnose(args []string, stdout, stderr io.Writer) int {
@@ -54,8 +54,8 @@ configured SLO (proxy.slo) is breached, 2 when the stats cannot be read.
 	return 0
 }
 
-func fetchStats(url string) (proxy.StatsSnapshot, error) {
-	var snap proxy.StatsSnapshot
+func fetchStats(url string) (observe.StatsSnapshot, error) {
+	var snap observe.StatsSnapshot
 	c := &http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get(url)
 	if err != nil {

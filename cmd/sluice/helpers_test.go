@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-proxy/sluice/configs"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 )
 
 const (
@@ -114,7 +115,7 @@ func startFileNode(t testing.TB, cfg string, files ...string) *testNode {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(tn.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	n, err := startNode(context.Background(), c, log, proxy.NewAccessLog(tn.logs, "text"))
+	n, err := startNode(context.Background(), c, log, observe.NewAccessLog(tn.logs, "text"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 	"github.com/sluice-proxy/sluice/routing"
 	"github.com/sluice-proxy/sluice/tls/certs"
 )
@@ -63,7 +64,7 @@ type simServer struct {
 // heartbeat, certificate reloads, pools' scrapers) runs until close, or
 // until parent is done. Stop the node with shutdown, then close. access
 // receives the access log (nil: none).
-func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger, access *proxy.AccessLog) (*node, error) {
+func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger, access *observe.AccessLog) (*node, error) {
 	n := &node{log: log, reg: prometheus.NewRegistry(), sims: map[string]*simServer{}, serveErr: make(chan error, 1)}
 	n.cfg.Store(cfg)
 	n.bgCtx, n.stopBg = context.WithCancel(parent)
@@ -106,7 +107,7 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger, ac
 	}()
 	n.handler = proxy.NewHandler(st, proxy.Options{
 		Node: cfg.Node.Name, Region: cfg.Node.Region, Log: log, AccessLog: access,
-		Metrics: proxy.NewMetrics(n.reg, cfg.Proxy.TenantMetricLabels), Stats: proxy.NewStats(),
+		Metrics: observe.NewMetrics(n.reg, cfg.Proxy.TenantMetricLabels), Stats: observe.NewStats(),
 	})
 	n.reg.MustRegister(routing.Collector(func() []*routing.Pool { return n.handler.State().Routes.Pools() }))
 	n.server = &listen.Server{
@@ -121,7 +122,7 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger, ac
 		n.server.HTTPSAddr, n.server.TLSConfig = h.Addr, n.certs.TLSConfig()
 		n.server.HTTP3, n.server.QUICTLSConfig = h.HTTP3, n.certs.QUICConfig()
 	}
-	admin := proxy.NewAdmin(n.reg, n.server.Draining, n.handler)
+	admin := observe.NewAdmin(n.reg, n.server.Draining, n.handler.Snapshot)
 	n.adminRoutes(admin)
 	n.admin = admin
 	n.server.Admin = admin

@@ -12,8 +12,8 @@ import (
 	"syscall"
 
 	"github.com/sluice-proxy/sluice/configs"
-	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 )
 
 // demoKey is the embedded default's demo tenant key; the config holds only
@@ -99,7 +99,7 @@ func (n *node) run(sigs <-chan os.Signal) {
 // newLogger returns the node's log and its access log, both writing to w
 // in the same format; the access log's lines are at level info, so it is
 // nil when level is above that.
-func newLogger(w io.Writer, format, level string) (*slog.Logger, *proxy.AccessLog, error) {
+func newLogger(w io.Writer, format, level string) (*slog.Logger, *observe.AccessLog, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, nil, fmt.Errorf("bad -log-level %q", level)
@@ -114,9 +114,9 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, *proxy.AccessLo
 	default:
 		return nil, nil, fmt.Errorf("bad -log-format %q (json or text)", format)
 	}
-	var access *proxy.AccessLog
+	var access *observe.AccessLog
 	if lv <= slog.LevelInfo {
-		access = proxy.NewAccessLog(w, format)
+		access = observe.NewAccessLog(w, format)
 	}
 	return log, access, nil
 }

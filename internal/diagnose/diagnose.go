@@ -13,7 +13,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 )
 
 // Thresholds decide what "high" means when no SLO is configured.
@@ -30,7 +30,7 @@ type Thresholds struct {
 	MinRequests int
 }
 
-func (t Thresholds) withDefaults(slo proxy.SLOMillis) Thresholds {
+func (t Thresholds) withDefaults(slo observe.SLOMillis) Thresholds {
 	if slo.TTFTP95 > 0 {
 		t.TTFTP95 = slo.TTFTP95
 	}
@@ -64,7 +64,7 @@ type RouteReport struct {
 	Route    string
 	Window   string
 	Requests int
-	Stages   map[string]proxy.Percentiles
+	Stages   map[string]observe.Percentiles
 	// Dominant is the TTFT component with the largest P95, and its share
 	// of the TTFT P95.
 	Dominant      string
@@ -78,15 +78,15 @@ var groups = []struct {
 	name   string
 	stages []string
 }{
-	{"network", []string{proxy.StageNetRTT, proxy.StageTLS, proxy.StageRecv}},
-	{"queue", []string{proxy.StageLimit, proxy.StageQueue}},
-	{"upstream", []string{proxy.StageUpstream}},
-	{"prefill", []string{proxy.StagePrefill}},
-	{"edge", []string{proxy.StageEdge}},
+	{"network", []string{observe.StageNetRTT, observe.StageTLS, observe.StageRecv}},
+	{"queue", []string{observe.StageLimit, observe.StageQueue}},
+	{"upstream", []string{observe.StageUpstream}},
+	{"prefill", []string{observe.StagePrefill}},
+	{"edge", []string{observe.StageEdge}},
 }
 
 // Analyze diagnoses every route of a snapshot.
-func Analyze(s proxy.StatsSnapshot, th Thresholds) []RouteReport {
+func Analyze(s observe.StatsSnapshot, th Thresholds) []RouteReport {
 	th = th.withDefaults(s.SLO)
 	util, known := utilisation(s.Backends)
 	var out []RouteReport
@@ -97,7 +97,7 @@ func Analyze(s proxy.StatsSnapshot, th Thresholds) []RouteReport {
 }
 
 // utilisation is the mean running/capacity over backends reporting both.
-func utilisation(bs []proxy.BackendStat) (float64, bool) {
+func utilisation(bs []observe.BackendStat) (float64, bool) {
 	var sum float64
 	n := 0
 	for _, b := range bs {
@@ -112,7 +112,7 @@ func utilisation(bs []proxy.BackendStat) (float64, bool) {
 	return sum / float64(n), true
 }
 
-func analyzeRoute(r proxy.RouteStats, slo proxy.SLOMillis, th Thresholds, util float64, utilKnown bool) RouteReport {
+func analyzeRoute(r observe.RouteStats, slo observe.SLOMillis, th Thresholds, util float64, utilKnown bool) RouteReport {
 	w, label := r.Windows["5m"], "5m"
 	if w.Requests < th.MinRequests && r.Windows["1m"].Requests >= th.MinRequests {
 		w, label = r.Windows["1m"], "1m"
@@ -124,8 +124,8 @@ func analyzeRoute(r proxy.RouteStats, slo proxy.SLOMillis, th Thresholds, util f
 			Reason: fmt.Sprintf("%d requests in the last 5 minutes; need %d to judge", w.Requests, th.MinRequests)})
 		return rep
 	}
-	ttft := w.Stages[proxy.StageTTFT].P95
-	itl := w.Stages[proxy.StageITL].P99
+	ttft := w.Stages[observe.StageTTFT].P95
+	itl := w.Stages[observe.StageITL].P99
 	shares := map[string]float64{}
 	for _, g := range groups {
 		for _, st := range g.stages {
@@ -186,23 +186,23 @@ func analyzeRoute(r proxy.RouteStats, slo proxy.SLOMillis, th Thresholds, util f
 }
 
 // breaches lists the SLOs a window misses.
-func breaches(st map[string]proxy.Percentiles, slo proxy.SLOMillis) []string {
+func breaches(st map[string]observe.Percentiles, slo observe.SLOMillis) []string {
 	var out []string
 	check := func(name string, got, limit float64) {
 		if limit > 0 && got > limit {
 			out = append(out, fmt.Sprintf("%s %.1f ms > SLO %.1f ms", name, got, limit))
 		}
 	}
-	check("ttft p95", st[proxy.StageTTFT].P95, slo.TTFTP95)
-	check("itl p99", st[proxy.StageITL].P99, slo.ITLP99)
-	check("e2e p99", st[proxy.StageE2E].P99, slo.E2EP99)
+	check("ttft p95", st[observe.StageTTFT].P95, slo.TTFTP95)
+	check("itl p99", st[observe.StageITL].P99, slo.ITLP99)
+	check("e2e p99", st[observe.StageE2E].P99, slo.E2EP99)
 	return out
 }
 
 // order is the row order of the stage table.
-var order = []string{proxy.StageNetRTT, proxy.StageTLS, proxy.StageAuth, proxy.StageRecv, proxy.StageRoute,
-	proxy.StageLimit, proxy.StageQueue, proxy.StageUpstream, proxy.StagePrefill, proxy.StageTTFT,
-	proxy.StageEdge, proxy.StageITL, proxy.StageDecode, proxy.StageE2E}
+var order = []string{observe.StageNetRTT, observe.StageTLS, observe.StageAuth, observe.StageRecv, observe.StageRoute,
+	observe.StageLimit, observe.StageQueue, observe.StageUpstream, observe.StagePrefill, observe.StageTTFT,
+	observe.StageEdge, observe.StageITL, observe.StageDecode, observe.StageE2E}
 
 // Write prints the reports as tables with the verdicts.
 func Write(w io.Writer, reps []RouteReport) {
@@ -211,7 +211,7 @@ func Write(w io.Writer, reps []RouteReport) {
 		fmt.Fprintf(w, "route %s (%s window, %d requests)\n", r.Route, r.Window, r.Requests)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "  stage\tp50 ms\tp95 ms\tp99 ms\tn\t")
-		ttft := r.Stages[proxy.StageTTFT].P95
+		ttft := r.Stages[observe.StageTTFT].P95
 		for _, st := range order {
 			p, ok := r.Stages[st]
 			if !ok {

@@ -5,23 +5,23 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 )
 
 // snapshot builds stats for one route with the given stage P95s (ms); P50
 // and P99 are derived, ITL given as its P99.
-func snapshot(p95 map[string]float64, itlP99 float64, running *float64, capacity int, slo proxy.SLOMillis) proxy.StatsSnapshot {
-	st := map[string]proxy.Percentiles{}
+func snapshot(p95 map[string]float64, itlP99 float64, running *float64, capacity int, slo observe.SLOMillis) observe.StatsSnapshot {
+	st := map[string]observe.Percentiles{}
 	for k, v := range p95 {
-		st[k] = proxy.Percentiles{N: 100, P50: v / 2, P95: v, P99: v * 1.2}
+		st[k] = observe.Percentiles{N: 100, P50: v / 2, P95: v, P99: v * 1.2}
 	}
-	st[proxy.StageITL] = proxy.Percentiles{N: 5000, P50: itlP99 / 2, P95: itlP99 * 0.9, P99: itlP99}
-	st[proxy.StageE2E] = proxy.Percentiles{N: 100, P50: 1000, P95: 2000, P99: 3000}
-	w := proxy.RouteWindow{Requests: 100, Stages: st}
-	return proxy.StatsSnapshot{
+	st[observe.StageITL] = observe.Percentiles{N: 5000, P50: itlP99 / 2, P95: itlP99 * 0.9, P99: itlP99}
+	st[observe.StageE2E] = observe.Percentiles{N: 100, P50: 1000, P95: 2000, P99: 3000}
+	w := observe.RouteWindow{Requests: 100, Stages: st}
+	return observe.StatsSnapshot{
 		SLO:      slo,
-		Routes:   []proxy.RouteStats{{Route: "chat", Windows: map[string]proxy.RouteWindow{"1m": w, "5m": w}}},
-		Backends: []proxy.BackendStat{{Pool: "p", URL: "http://b", Healthy: true, Running: running, Capacity: capacity}},
+		Routes:   []observe.RouteStats{{Route: "chat", Windows: map[string]observe.RouteWindow{"1m": w, "5m": w}}},
+		Backends: []observe.BackendStat{{Pool: "p", URL: "http://b", Healthy: true, Running: running, Capacity: capacity}},
 	}
 }
 
@@ -30,24 +30,24 @@ func f(v float64) *float64 { return &v }
 func TestVerdicts(t *testing.T) {
 	cases := []struct {
 		name     string
-		snap     proxy.StatsSnapshot
+		snap     observe.StatsSnapshot
 		kind     string
 		dominant string
 		breach   bool
 	}{
-		{"saturated GPUs", snapshot(map[string]float64{"queue": 50, "upstream": 5, "prefill": 1500, "ttft": 1600}, 40, f(7.8), 8, proxy.SLOMillis{}),
+		{"saturated GPUs", snapshot(map[string]float64{"queue": 50, "upstream": 5, "prefill": 1500, "ttft": 1600}, 40, f(7.8), 8, observe.SLOMillis{}),
 			"capacity", "prefill", false},
-		{"queue on idle GPUs", snapshot(map[string]float64{"queue": 900, "limit": 5, "upstream": 5, "prefill": 200, "ttft": 1150}, 30, f(2), 8, proxy.SLOMillis{}),
+		{"queue on idle GPUs", snapshot(map[string]float64{"queue": 900, "limit": 5, "upstream": 5, "prefill": 200, "ttft": 1150}, 30, f(2), 8, observe.SLOMillis{}),
 			"scheduling", "queue", false},
-		{"prefill bound", snapshot(map[string]float64{"queue": 1, "upstream": 3, "prefill": 1800, "ttft": 1810}, 30, f(4), 8, proxy.SLOMillis{}),
+		{"prefill bound", snapshot(map[string]float64{"queue": 1, "upstream": 3, "prefill": 1800, "ttft": 1810}, 30, f(4), 8, observe.SLOMillis{}),
 			"prefill", "prefill", false},
-		{"decode bound", snapshot(map[string]float64{"queue": 1, "upstream": 3, "prefill": 150, "ttft": 160}, 350, f(5), 8, proxy.SLOMillis{}),
+		{"decode bound", snapshot(map[string]float64{"queue": 1, "upstream": 3, "prefill": 150, "ttft": 160}, 350, f(5), 8, observe.SLOMillis{}),
 			"decode", "prefill", false},
-		{"network bound", snapshot(map[string]float64{"net-rtt": 180, "tls": 170, "recv": 60, "upstream": 3, "prefill": 120, "ttft": 540}, 30, nil, 0, proxy.SLOMillis{}),
+		{"network bound", snapshot(map[string]float64{"net-rtt": 180, "tls": 170, "recv": 60, "upstream": 3, "prefill": 120, "ttft": 540}, 30, nil, 0, observe.SLOMillis{}),
 			"network", "network", false},
-		{"healthy", snapshot(map[string]float64{"queue": 1, "upstream": 2, "prefill": 150, "ttft": 160}, 30, f(3), 8, proxy.SLOMillis{}),
+		{"healthy", snapshot(map[string]float64{"queue": 1, "upstream": 2, "prefill": 150, "ttft": 160}, 30, f(3), 8, observe.SLOMillis{}),
 			"ok", "prefill", false},
-		{"SLO breach", snapshot(map[string]float64{"queue": 1, "upstream": 2, "prefill": 450, "ttft": 460}, 30, f(3), 8, proxy.SLOMillis{TTFTP95: 300}),
+		{"SLO breach", snapshot(map[string]float64{"queue": 1, "upstream": 2, "prefill": 450, "ttft": 460}, 30, f(3), 8, observe.SLOMillis{TTFTP95: 300}),
 			"prefill", "prefill", true},
 	}
 	for _, tc := range cases {
@@ -80,7 +80,7 @@ func TestVerdicts(t *testing.T) {
 }
 
 func TestInsufficientData(t *testing.T) {
-	s := snapshot(map[string]float64{"ttft": 100}, 10, nil, 0, proxy.SLOMillis{})
+	s := snapshot(map[string]float64{"ttft": 100}, 10, nil, 0, observe.SLOMillis{})
 	w := s.Routes[0].Windows["5m"]
 	w.Requests = 3
 	s.Routes[0].Windows["5m"], s.Routes[0].Windows["1m"] = w, w

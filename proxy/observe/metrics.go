@@ -1,9 +1,8 @@
-package proxy
+package observe
 
 import (
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -47,10 +46,10 @@ type (
 )
 
 // routeObs are a (route, proto)'s duration series: e2e, and each stage in
-// the order of headerStages followed by decode.
+// the order of Timed.
 type routeObs struct {
 	e2e    prometheus.Observer
-	stages [len(headerStages) + 1]prometheus.Observer
+	stages [len(Timed)]prometheus.Observer
 }
 
 type backendObs struct{ ttft, itl prometheus.Observer }
@@ -70,10 +69,9 @@ func cachedSeries[K comparable, V any](cache *sync.Map, k K, mk func() V) V {
 func (m *Metrics) routeObs(route, proto string) *routeObs {
 	return cachedSeries(&m.byRoute, routeKey{route, proto}, func() *routeObs {
 		o := &routeObs{e2e: m.e2e.WithLabelValues(route, proto)}
-		for i, s := range headerStages {
+		for i, s := range Timed {
 			o.stages[i] = m.stages.WithLabelValues(route, proto, s)
 		}
-		o.stages[len(headerStages)] = m.stages.WithLabelValues(route, proto, StageDecode)
 		return o
 	})
 }
@@ -160,13 +158,16 @@ func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 	return m
 }
 
-func (m *Metrics) retry(route string) {
+// Retry counts a request retried on another backend.
+func (m *Metrics) Retry(route string) {
 	if m != nil {
 		m.retries.WithLabelValues(route).Inc()
 	}
 }
 
-func (m *Metrics) hedge(route, outcome string) {
+// Hedge counts a hedge: outcome "fired" (sent to a second backend) or
+// "won" (the second answered first).
+func (m *Metrics) Hedge(route, outcome string) {
 	if m != nil {
 		m.hedges.WithLabelValues(route, outcome).Inc()
 	}
@@ -174,19 +175,29 @@ func (m *Metrics) hedge(route, outcome string) {
 
 // WebSocket modes, the label of sluice_websocket_connections.
 const (
-	wsModeBridge      = "bridge"
-	wsModePassthrough = "passthrough"
+	WSModeBridge      = "bridge"
+	WSModePassthrough = "passthrough"
 )
 
-func (m *Metrics) wsOpen(mode string, delta float64) {
+// WSOpen adds delta to the open WebSocket connections of a mode.
+func (m *Metrics) WSOpen(mode string, delta float64) {
 	if m != nil {
 		m.wsConns.WithLabelValues(mode).Add(delta)
 	}
 }
 
-func (m *Metrics) wsSlowClient() {
+// WSSlowClient counts a bridged request cancelled because its client read
+// too slowly.
+func (m *Metrics) WSSlowClient() {
 	if m != nil {
 		m.wsSlow.Inc()
+	}
+}
+
+// Inflight adds delta to the requests being served.
+func (m *Metrics) Inflight(delta float64) {
+	if m != nil {
+		m.inflight.Add(delta)
 	}
 }
 
@@ -207,134 +218,34 @@ func (m *Metrics) tenantLabel(tenant string) string {
 	return "other"
 }
 
-// record observes a finished request.
-func (m *Metrics) record(x *exchange, route, proto string, status int, end time.Time) {
-	tenant := ""
-	if x.tenant != nil {
-		tenant = x.tenant.ID
+// Record observes a finished request.
+func (m *Metrics) Record(r *Record) {
+	if m == nil {
+		return
 	}
-	tl := m.tenantLabel(tenant)
-	m.requestCounter(route, proto, tl, status).Inc()
-	ro := m.routeObs(route, proto)
-	ro.e2e.Observe(end.Sub(x.start).Seconds())
-	if d := x.decision; d.Reason != "" && (!d.Allowed || d.WouldRefuse) {
+	route := r.routeLabel()
+	tl := m.tenantLabel(r.Tenant)
+	m.requestCounter(route, r.Proto, tl, r.Status).Inc()
+	ro := m.routeObs(route, r.Proto)
+	ro.e2e.Observe(r.End.Sub(r.Start).Seconds())
+	if d := &r.Decision; d.Reason != "" && (!d.Allowed || d.WouldRefuse) {
 		m.refusals.WithLabelValues(route, d.Reason, strconv.FormatBool(!d.WouldRefuse)).Inc()
 	}
-	for i, s := range headerStages {
-		if d, ok := x.stage(s); ok {
+	for i, d := range r.Stages {
+		if r.Measured[i] {
 			ro.stages[i].Observe(d.Seconds())
 		}
 	}
-	if d, ok := x.stage(StageDecode); ok {
-		ro.stages[len(headerStages)].Observe(d.Seconds())
-	}
-	if x.backend != nil && !x.firstToken.IsZero() {
-		bo := m.backendObs(route, x.route.Pool.Name(), x.backend.URL.Host, proto)
-		bo.ttft.Observe(x.firstToken.Sub(x.start).Seconds())
-		if x.itl != nil {
-			for _, us := range *x.itl {
-				bo.itl.Observe(float64(us) / 1e6)
-			}
+	if r.Backend != "" && r.Measured[TTFT] {
+		bo := m.backendObs(route, r.Pool, r.Backend, r.Proto)
+		bo.ttft.Observe(r.Stages[TTFT].Seconds())
+		for _, us := range r.ITL {
+			bo.itl.Observe(float64(us) / 1e6)
 		}
 	}
-	if x.usage != nil || x.tokens > 0 {
-		u := x.consumed()
+	if r.Counted {
 		to := m.tokenObs(route, tl)
-		to.in.Add(float64(u.InputTokens))
-		to.out.Add(float64(u.OutputTokens))
+		to.in.Add(float64(r.Usage.InputTokens))
+		to.out.Add(float64(r.Usage.OutputTokens))
 	}
-}
-
-// errorClass names the kind of failure for logs: "" when none.
-func errorClass(x *exchange) string {
-	switch {
-	case x.err == nil:
-		return ""
-	case x.decision.Reason != "" && !x.decision.Allowed:
-		return "limit_" + x.decision.Reason
-	}
-	return statusOf(x.err).Code
-}
-
-// observe records a finished request in metrics, stats and the access log.
-func (h *Handler) observe(x *exchange) {
-	end := time.Now()
-	route := "-"
-	if x.route != nil {
-		route = x.route.Name
-	}
-	status := x.status
-	if status == 0 {
-		status = 499
-	}
-	proto := protoOf(x.r, x.conn)
-	if h.metrics != nil {
-		h.metrics.record(x, route, proto, status, end)
-	}
-	if h.stats != nil && x.route != nil {
-		h.stats.record(x, route, end)
-	}
-	if h.access != nil {
-		h.access.write(x, route, proto, status, end)
-	}
-}
-
-// stageLogKeys are the access log keys of headerStages ("auth_ms"),
-// made once rather than per request.
-var stageLogKeys = func() (keys [len(headerStages)]string) {
-	for i, s := range headerStages {
-		keys[i] = s + "_ms"
-	}
-	return keys
-}()
-
-// write is the access log line: ids, outcome, every stage, tokens, bytes.
-// Keys and prompt text are never logged.
-func (a *AccessLog) write(x *exchange, route, proto string, status int, end time.Time) {
-	l := a.begin(end)
-	l.str("request_id", x.id)
-	tenant := ""
-	if x.tenant != nil {
-		tenant = x.tenant.ID
-	}
-	l.str("tenant", tenant)
-	l.str("method", x.r.Method)
-	l.str("path", x.r.URL.Path)
-	l.str("proto", proto)
-	l.int("status", int64(status))
-	l.str("route", route)
-	backend := ""
-	if x.backend != nil {
-		backend = x.backend.URL.Host
-	}
-	l.str("backend", backend)
-	l.str("model", x.meta.Model)
-	for i, s := range headerStages {
-		if d, ok := x.stage(s); ok {
-			l.ms(stageLogKeys[i], d)
-		}
-	}
-	if d, ok := x.stage(StageDecode); ok {
-		l.ms("decode_ms", d)
-	}
-	l.ms("e2e_ms", end.Sub(x.start))
-	p50, p99, _, n := x.itlPercentiles()
-	if n > 0 {
-		l.ms("itl_p50_ms", p50)
-		l.ms("itl_p99_ms", p99)
-	}
-	u := x.consumed()
-	l.int("tokens_in", u.InputTokens)
-	l.int("tokens_out", u.OutputTokens)
-	l.int("bytes_out", x.bytesToUser)
-	l.int("bytes_in", int64(len(x.body)))
-	l.int("retries", int64(x.retries))
-	if x.hedged {
-		l.boolean("hedged", true)
-	}
-	if x.decision.WouldRefuse {
-		l.str("would_refuse", x.decision.Reason)
-	}
-	l.str("error", errorClass(x))
-	a.end(&l)
 }

@@ -1,4 +1,4 @@
-package proxy
+package observe
 
 import (
 	"time"
@@ -63,28 +63,31 @@ type StatsSnapshot struct {
 	Tenants     []TenantStat  `json:"tenants_nearest_limits"`
 }
 
-// Snapshot returns the node's current stats.
-func (h *Handler) Snapshot() StatsSnapshot {
-	now := time.Now()
-	st := h.State()
-	slo := st.Config.SLO
+// Node describes the node a snapshot is of.
+type Node struct {
+	Name, Region string
+	Started      time.Time
+	// InFlight is the requests being served now.
+	InFlight int64
+	SLO      SLO
+}
+
+// Snapshot returns the node's current stats at now: the windows of st
+// (nil: none) and the load and health of every backend of pools, with
+// their admission queues.
+func Snapshot(n Node, st *Stats, pools []*routing.Pool, now time.Time) StatsSnapshot {
+	slo := n.SLO
 	snap := StatsSnapshot{
-		Node: h.node, Region: h.region, GeneratedAt: now.UTC(), UptimeS: now.Sub(h.started).Round(time.Second).Seconds(),
-		InFlight: h.inflight.Load(),
+		Node: n.Name, Region: n.Region, GeneratedAt: now.UTC(), UptimeS: now.Sub(n.Started).Round(time.Second).Seconds(),
+		InFlight: n.InFlight,
 		SLO:      SLOMillis{TTFTP95: millis(slo.TTFTP95), ITLP99: millis(slo.ITLP99), E2EP99: millis(slo.E2EP99)},
 		Routes:   []RouteStats{}, Backends: []BackendStat{}, Queues: []QueueStat{}, Tenants: []TenantStat{},
 	}
-	if h.stats != nil {
-		snap.Routes = h.stats.routesSnapshot()
-		snap.Tenants = h.stats.nearestTenants(10)
+	if st != nil {
+		snap.Routes = st.routesSnapshot()
+		snap.Tenants = st.nearestTenants(10)
 	}
-	seen := map[string]bool{}
-	for _, r := range st.Routes.Routes() {
-		p := r.Pool
-		if seen[p.Name()] {
-			continue
-		}
-		seen[p.Name()] = true
+	for _, p := range pools {
 		for _, b := range p.Backends() {
 			snap.Backends = append(snap.Backends, backendStat(p.Name(), b, now))
 		}
@@ -94,6 +97,8 @@ func (h *Handler) Snapshot() StatsSnapshot {
 	}
 	return snap
 }
+
+func millis(d time.Duration) float64 { return float64(d) / 1e6 }
 
 // backendStat describes one backend's health and load at now.
 func backendStat(pool string, b *routing.Backend, now time.Time) BackendStat {

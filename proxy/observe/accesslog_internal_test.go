@@ -1,4 +1,4 @@
-package proxy
+package observe
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package proxy
+package observe
 
 import (
 	"io"
@@ -203,4 +203,55 @@ func appendTextString(b []byte, s string) []byte {
 		}
 	}
 	return append(b, s...)
+}
+
+// stageLogKeys are the access log keys of Timed ("auth_ms"), made once
+// rather than per request.
+var stageLogKeys = func() (keys [len(Timed)]string) {
+	for i, s := range Timed {
+		keys[i] = s + "_ms"
+	}
+	return keys
+}()
+
+// Write writes the request's line: ids, outcome, every stage, tokens,
+// bytes. Keys and prompt text are never logged. A nil *AccessLog writes
+// nothing.
+func (a *AccessLog) Write(r *Record) {
+	if a == nil {
+		return
+	}
+	l := a.begin(r.End)
+	l.str("request_id", r.ID)
+	l.str("tenant", r.Tenant)
+	l.str("method", r.Method)
+	l.str("path", r.Path)
+	l.str("proto", r.Proto)
+	l.int("status", int64(r.Status))
+	l.str("route", r.routeLabel())
+	l.str("backend", r.Backend)
+	l.str("model", r.Model)
+	for i, d := range r.Stages {
+		if r.Measured[i] {
+			l.ms(stageLogKeys[i], d)
+		}
+	}
+	l.ms("e2e_ms", r.End.Sub(r.Start))
+	if p50, p99, _, n := ITLPercentiles(r.ITL); n > 0 {
+		l.ms("itl_p50_ms", p50)
+		l.ms("itl_p99_ms", p99)
+	}
+	l.int("tokens_in", r.Usage.InputTokens)
+	l.int("tokens_out", r.Usage.OutputTokens)
+	l.int("bytes_out", r.BytesOut)
+	l.int("bytes_in", r.BytesIn)
+	l.int("retries", int64(r.Retries))
+	if r.Hedged {
+		l.boolean("hedged", true)
+	}
+	if r.Decision.WouldRefuse {
+		l.str("would_refuse", r.Decision.Reason)
+	}
+	l.str("error", r.Error)
+	a.end(&l)
 }

@@ -1,4 +1,4 @@
-package proxy
+package observe
 
 import (
 	"encoding/json"
@@ -13,8 +13,8 @@ import (
 
 // NewAdmin returns the admin listener's handler: /healthz (the process is
 // up), /readyz (it takes traffic: 503 once draining() is true), /metrics
-// from gatherer, /debug/stats (JSON) and / (a status page) from h.
-func NewAdmin(gatherer prometheus.Gatherer, draining func() bool, h *Handler) *http.ServeMux {
+// from gatherer, /debug/stats (JSON) and / (a status page) from snapshot.
+func NewAdmin(gatherer prometheus.Gatherer, draining func() bool, snapshot func() StatsSnapshot) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("ok\n"))
@@ -31,11 +31,11 @@ func NewAdmin(gatherer prometheus.Gatherer, draining func() bool, h *Handler) *h
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		enc.Encode(h.Snapshot())
+		enc.Encode(snapshot())
 	})
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		statusPage.Execute(w, pageData(h.Snapshot()))
+		statusPage.Execute(w, pageData(snapshot()))
 	})
 	return mux
 }

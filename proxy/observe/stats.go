@@ -1,4 +1,4 @@
-package proxy
+package observe
 
 import (
 	"math"
@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/sluice-proxy/sluice/limiter"
 )
 
 // Sliding-window percentiles for /debug/stats and the status page. Each
@@ -98,7 +100,7 @@ func (s *series) window(epoch int64, slots int) Percentiles {
 
 // statStages are the stages kept per route, with the ITL samples and the
 // end-to-end duration.
-var statStages = append(append([]string{}, headerStages[:]...), StageDecode, StageITL, StageE2E)
+var statStages = append(append([]string{}, Timed[:]...), StageITL, StageE2E)
 
 // routeStats holds one route's series.
 type routeStats struct {
@@ -132,14 +134,19 @@ func NewStats() *Stats {
 	return &Stats{routes: map[string]*routeStats{}, tenants: map[string]*tenantSeen{}, now: time.Now}
 }
 
-func (s *Stats) record(x *exchange, route string, end time.Time) {
-	epoch := end.Unix() / slotSeconds
+// Record adds a finished request that matched a route to the windows. A
+// nil *Stats records nothing.
+func (s *Stats) Record(r *Record) {
+	if s == nil || r.Route == "" {
+		return
+	}
+	epoch := r.End.Unix() / slotSeconds
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rs := s.routes[route]
+	rs := s.routes[r.Route]
 	if rs == nil {
 		rs = &routeStats{series: map[string]*series{}, status: map[int]int64{}}
-		s.routes[route] = rs
+		s.routes[r.Route] = rs
 	}
 	add := func(stage string, d time.Duration) {
 		se := rs.series[stage]
@@ -149,43 +156,30 @@ func (s *Stats) record(x *exchange, route string, end time.Time) {
 		}
 		se.add(epoch, d.Seconds())
 	}
-	for _, st := range headerStages {
-		if d, ok := x.stage(st); ok {
-			add(st, d)
+	for i, d := range r.Stages {
+		if r.Measured[i] {
+			add(Timed[i], d)
 		}
 	}
-	if d, ok := x.stage(StageDecode); ok {
-		add(StageDecode, d)
+	add(StageE2E, r.End.Sub(r.Start))
+	for _, us := range r.ITL {
+		add(StageITL, time.Duration(us)*time.Microsecond)
 	}
-	add(StageE2E, end.Sub(x.start))
-	if x.itl != nil {
-		for _, us := range *x.itl {
-			add(StageITL, time.Duration(us)*time.Microsecond)
-		}
-	}
-	status := x.status
-	if status == 0 {
-		status = 499
-	}
-	rs.status[status]++
-	if x.tenant != nil && (x.decision.Ticket != nil || x.decision.Reason != "") {
-		s.seeTenant(x, end)
+	rs.status[r.Status]++
+	if d := &r.Decision; r.Tenant != "" && (d.Ticket != nil || d.Reason != "") {
+		s.seeTenant(r.Tenant, d, r.End)
 	}
 }
 
 // seeTenant remembers how close a tenant's last admission came to a limit.
-func (s *Stats) seeTenant(x *exchange, end time.Time) {
-	if x.tenant == nil {
-		return
-	}
-	d := x.decision
-	ts := s.tenants[x.tenant.ID]
+func (s *Stats) seeTenant(tenant string, d *limiter.Decision, end time.Time) {
+	ts := s.tenants[tenant]
 	if ts == nil {
 		if len(s.tenants) >= maxTenantsSeen {
 			s.evictStalest()
 		}
 		ts = &tenantSeen{}
-		s.tenants[x.tenant.ID] = ts
+		s.tenants[tenant] = ts
 	}
 	ts.at, ts.remaining, ts.limit = end, 1, ""
 	for name, q := range map[string]struct{ l, r int64 }{
