@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/ws"
 	"github.com/sluice-proxy/sluice/routing"
 	"github.com/sluice-proxy/sluice/tls/certs"
 )
@@ -136,7 +137,7 @@ func (v *validator) proxy() {
 	v.websocket(p.WebSocket)
 }
 
-func (v *validator) websocket(w proxy.WebSocketConfig) {
+func (v *validator) websocket(w ws.Config) {
 	const path = "proxy.websocket"
 	if !strings.HasPrefix(w.Path, "/") {
 		v.errorf(path+".path", "%s.path: %q must start with /", path, w.Path)
@@ -154,7 +155,7 @@ func (v *validator) websocket(w proxy.WebSocketConfig) {
 		v.errorf(path+".request_rate", "%s.request_rate: must not be negative", path)
 	}
 	for i, o := range w.AllowedOrigins {
-		if !proxy.ValidOrigin(o) {
+		if !ws.ValidOrigin(o) {
 			v.errorf(fmt.Sprintf("%s.allowed_origins[%d]", path, i),
 				"%s.allowed_origins[%d]: %q is not an origin (want \"*\" or scheme://host[:port], e.g. \"https://app.example.com\" or \"https://*.example.com\")",
 				path, i, o)

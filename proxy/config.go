@@ -6,6 +6,7 @@ import (
 	"github.com/sluice-proxy/sluice/internal/units"
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy/observe"
+	"github.com/sluice-proxy/sluice/proxy/ws"
 )
 
 // Config tunes the request pipeline. Zero fields take the defaults named on
@@ -29,7 +30,7 @@ type Config struct {
 	// MaxResponseBytes bounds a non-streamed backend response. Default 64MiB.
 	MaxResponseBytes units.Bytes `yaml:"max_response_bytes"`
 	// WebSocket tunes the WebSocket bridge and passthrough routes.
-	WebSocket WebSocketConfig `yaml:"websocket"`
+	WebSocket ws.Config `yaml:"websocket"`
 	// observe.SLO are the node's objectives, reported at /debug/stats and checked
 	// by "sluice diagnose". Zero fields are not checked.
 	SLO observe.SLO `yaml:"slo"`

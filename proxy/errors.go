@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/proxy/ws"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -56,6 +57,9 @@ func statusOf(err error) *apiError {
 		return ae
 	}
 	switch {
+	case errors.Is(err, ws.ErrOriginNotAllowed):
+		return &apiError{Status: http.StatusForbidden, Type: "invalid_request_error", Code: "origin_not_allowed",
+			Message: "WebSocket connections from this origin are not allowed"}
 	case errors.Is(err, routing.ErrNoHealthyBackend):
 		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_healthy_backend",
 			Message: "no healthy backend is available for this model; retry shortly", RetryAfter: retryAfterOf(err)}

@@ -108,7 +108,7 @@ func (h *Handler) State() *State { return h.live.Load().st }
 // ServeHTTP runs one request through the pipeline.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	l := h.acquire()
-	if l.st.Config.WebSocket.isBridge(r) {
+	if l.st.Config.WebSocket.IsBridge(r) {
 		// The socket needs the state only to upgrade (auth, config); each
 		// request on it runs through ServeHTTP with the state current then,
 		// so a long-lived socket does not keep a replaced state alive.

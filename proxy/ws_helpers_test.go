@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/ws"
 )
 
 // wsFrame is a frame from the bridge, as a client decodes it.
@@ -152,7 +153,7 @@ func closeCode(t testing.TB, c *websocket.Conn, timeout time.Duration) (int, []w
 
 // setWS changes the edge's WebSocket settings and, when lim is set, puts
 // the real local limiter in with the test tenant's limits.
-func setWS(e *testEdge, mod func(*proxy.WebSocketConfig), lim *concLimiter) {
+func setWS(e *testEdge, mod func(*ws.Config), lim *concLimiter) {
 	st := *e.handler.State()
 	if mod != nil {
 		st.Config.WebSocket = proxy.Config{}.WithDefaults().WebSocket

@@ -16,6 +16,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/ws"
 )
 
 // Three requests on one socket stream interleaved, frame by frame, and each
@@ -200,7 +201,7 @@ func TestWSBridgeSlowReader(t *testing.T) {
 	t.Cleanup(srv.Close)
 	e := startEdge(t, edgeOpts{pool: poolOf(srv.URL)})
 	const queue = 4
-	setWS(e, func(c *proxy.WebSocketConfig) {
+	setWS(e, func(c *ws.Config) {
 		c.SendQueue = queue
 		c.SlowClientDeadline = 300 * time.Millisecond
 		c.PingInterval = 10 * time.Second
@@ -301,7 +302,7 @@ func TestWSBridgeBadFrames(t *testing.T) {
 func TestWSBridgeOversizedMessage(t *testing.T) {
 	_, simURL := startSim(t, fastSim())
 	e := startEdge(t, edgeOpts{pool: poolOf(simURL)})
-	setWS(e, func(c *proxy.WebSocketConfig) { c.MaxMessageBytes = 4 << 10 }, nil)
+	setWS(e, func(c *ws.Config) { c.MaxMessageBytes = 4 << 10 }, nil)
 	c := dialWS(t, wsURL(e), keyHeader())
 	big := chatBody(`"user":"` + strings.Repeat("a", 8<<10) + `"`)
 	request(t, c, "big", big)
@@ -394,7 +395,7 @@ func TestWSBridgeOrigin(t *testing.T) {
 	}
 	dialWS(t, url, withOrigin("http://"+host)).Close() // same origin
 
-	setWS(e, func(c *proxy.WebSocketConfig) {
+	setWS(e, func(c *ws.Config) {
 		c.AllowedOrigins = []string{"https://app.example.com", "https://*.example.org"}
 	}, nil)
 	dialWS(t, url, withOrigin("https://app.example.com")).Close()
@@ -415,7 +416,7 @@ func TestWSBridgeLimits(t *testing.T) {
 	_, simURL := startSim(t, cfg)
 	e := startEdge(t, edgeOpts{pool: poolOf(simURL)})
 	lim := newConcLimiter(2)
-	setWS(e, func(c *proxy.WebSocketConfig) { c.MaxInflight = 2 }, lim)
+	setWS(e, func(c *ws.Config) { c.MaxInflight = 2 }, lim)
 	c := dialWS(t, wsURL(e), keyHeader())
 	long := `{"model":"sim-small","stream":true,"max_tokens":5000,"messages":[{"role":"user","content":"x"}]}`
 
@@ -500,7 +501,7 @@ func TestWSBridgeDrain(t *testing.T) {
 func TestWSBridgeIdleTimeout(t *testing.T) {
 	_, simURL := startSim(t, fastSim())
 	e := startEdge(t, edgeOpts{pool: poolOf(simURL)})
-	setWS(e, func(c *proxy.WebSocketConfig) {
+	setWS(e, func(c *ws.Config) {
 		c.IdleTimeout = 300 * time.Millisecond
 		c.PingInterval = 50 * time.Millisecond
 	}, nil)
@@ -528,7 +529,7 @@ func TestWSBridgeIdleTimeout(t *testing.T) {
 func TestWSBridgeRequestRate(t *testing.T) {
 	_, simURL := startSim(t, fastSim())
 	e := startEdge(t, edgeOpts{pool: poolOf(simURL)})
-	setWS(e, func(c *proxy.WebSocketConfig) { c.RequestRate = 0.5; c.RequestBurst = 2 }, nil)
+	setWS(e, func(c *ws.Config) { c.RequestRate = 0.5; c.RequestBurst = 2 }, nil)
 	c := dialWS(t, wsURL(e), keyHeader())
 	for _, id := range []string{"a", "b", "c"} {
 		request(t, c, id, chatBody(""))

@@ -14,13 +14,9 @@ import (
 
 	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/observe"
+	"github.com/sluice-proxy/sluice/proxy/ws"
 	"github.com/sluice-proxy/sluice/routing"
 )
-
-// isBridge reports whether r is for the bridge endpoint.
-func (c *WebSocketConfig) isBridge(r *http.Request) bool {
-	return *c.Enabled && r.URL.Path == c.Path
-}
 
 // serveBridge checks and upgrades a request for the bridge endpoint, then
 // serves the socket until it closes. Refusals are answered before the
@@ -38,7 +34,7 @@ func (h *Handler) serveBridge(w http.ResponseWriter, r *http.Request, st *State)
 			Message: "this endpoint speaks WebSocket: send GET with Upgrade: websocket"})
 		return
 	}
-	if err := checkOrigin(r, cfg.AllowedOrigins); err != nil {
+	if err := ws.CheckOrigin(r, cfg.AllowedOrigins); err != nil {
 		writeError(w, statusOf(err))
 		return
 	}
@@ -50,7 +46,7 @@ func (h *Handler) serveBridge(w http.ResponseWriter, r *http.Request, st *State)
 		return
 	}
 	hdr := http.Header{"X-Request-Id": w.Header()["X-Request-Id"], "X-Sluice-Region": w.Header()["X-Sluice-Region"]}
-	conn, err := newUpgrader([]string{subprotocolV1}).Upgrade(w, r, hdr)
+	conn, err := ws.NewUpgrader([]string{ws.SubprotocolV1}, writeHandshakeError).Upgrade(w, r, hdr)
 	if err != nil {
 		return // the upgrader has answered
 	}
@@ -68,7 +64,7 @@ func (h *Handler) serveBridge(w http.ResponseWriter, r *http.Request, st *State)
 // owns every write to the socket (gorilla allows one writer at a time).
 type wsConn struct {
 	h    *Handler
-	cfg  WebSocketConfig
+	cfg  ws.Config
 	conn *websocket.Conn
 	up   *http.Request
 	hdr  http.Header // template for each request's headers
@@ -118,7 +114,7 @@ func (rq *wsRequest) slowTimer() *time.Timer {
 	return rq.slow
 }
 
-func newWSConn(h *Handler, cfg WebSocketConfig, conn *websocket.Conn, r *http.Request, key string, fromProtocol bool) *wsConn {
+func newWSConn(h *Handler, cfg ws.Config, conn *websocket.Conn, r *http.Request, key string, fromProtocol bool) *wsConn {
 	c := &wsConn{
 		h: h, cfg: cfg, conn: conn, up: r, hdr: bridgeHeader(r.Header, key, fromProtocol),
 		out: make(chan *[]byte, cfg.SendQueue), quit: make(chan struct{}), writerGone: make(chan struct{}),
@@ -161,7 +157,7 @@ func (c *wsConn) serve() int {
 	}
 	if err == websocket.ErrReadLimit {
 		c.closeCode.CompareAndSwap(0, websocket.CloseMessageTooBig)
-		linger(c.conn) // gorilla has sent 1009; let it arrive
+		ws.Linger(c.conn) // gorilla has sent 1009; let it arrive
 	}
 	// The socket is done: cancel what runs, stop the writer, wait.
 	c.stop(context.Canceled)
@@ -173,7 +169,7 @@ func (c *wsConn) serve() int {
 }
 
 func (c *wsConn) extendRead() error {
-	return c.conn.SetReadDeadline(time.Now().Add(c.cfg.liveness()))
+	return c.conn.SetReadDeadline(time.Now().Add(c.cfg.Liveness()))
 }
 
 // readLoop reads client frames until the socket fails or closes.
@@ -377,7 +373,7 @@ func (c *wsConn) writeLoop() {
 				return
 			}
 		case <-ping.C:
-			if err := c.conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.cfg.liveness())); err != nil {
+			if err := c.conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.cfg.Liveness())); err != nil {
 				c.conn.Close()
 				return
 			}
@@ -413,7 +409,7 @@ func (c *wsConn) writeLoop() {
 
 // write sends one queued frame; false means the socket failed.
 func (c *wsConn) write(f *[]byte) bool {
-	c.conn.SetWriteDeadline(time.Now().Add(c.cfg.liveness()))
+	c.conn.SetWriteDeadline(time.Now().Add(c.cfg.Liveness()))
 	err := c.conn.WriteMessage(websocket.TextMessage, *f)
 	c.queued.Add(-int64(len(*f)))
 	putFrame(f)
@@ -457,7 +453,7 @@ func (c *wsConn) drained() bool {
 }
 
 // close writes what is queued, then the close frame, and gives the client
-// closeGrace to answer before the socket is closed under the reader.
+// ws.CloseGrace to answer before the socket is closed under the reader.
 func (c *wsConn) close(code int, text string) {
 	for {
 		select {
@@ -471,6 +467,6 @@ func (c *wsConn) close(code int, text string) {
 		break
 	}
 	c.closeCode.Store(int32(code))
-	c.conn.WriteControl(websocket.CloseMessage, closeMessage(code, text), time.Now().Add(closeGrace))
-	time.AfterFunc(closeGrace, func() { c.conn.Close() })
+	c.conn.WriteControl(websocket.CloseMessage, ws.CloseMessage(code, text), time.Now().Add(ws.CloseGrace))
+	time.AfterFunc(ws.CloseGrace, func() { c.conn.Close() })
 }

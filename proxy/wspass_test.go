@@ -15,7 +15,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/ws"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -230,7 +230,7 @@ func TestWSPassthroughDrain(t *testing.T) {
 func TestWSPassthroughOversized(t *testing.T) {
 	be, beURL := newWSBackend(t)
 	e := passthroughEdge(t, beURL)
-	setWS(e, func(c *proxy.WebSocketConfig) { c.MaxMessageBytes = 1 << 10 }, nil)
+	setWS(e, func(c *ws.Config) { c.MaxMessageBytes = 1 << 10 }, nil)
 	c := dialWS(t, rtURL(e), keyHeader())
 	c.WriteMessage(websocket.TextMessage, []byte(strings.Repeat("x", 4<<10)))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))

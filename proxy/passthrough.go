@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,6 +11,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sluice-proxy/sluice/proxy/observe"
+	"github.com/sluice-proxy/sluice/proxy/ws"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -32,7 +31,7 @@ func (x *exchange) passthrough(route *routing.Route) error {
 		return &apiError{Status: http.StatusUpgradeRequired, Type: "invalid_request_error", Code: "upgrade_required",
 			Message: "this route relays WebSocket: send GET with Upgrade: websocket"}
 	}
-	if err := checkOrigin(r, cfg.AllowedOrigins); err != nil {
+	if err := ws.CheckOrigin(r, cfg.AllowedOrigins); err != nil {
 		return err
 	}
 	if err := x.admit(); err != nil {
@@ -45,15 +44,16 @@ func (x *exchange) passthrough(route *routing.Route) error {
 	defer att.End(routing.Finished)
 	client, err := x.upgradeClient(backend.Subprotocol())
 	if err != nil {
-		backend.WriteControl(websocket.CloseMessage, closeMessage(websocket.CloseGoingAway, "client upgrade failed"),
-			time.Now().Add(closeGrace))
+		backend.WriteControl(websocket.CloseMessage, ws.CloseMessage(websocket.CloseGoingAway, "client upgrade failed"),
+			time.Now().Add(ws.CloseGrace))
 		backend.Close()
 		return err
 	}
 	x.firstToken = time.Now()
 	x.h.metrics.WSOpen(observe.WSModePassthrough, 1)
 	defer x.h.metrics.WSOpen(observe.WSModePassthrough, -1)
-	err = x.relayFrames(client, backend, cfg)
+	relayed, err := ws.Relay(x.r.Context(), client, backend, cfg)
+	x.bytesToUser += relayed
 	x.lastToken = time.Now()
 	return err
 }
@@ -195,13 +195,13 @@ func (x *exchange) backendHeader() http.Header {
 func (x *exchange) upgradeClient(backendProtocol string) (*websocket.Conn, error) {
 	hdr := x.w.Header().Clone() // request id, region, rate-limit headers
 	proto := backendProtocol
-	if proto == "" && offers(x.r, subprotocolV1) {
-		proto = subprotocolV1
+	if proto == "" && ws.Offers(x.r, ws.SubprotocolV1) {
+		proto = ws.SubprotocolV1
 	}
 	if proto != "" {
 		hdr.Set("Sec-Websocket-Protocol", proto)
 	}
-	u := newUpgrader(nil)
+	u := ws.NewUpgrader(nil, writeHandshakeError)
 	u.Error = func(w http.ResponseWriter, r *http.Request, status int, reason error) {
 		x.status = status
 		writeError(w, handshakeError(status, reason))
@@ -213,163 +213,9 @@ func (x *exchange) upgradeClient(backendProtocol string) (*websocket.Conn, error
 	return conn, err
 }
 
-// side names one end of a passthrough relay.
-type side int
-
-const (
-	sideClient side = iota
-	sideBackend
-)
-
-// pumpEnd is how one direction of a relay ended: which side failed or
-// closed, and why.
-type pumpEnd struct {
-	side  side
-	err   error
-	bytes int64 // relayed to the destination
-}
-
-// relayFrames copies frames both ways, one goroutine per direction, and
-// pings both sides. When one side closes or fails, the other is sent the
-// matching close frame, given closeGrace to answer, and both are closed.
-func (x *exchange) relayFrames(client, backend *websocket.Conn, cfg WebSocketConfig) error {
-	rl := &wsRelay{conns: [2]*websocket.Conn{sideClient: client, sideBackend: backend}, ends: make(chan pumpEnd, 2)}
-	for _, c := range rl.conns {
-		c.SetReadLimit(int64(cfg.MaxMessageBytes))
-		c.SetPongHandler(func(string) error { return c.SetReadDeadline(time.Now().Add(cfg.liveness())) })
-	}
-	stop := make(chan struct{})
-	defer close(stop)
-	go pumpFrames(client, backend, sideClient, cfg.liveness(), rl.ends)
-	go pumpFrames(backend, client, sideBackend, cfg.liveness(), rl.ends)
-	go keepalive(stop, cfg.PingInterval, cfg.liveness(), client, backend)
-
-	var err error
-	select {
-	case first := <-rl.ends:
-		rl.take(first)
-		rl.forward(first)
-		err = first.err
-	case <-x.r.Context().Done(): // the server stops: drain time is over
-		err = context.Cause(x.r.Context())
-		msg := closeMessage(websocket.CloseGoingAway, "server shutting down")
-		for _, c := range rl.conns {
-			c.WriteControl(websocket.CloseMessage, msg, time.Now().Add(closeGrace))
-		}
-	}
-	rl.finish()
-	x.bytesToUser += rl.relayed
-	if cleanClose(err) {
-		return nil
-	}
-	return err
-}
-
-// wsRelay is a running passthrough relay: its two connections and the
-// ends of its two directions.
-type wsRelay struct {
-	conns    [2]*websocket.Conn // by side
-	ends     chan pumpEnd
-	received int
-	relayed  int64 // bytes relayed to the client
-}
-
-func (rl *wsRelay) take(e pumpEnd) {
-	rl.received++
-	rl.relayed += e.bytes
-}
-
-// forward sends the other side the close frame that matches how e ended.
-func (rl *wsRelay) forward(e pumpEnd) {
-	code, text := forwardClose(e)
-	rl.conns[1-e.side].WriteControl(websocket.CloseMessage, closeMessage(code, text), time.Now().Add(closeGrace))
-	if errors.Is(e.err, websocket.ErrReadLimit) {
-		linger(rl.conns[e.side]) // gorilla has sent it 1009; let that arrive
-	}
-}
-
-// finish gives the directions still running closeGrace to end (each side
-// answering its close frame), then closes both connections and waits.
-func (rl *wsRelay) finish() {
-	t := time.NewTimer(closeGrace)
-	defer t.Stop()
-wait:
-	for rl.received < 2 {
-		select {
-		case e := <-rl.ends:
-			rl.take(e)
-		case <-t.C:
-			break wait
-		}
-	}
-	for _, c := range rl.conns {
-		c.Close()
-	}
-	for rl.received < 2 {
-		rl.take(<-rl.ends)
-	}
-}
-
-var errWriteFailed = errors.New("write failed")
-
-// pumpFrames copies messages from src to dst until either fails. from is
-// src's side; a failed write is reported as the other side's failure.
-func pumpFrames(src, dst *websocket.Conn, from side, liveness time.Duration, ends chan<- pumpEnd) {
-	var n int64
-	for {
-		src.SetReadDeadline(time.Now().Add(liveness))
-		mt, msg, err := src.ReadMessage()
-		if err != nil {
-			ends <- pumpEnd{side: from, err: err, bytes: n}
-			return
-		}
-		dst.SetWriteDeadline(time.Now().Add(liveness))
-		if err := dst.WriteMessage(mt, msg); err != nil {
-			ends <- pumpEnd{side: 1 - from, err: fmt.Errorf("%w: %w", errWriteFailed, err), bytes: n}
-			return
-		}
-		if from == sideBackend {
-			n += int64(len(msg))
-		}
-	}
-}
-
-// keepalive pings every connection each interval until stop is closed.
-func keepalive(stop <-chan struct{}, interval, liveness time.Duration, conns ...*websocket.Conn) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			for _, c := range conns {
-				c.WriteControl(websocket.PingMessage, nil, time.Now().Add(liveness))
-			}
-		}
-	}
-}
-
-// forwardClose is the close frame the other side gets when e.side closed
-// or failed: the same code for a clean close, 1009 for an oversized
-// message, else 1001 (the client went away) or 1014 (the backend failed).
-func forwardClose(e pumpEnd) (int, string) {
-	var ce *websocket.CloseError
-	if errors.As(e.err, &ce) && ce.Code != websocket.CloseAbnormalClosure && ce.Code != websocket.CloseTLSHandshake {
-		return ce.Code, ce.Text
-	}
-	if errors.Is(e.err, websocket.ErrReadLimit) {
-		return websocket.CloseMessageTooBig, "message too big"
-	}
-	if e.side == sideBackend {
-		return closeBadGateway, "backend connection failed"
-	}
-	return websocket.CloseGoingAway, "client went away"
-}
-
-// cleanClose reports whether a relay ended by an ordinary close.
-func cleanClose(err error) bool {
-	return websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway, websocket.CloseNoStatusReceived)
+// writeHandshakeError answers a failed upgrade.
+func writeHandshakeError(w http.ResponseWriter, status int, reason error) {
+	writeError(w, handshakeError(status, reason))
 }
 
 // handshakeError is the JSON error for a failed upgrade.

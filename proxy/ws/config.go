@@ -1,16 +1,17 @@
-package proxy
+package ws
 
 import (
+	"net/http"
 	"time"
 
 	"github.com/sluice-proxy/sluice/internal/units"
 )
 
-// WebSocketConfig tunes WebSocket handling: the bridge endpoint (a
+// Config tunes WebSocket handling: the bridge endpoint (a
 // multiplexed streaming API over one socket, bridged to SSE backends) and
 // passthrough routes (kind: websocket). Zero fields take the defaults named
 // on each field (see WithDefaults).
-type WebSocketConfig struct {
+type Config struct {
 	// Enabled turns the bridge endpoint on. Nil means true. Passthrough
 	// routes do not depend on it.
 	Enabled *bool `yaml:"enabled"`
@@ -54,7 +55,7 @@ type WebSocketConfig struct {
 
 // WithDefaults returns c with zero fields set to their defaults;
 // maxBody is the proxy's max_body_bytes.
-func (c WebSocketConfig) WithDefaults(maxBody units.Bytes) WebSocketConfig {
+func (c Config) WithDefaults(maxBody units.Bytes) Config {
 	if c.Enabled == nil {
 		on := true
 		c.Enabled = &on
@@ -89,6 +90,12 @@ func (c WebSocketConfig) WithDefaults(maxBody units.Bytes) WebSocketConfig {
 	return c
 }
 
-// liveness is how long a peer may stay silent (no frame, no pong) or
-// refuse bytes before its socket is closed.
-func (c WebSocketConfig) liveness() time.Duration { return 2 * c.PingInterval }
+// Liveness is how long a peer may stay silent (no frame, no pong) or
+// refuse bytes before its socket is closed: two ping intervals.
+func (c Config) Liveness() time.Duration { return 2 * c.PingInterval }
+
+// IsBridge reports whether r is for the bridge endpoint. c must have its
+// defaults (WithDefaults).
+func (c *Config) IsBridge(r *http.Request) bool {
+	return *c.Enabled && r.URL.Path == c.Path
+}
