@@ -58,8 +58,8 @@ func (x *exchange) newLeg(b *routing.Backend, l *leg) *leg {
 	x.adm.Done()
 	l.ctx, l.cancel = context.WithCancelCause(x.r.Context())
 	timeout := x.st.Config.FirstTokenTimeout
-	if x.route.FirstTokenTimeout > 0 {
-		timeout = x.route.FirstTokenTimeout
+	if x.policy.FirstTokenTimeout > 0 {
+		timeout = x.policy.FirstTokenTimeout
 	}
 	l.wd = newWatchdog(timeout, l.cancel)
 	return l
@@ -88,7 +88,7 @@ func (l *leg) open() {
 	case resp.StatusCode >= 500:
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		l.fail(&upstreamStatus{resp: resp, body: body}, true)
-	case resp.StatusCode == http.StatusOK && isEventStream(resp.Header) && x.route.Kind == routing.KindOpenAI:
+	case resp.StatusCode == http.StatusOK && isEventStream(resp.Header) && x.policy.Kind == KindOpenAI:
 		l.mode = modeEvents
 		l.readFirstEvent()
 	case resp.StatusCode == http.StatusOK && isEventStream(resp.Header):
@@ -223,7 +223,7 @@ func (x *exchange) race(b *routing.Backend, tried []*routing.Backend) (*leg, []*
 	rc := &race{out: make(chan *leg, len(race{}.legs))}
 	x.hedging = rc
 	x.startLeg(rc, b, false)
-	timer := time.NewTimer(x.route.HedgeAfter)
+	timer := time.NewTimer(x.policy.HedgeAfter)
 	defer timer.Stop()
 	var lastErr error
 	for rc.pending > 0 {
