@@ -32,10 +32,10 @@ type Config struct {
 	// TenantsFile names a file holding more tenants (a YAML list with the
 	// entries of tenants), relative to this file's directory. It is
 	// reloaded on its own when it changes. Empty means none.
-	TenantsFile string                `yaml:"tenants_file"`
-	Pools       []routing.PoolConfig  `yaml:"pools"`
-	Routes      []routing.RouteConfig `yaml:"routes"`
-	Simulators  []Simulator           `yaml:"simulators"`
+	TenantsFile string               `yaml:"tenants_file"`
+	Pools       []routing.PoolConfig `yaml:"pools"`
+	Routes      []Route              `yaml:"routes"`
+	Simulators  []Simulator          `yaml:"simulators"`
 
 	// File is the path the config was read from.
 	File string `yaml:"-"`
@@ -84,6 +84,24 @@ type HTTPS struct {
 	// HTTP3 configures HTTP/3 over QUIC beside the TLS listener (on by
 	// default, on the same port number over UDP).
 	HTTP3 listen.HTTP3Config `yaml:"http3"`
+}
+
+// Route is one entry of routes. Its keys are those of both halves, side by
+// side in the same mapping: what routing matches on (name, host, path,
+// models, pool, class) and how the proxy treats the requests the route
+// matches (kind, allow_query_key, first_token_timeout, retries,
+// enforce_limits, hedge_after, timing_comment).
+type Route struct {
+	routing.RouteConfig `yaml:",inline"`
+	proxy.RoutePolicy   `yaml:",inline"`
+}
+
+// WithDefaults returns r with both halves' zero fields set to their
+// defaults.
+func (r Route) WithDefaults() Route {
+	r.RouteConfig = r.RouteConfig.WithDefaults()
+	r.RoutePolicy = r.RoutePolicy.WithDefaults()
+	return r
 }
 
 // Simulator is a simulated GPU backend started inside the Sluice process;

@@ -303,9 +303,9 @@ func joinChanges(cs []FieldChange) string {
 	return strings.Join(parts, "; ")
 }
 
-func diffRoutes(old, new []routing.RouteConfig) []string {
+func diffRoutes(old, new []Route) []string {
 	var out []string
-	pairByKey(old, new, func(r routing.RouteConfig) string { return r.Name }, func(name string, o, n *routing.RouteConfig) {
+	pairByKey(old, new, func(r Route) string { return r.Name }, func(name string, o, n *Route) {
 		switch {
 		case o == nil:
 			out = append(out, fmt.Sprintf("+ added %q: %s", name, routeSummary(*n)))
@@ -320,7 +320,7 @@ func diffRoutes(old, new []routing.RouteConfig) []string {
 	return out
 }
 
-func routeSummary(r routing.RouteConfig) string {
+func routeSummary(r Route) string {
 	s := "path " + r.Path
 	if r.Host != "" {
 		s = "host " + r.Host + ", " + s

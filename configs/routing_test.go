@@ -1,10 +1,12 @@
 package configs
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -104,5 +106,63 @@ func TestRoutingKeyErrors(t *testing.T) {
 	y = strings.Replace(y, "        max_batch: 32\n", "", 1)
 	if _, err := Parse("r.yaml", []byte(y)); err == nil || !strings.Contains(err.Error(), "needs the batch slots") {
 		t.Fatalf("target_utilization without max_batch: %v", err)
+	}
+}
+
+// A route's keys land in both halves of Route: routing's and the proxy's.
+func TestRouteKeysDecodeIntoBothHalves(t *testing.T) {
+	y := valid + `  - name: events
+    host: api.example.com
+    path: /events/
+    models: [m]
+    pool: p
+    class: batch
+    kind: sse
+    allow_query_key: true
+    first_token_timeout: 5s
+    retries: 2
+    enforce_limits: false
+    hedge_after: 1s
+    timing_comment: true
+`
+	c, err := Parse("r.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := c.Routes[1]
+	want := routing.RouteConfig{Name: "events", Host: "api.example.com", Path: "/events/", Models: []string{"m"}, Pool: "p", Class: "batch"}
+	if !reflect.DeepEqual(r.RouteConfig, want) {
+		t.Errorf("routing half %+v; want %+v", r.RouteConfig, want)
+	}
+	p := r.RoutePolicy
+	if p.Kind != proxy.KindSSE || !p.AllowQueryKey || p.FirstTokenTimeout != 5*time.Second || p.Retries == nil || *p.Retries != 2 ||
+		p.LimitsEnforced() || p.HedgeAfter != time.Second || !p.TimingComment {
+		t.Errorf("proxy half %+v", p)
+	}
+	if d := c.Routes[0]; d.Kind != proxy.KindOpenAI || d.Path != "/v1/" || d.Class != routing.ClassInteractive || !d.LimitsEnforced() {
+		t.Errorf("defaults %+v", d)
+	}
+}
+
+// The proxy's route keys are reported at their own positions, in the
+// order they always were (kind before the bridge's path, then the rest).
+func TestRoutePolicyKeyErrors(t *testing.T) {
+	y := valid + `  - path: /v1/ws
+    kind: grpc
+    retries: -1
+    pool: p
+`
+	_, err := Parse("r.yaml", []byte(y))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	lines := strings.Split(err.Error(), "\n") // as joined, not sorted by position
+	want := []string{
+		`r.yaml:10:11: routes[1]: kind "grpc" must be openai, sse or websocket`,
+		`r.yaml:9:11: routes[1]: path "/v1/ws" is the WebSocket bridge endpoint (proxy.websocket.path); choose another`,
+		`r.yaml:11:14: routes[1]: retries must not be negative`,
+	}
+	if !reflect.DeepEqual(lines, want) {
+		t.Errorf("errors:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
 	}
 }

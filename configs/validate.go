@@ -295,33 +295,32 @@ func (v *validator) routes(pools map[string]bool) {
 		if r.Class != routing.ClassInteractive && r.Class != routing.ClassBatch {
 			v.errorf(path+".class", "%s: class %q must be interactive or batch", path, r.Class)
 		}
-		switch r.Kind {
-		case routing.KindOpenAI, routing.KindSSE:
-		case routing.KindWebSocket:
-			if len(r.Models) > 0 {
-				v.errorf(path+".models", "%s: a websocket route cannot match models (it has no request body)", path)
-			}
-		default:
-			v.errorf(path+".kind", "%s: kind %q must be openai, sse or websocket", path, r.Kind)
-		}
-		if ws := v.c.Proxy.WebSocket; *ws.Enabled && r.Path == ws.Path {
-			v.errorf(path+".path", "%s: path %q is the WebSocket bridge endpoint (proxy.websocket.path); choose another", path, r.Path)
-		}
-		if r.Retries != nil && *r.Retries < 0 {
-			v.errorf(path+".retries", "%s: retries must not be negative", path)
-		}
-		ftt := v.c.Proxy.FirstTokenTimeout
-		if r.FirstTokenTimeout > 0 {
-			ftt = r.FirstTokenTimeout
-		}
-		if r.HedgeAfter > 0 && r.HedgeAfter >= ftt {
-			v.errorf(path+".hedge_after", "%s: hedge_after %v must be shorter than the first-token timeout %v", path, r.HedgeAfter, ftt)
-		}
+		v.routePolicy(path, r)
 		key := r.Host + " " + r.Path + " " + strings.Join(r.Models, ",")
 		if j, dup := seen[key]; dup {
 			v.errorf(path, "%s: same host, path and models as routes[%d]", path, j)
 		}
 		seen[key] = i
+	}
+}
+
+// routePolicy checks the keys of route r (at path) that the proxy owns,
+// in the order they were always reported: kind (and what a websocket route
+// cannot have), the bridge's path, then the rest of the policy.
+func (v *validator) routePolicy(path string, r Route) {
+	errs := r.RoutePolicy.Validate(v.c.Proxy)
+	if len(errs) > 0 && errs[0].Key == "kind" {
+		v.errorf(path+".kind", "%s: %s", path, errs[0].Msg)
+		errs = errs[1:]
+	}
+	if r.Kind == proxy.KindWebSocket && len(r.Models) > 0 {
+		v.errorf(path+".models", "%s: a websocket route cannot match models (it has no request body)", path)
+	}
+	if ws := v.c.Proxy.WebSocket; *ws.Enabled && r.Path == ws.Path {
+		v.errorf(path+".path", "%s: path %q is the WebSocket bridge endpoint (proxy.websocket.path); choose another", path, r.Path)
+	}
+	for _, fe := range errs {
+		v.errorf(path+"."+fe.Key, "%s: %s", path, fe.Msg)
 	}
 }
 

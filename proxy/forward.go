@@ -42,8 +42,8 @@ func NewTransport(cfg Config) *http.Transport {
 func (x *exchange) forward() error {
 	defer x.drainRace()
 	retries := *x.st.Config.Retries
-	if x.route.Retries != nil {
-		retries = *x.route.Retries
+	if x.policy.Retries != nil {
+		retries = *x.policy.Retries
 	}
 	var triedBuf [4]*routing.Backend
 	tried := triedBuf[:0]
@@ -58,7 +58,7 @@ func (x *exchange) forward() error {
 		}
 		tried = append(tried, a.Backend())
 		var l *leg
-		if x.route.HedgeAfter > 0 {
+		if x.policy.HedgeAfter > 0 {
 			l, tried, err = x.race(a, tried)
 		} else {
 			l = x.newLeg(a, &x.leg)
@@ -128,7 +128,7 @@ func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*ht
 	u.Path = strings.TrimSuffix(b.URL.Path, "/") + r.URL.Path
 	u.RawPath = ""
 	u.RawQuery = r.URL.RawQuery
-	if x.route.AllowQueryKey && u.RawQuery != "" {
+	if x.policy.AllowQueryKey && u.RawQuery != "" {
 		q := r.URL.Query()
 		q.Del(queryKeyParam)
 		u.RawQuery = q.Encode()

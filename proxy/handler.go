@@ -29,6 +29,11 @@ type State struct {
 	Config  Config
 	Tenants *Tenants
 	Routes  *routing.Table
+	// Policies are the pipeline policies of Routes' routes, keyed by the
+	// *routing.Route that Routes.Match returns (a lookup that does not
+	// allocate), with defaults applied. A route without an entry gets
+	// RoutePolicy{}.WithDefaults().
+	Policies map[*routing.Route]*RoutePolicy
 	// Limiter enforces tenant limits. Nil means no limits.
 	Limiter Limiter
 	// Transports carry requests to each pool's backends, keyed by pool
@@ -150,6 +155,7 @@ type exchange struct {
 
 	tenant   *Tenant
 	route    *routing.Route
+	policy   *RoutePolicy // the path's route's until intake matches the model, then route's
 	body     []byte
 	meta     requestMeta
 	ticket   *limiter.Ticket
@@ -190,9 +196,10 @@ func (x *exchange) serve() error {
 	// The key may come from the query only on routes that allow it, so
 	// find the path's route first (without the model) to learn that.
 	pre, _ := x.st.Routes.Match(r.Host, r.URL.Path, "")
-	allowQuery := pre != nil && pre.AllowQueryKey
+	x.policy = x.st.policy(pre)
+	allowQuery := pre != nil && x.policy.AllowQueryKey
 	key := apiKey(r, allowQuery)
-	if key == "" && pre != nil && pre.Kind == routing.KindWebSocket {
+	if key == "" && pre != nil && x.policy.Kind == KindWebSocket {
 		key, _ = wsKey(r) // browsers send it as a subprotocol
 	}
 	x.tenant = x.st.Tenants.Lookup(key)
@@ -208,10 +215,10 @@ func (x *exchange) serve() error {
 		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
 			Message: "unknown path " + strconv.Quote(r.URL.Path)}
 	}
-	if pre.Kind == routing.KindWebSocket {
+	if x.policy.Kind == KindWebSocket {
 		return x.passthrough(pre)
 	}
-	if pre.Kind == routing.KindOpenAI && r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/models") {
+	if x.policy.Kind == KindOpenAI && r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/models") {
 		if models := x.st.Routes.Models(r.Host); len(models) > 0 {
 			writeModels(x.w, models)
 			x.status = http.StatusOK
@@ -239,7 +246,7 @@ func (x *exchange) intake(pre *routing.Route) error {
 	}
 	x.bodyRead = time.Now()
 	x.route = pre
-	if pre.Kind != routing.KindOpenAI || r.Method != http.MethodPost || !isJSON(r) {
+	if x.policy.Kind != KindOpenAI || r.Method != http.MethodPost || !isJSON(r) {
 		x.routed = x.bodyRead
 		return nil
 	}
@@ -253,7 +260,7 @@ func (x *exchange) intake(pre *routing.Route) error {
 		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
 			Message: "the model " + strconv.Quote(meta.Model) + " does not exist or is not served here"}
 	}
-	x.route = route
+	x.route, x.policy = route, x.st.policy(route)
 	x.routed = time.Now()
 	return nil
 }
@@ -268,7 +275,7 @@ func (x *exchange) admit() error {
 		return nil
 	}
 	limits := x.tenant.Limits
-	if !x.route.LimitsEnforced() {
+	if !x.policy.LimitsEnforced() {
 		limits = shadowed(limits)
 	}
 	d, err := lim.Admit(x.r.Context(), limiter.Request{

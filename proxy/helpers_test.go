@@ -57,9 +57,16 @@ type testEdge struct {
 	reg     *prometheus.Registry // the pools' metrics, and the proxy's with promMetrics
 }
 
+// testRoute is one route of a test edge: what routing matches on and the
+// proxy's policy for it, paired as configs.Route pairs them.
+type testRoute struct {
+	routing.RouteConfig
+	proxy.RoutePolicy
+}
+
 type edgeOpts struct {
 	pool    routing.PoolConfig
-	routes  []routing.RouteConfig
+	routes  []testRoute
 	proxy   proxy.Config
 	extra   []routing.PoolConfig
 	limits  limiter.Limits   // the test tenant's limits
@@ -109,11 +116,14 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		transports[pc.Name] = tr
 	}
 	if len(o.routes) == 0 {
-		o.routes = []routing.RouteConfig{{Pool: o.pool.Name}}
+		o.routes = []testRoute{{RouteConfig: routing.RouteConfig{Pool: o.pool.Name}}}
 	}
 	var routes []*routing.Route
+	policies := map[*routing.Route]*proxy.RoutePolicy{}
 	for _, rc := range o.routes {
-		routes = append(routes, &routing.Route{RouteConfig: rc.WithDefaults(), Pool: pools[rc.Pool]})
+		rt := &routing.Route{RouteConfig: rc.RouteConfig.WithDefaults(), Pool: pools[rc.Pool]}
+		pol := rc.RoutePolicy.WithDefaults()
+		routes, policies[rt] = append(routes, rt), &pol
 	}
 	st := &proxy.State{
 		Config: o.proxy,
@@ -121,6 +131,7 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 			{ID: "t1", Keys: []string{proxy.HashKey(testKey)}, Limits: o.limits},
 		}),
 		Routes:     routing.NewTable(routes),
+		Policies:   policies,
 		Limiter:    o.limiter,
 		Transports: transports,
 	}

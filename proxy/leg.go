@@ -57,8 +57,8 @@ func (x *exchange) newLeg(a Attempt, l *leg) *leg {
 	*l = leg{x: x, att: a, b: a.Backend()}
 	l.ctx, l.cancel = context.WithCancelCause(x.r.Context())
 	timeout := x.st.Config.FirstTokenTimeout
-	if x.route.FirstTokenTimeout > 0 {
-		timeout = x.route.FirstTokenTimeout
+	if x.policy.FirstTokenTimeout > 0 {
+		timeout = x.policy.FirstTokenTimeout
 	}
 	l.wd = newWatchdog(timeout, l.cancel)
 	return l
@@ -84,7 +84,7 @@ func (l *leg) open() {
 	case resp.StatusCode >= 500:
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		l.fail(&upstreamStatus{resp: resp, body: body}, true)
-	case resp.StatusCode == http.StatusOK && isEventStream(resp.Header) && x.route.Kind == routing.KindOpenAI:
+	case resp.StatusCode == http.StatusOK && isEventStream(resp.Header) && x.policy.Kind == KindOpenAI:
 		l.mode = modeEvents
 		l.readFirstEvent()
 	case resp.StatusCode == http.StatusOK && isEventStream(resp.Header):
@@ -222,7 +222,7 @@ func (x *exchange) race(a Attempt, tried []*routing.Backend) (*leg, []*routing.B
 	rc := &race{out: make(chan *leg, len(race{}.legs))}
 	x.hedging = rc
 	x.startLeg(rc, a, false)
-	timer := time.NewTimer(x.route.HedgeAfter)
+	timer := time.NewTimer(x.policy.HedgeAfter)
 	defer timer.Stop()
 	var lastErr error
 	for rc.pending > 0 {

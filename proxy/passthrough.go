@@ -62,8 +62,8 @@ func (x *exchange) passthrough(route *routing.Route) error {
 // route's retries) when one cannot be reached or refuses the upgrade.
 func (x *exchange) dialAny() (*websocket.Conn, Attempt, error) {
 	retries := *x.st.Config.Retries
-	if x.route.Retries != nil {
-		retries = *x.route.Retries
+	if x.policy.Retries != nil {
+		retries = *x.policy.Retries
 	}
 	var tried []*routing.Backend
 	var lastErr error
@@ -107,8 +107,8 @@ func (x *exchange) dialBackend(b *routing.Backend) (*websocket.Conn, error) {
 		}
 	}
 	timeout := x.st.Config.FirstTokenTimeout
-	if x.route.FirstTokenTimeout > 0 {
-		timeout = x.route.FirstTokenTimeout
+	if x.policy.FirstTokenTimeout > 0 {
+		timeout = x.policy.FirstTokenTimeout
 	}
 	d := &websocket.Dialer{
 		NetDialContext:   (&net.Dialer{Timeout: x.st.Config.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
@@ -156,7 +156,7 @@ func (x *exchange) backendURL(b *routing.Backend) string {
 	u.Path = strings.TrimSuffix(b.URL.Path, "/") + r.URL.Path
 	u.RawPath = ""
 	u.RawQuery = r.URL.RawQuery
-	if x.route.AllowQueryKey && u.RawQuery != "" {
+	if x.policy.AllowQueryKey && u.RawQuery != "" {
 		q := r.URL.Query()
 		q.Del(queryKeyParam)
 		u.RawQuery = q.Encode()

@@ -183,10 +183,12 @@ func TestErrorStatuses(t *testing.T) {
 	e := startEdge(t, edgeOpts{
 		pool:  poolOf(simURL),
 		extra: []routing.PoolConfig{dead, slowPool},
-		routes: []routing.RouteConfig{
-			{Path: "/v1/", Models: []string{"sim-small"}, Pool: "p"},
-			{Path: "/v1/", Models: []string{"dead-model"}, Pool: "dead", Retries: &zero},
-			{Path: "/v1/", Models: []string{"slow-model"}, Pool: "slow", Retries: &zero, FirstTokenTimeout: 200 * time.Millisecond},
+		routes: []testRoute{
+			{RouteConfig: routing.RouteConfig{Path: "/v1/", Models: []string{"sim-small"}, Pool: "p"}},
+			{RouteConfig: routing.RouteConfig{Path: "/v1/", Models: []string{"dead-model"}, Pool: "dead"},
+				RoutePolicy: proxy.RoutePolicy{Retries: &zero}},
+			{RouteConfig: routing.RouteConfig{Path: "/v1/", Models: []string{"slow-model"}, Pool: "slow"},
+				RoutePolicy: proxy.RoutePolicy{Retries: &zero, FirstTokenTimeout: 200 * time.Millisecond}},
 		},
 		proxy: proxy.Config{MaxBodyBytes: 4 << 10},
 	})
@@ -319,8 +321,9 @@ func TestGenericSSERoute(t *testing.T) {
 	srv := httptest.NewServer(be)
 	defer srv.Close()
 	e := startEdge(t, edgeOpts{
-		pool:   poolOf(srv.URL),
-		routes: []routing.RouteConfig{{Path: "/events/", Pool: "p", Kind: routing.KindSSE, AllowQueryKey: true}},
+		pool: poolOf(srv.URL),
+		routes: []testRoute{{RouteConfig: routing.RouteConfig{Path: "/events/", Pool: "p"},
+			RoutePolicy: proxy.RoutePolicy{Kind: proxy.KindSSE, AllowQueryKey: true}}},
 	})
 	req, _ := http.NewRequest(http.MethodGet, e.http+"/events/feed?topic=a&api_key="+testKey, nil)
 	req.Header.Set("Last-Event-ID", "6")
@@ -351,7 +354,7 @@ func TestGenericSSERoute(t *testing.T) {
 
 func TestModelsAndNonStreamed(t *testing.T) {
 	sim, simURL := startSim(t, fastSim())
-	e := startEdge(t, edgeOpts{pool: poolOf(simURL), routes: []routing.RouteConfig{{Pool: "p", Models: []string{"sim-small"}}}})
+	e := startEdge(t, edgeOpts{pool: poolOf(simURL), routes: []testRoute{{RouteConfig: routing.RouteConfig{Pool: "p", Models: []string{"sim-small"}}}}})
 	req, _ := http.NewRequest(http.MethodGet, e.http+"/v1/models", nil)
 	req.Header.Set("x-api-key", testKey)
 	resp, err := h1Client().Do(req)

@@ -26,9 +26,9 @@ func TestRouteShadowMode(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e := startEdge(t, edgeOpts{pool: poolOf(simURL), limiter: limiter.NewLocal(1),
 		limits: limiter.Limits{RequestsPerMinute: 1, Models: map[string]limiter.Limits{"sim-small": {RequestsPerMinute: 1, Enforce: &on}}},
-		routes: []routing.RouteConfig{
-			{Name: "shadow", Path: "/v1/", Pool: "p", EnforceLimits: &off},
-			{Name: "strict", Path: "/strict/v1/", Pool: "p"},
+		routes: []testRoute{
+			{RouteConfig: routing.RouteConfig{Name: "shadow", Path: "/v1/", Pool: "p"}, RoutePolicy: proxy.RoutePolicy{EnforceLimits: &off}},
+			{RouteConfig: routing.RouteConfig{Name: "strict", Path: "/strict/v1/", Pool: "p"}},
 		},
 		log: &logBuf, metrics: observe.NewMetrics(reg, 0)})
 	for i := 0; i < 3; i++ {

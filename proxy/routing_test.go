@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/internal/gpusim"
 	"github.com/sluice-proxy/sluice/limiter"
+	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -146,7 +147,8 @@ func TestFailoverInvisible(t *testing.T) {
 			pool := poolOf(tc.first, goodURL)
 			pool.Policy = routing.PolicyRoundRobin // the first pick is the bad backend
 			e := startEdge(t, edgeOpts{pool: pool, promMetrics: true,
-				routes: []routing.RouteConfig{{Pool: "p", FirstTokenTimeout: time.Second}}})
+				routes: []testRoute{{RouteConfig: routing.RouteConfig{Pool: "p"},
+					RoutePolicy: proxy.RoutePolicy{FirstTokenTimeout: time.Second}}}})
 			resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
 			events, done := readEvents(t, resp.Body)
 			resp.Body.Close()
@@ -181,7 +183,8 @@ func TestHedging(t *testing.T) {
 	pool.Policy = routing.PolicyRoundRobin // the first leg goes to the slow backend
 	const hedgeAfter = 150 * time.Millisecond
 	e := startEdge(t, edgeOpts{pool: pool, limiter: lim, limits: limits, promMetrics: true,
-		routes: []routing.RouteConfig{{Pool: "p", HedgeAfter: hedgeAfter}}})
+		routes: []testRoute{{RouteConfig: routing.RouteConfig{Pool: "p"},
+			RoutePolicy: proxy.RoutePolicy{HedgeAfter: hedgeAfter}}}})
 
 	start := time.Now()
 	resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
@@ -240,7 +243,8 @@ func TestHedgedLegsFailOver(t *testing.T) {
 	_, goodURL := startSim(t, fastSim())
 	pool := poolOf(badURL, goodURL, closedURL(t))
 	pool.Policy = routing.PolicyRoundRobin // first leg: bad; hedge: closed (2nd of the rest); retry: good
-	e := startEdge(t, edgeOpts{pool: pool, promMetrics: true, routes: []routing.RouteConfig{{Pool: "p", HedgeAfter: 50 * time.Millisecond}}})
+	e := startEdge(t, edgeOpts{pool: pool, promMetrics: true, routes: []testRoute{{RouteConfig: routing.RouteConfig{Pool: "p"},
+		RoutePolicy: proxy.RoutePolicy{HedgeAfter: 50 * time.Millisecond}}}})
 	resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
 	_, done := readEvents(t, resp.Body)
 	resp.Body.Close()
@@ -263,9 +267,9 @@ func queueEdge(t *testing.T, maxWait time.Duration) (*testEdge, *gpusim.Sim) {
 	pool := poolOf(url)
 	pool.Backends[0].MaxConcurrency = 1
 	pool.Queue.MaxWait = maxWait
-	e := startEdge(t, edgeOpts{pool: pool, promMetrics: true, routes: []routing.RouteConfig{
-		{Pool: "p", Name: "chat"},
-		{Pool: "p", Name: "bulk", Host: "batch.test", Class: routing.ClassBatch},
+	e := startEdge(t, edgeOpts{pool: pool, promMetrics: true, routes: []testRoute{
+		{RouteConfig: routing.RouteConfig{Pool: "p", Name: "chat"}},
+		{RouteConfig: routing.RouteConfig{Pool: "p", Name: "bulk", Host: "batch.test", Class: routing.ClassBatch}},
 	}})
 	return e, sim
 }
@@ -386,7 +390,7 @@ func TestAllBackendsDownRetryAfter(t *testing.T) {
 	pool := routing.PoolConfig{Name: "p", EjectAfter: 1, EjectFor: 30 * time.Second,
 		Backends: []routing.BackendConfig{{URL: closedURL(t)}, {URL: closedURL(t)}}}
 	zero := 0
-	e := startEdge(t, edgeOpts{pool: pool, routes: []routing.RouteConfig{{Pool: "p", Retries: &zero}}})
+	e := startEdge(t, edgeOpts{pool: pool, routes: []testRoute{{RouteConfig: routing.RouteConfig{Pool: "p"}, RoutePolicy: proxy.RoutePolicy{Retries: &zero}}}})
 	for i := 0; i < 2; i++ { // eject both
 		resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
 		resp.Body.Close()

@@ -177,7 +177,7 @@ func wantsTrailer(r *http.Request) bool {
 // as an SSE comment: asked by the client ("X-Sluice-Timing: comment") or
 // set on the route.
 func (x *exchange) wantsTimingComment() bool {
-	return x.route.TimingComment || strings.EqualFold(x.r.Header.Get(timingCommentHeader), "comment")
+	return x.policy.TimingComment || strings.EqualFold(x.r.Header.Get(timingCommentHeader), "comment")
 }
 
 // timingComment is the final timing as an SSE comment line.

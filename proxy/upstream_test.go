@@ -59,9 +59,9 @@ func TestUpstreamTLS(t *testing.T) {
 		pool("h2", caFile, "", true), pool("h1", caFile, "off", true),
 		pool("wrong-ca", otherCA, "", true), pool("no-cert", caFile, "", false),
 	}
-	var routes []routing.RouteConfig
+	var routes []testRoute
 	for _, p := range pools {
-		routes = append(routes, routing.RouteConfig{Pool: p.Name, Models: []string{p.Name}})
+		routes = append(routes, testRoute{RouteConfig: routing.RouteConfig{Pool: p.Name, Models: []string{p.Name}}})
 	}
 	e := startEdge(t, edgeOpts{pool: pools[0], extra: pools[1:], routes: routes})
 	cases := []struct {

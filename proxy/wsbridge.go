@@ -15,7 +15,6 @@ import (
 	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/observe"
 	"github.com/sluice-proxy/sluice/proxy/ws"
-	"github.com/sluice-proxy/sluice/routing"
 )
 
 // serveBridge checks and upgrades a request for the bridge endpoint, then
@@ -250,7 +249,7 @@ func (c *wsConn) run(rq *wsRequest, f clientFrame) {
 	c.served.Add(1)
 	o := &outcome{conn: c.connInfo}
 	r := c.request(context.WithValue(rq.ctx, outcomeKey{}, o), f)
-	w := &wsResponse{rq: rq, hdr: http.Header{}, openAI: c.routeKind(r) == routing.KindOpenAI}
+	w := &wsResponse{rq: rq, hdr: http.Header{}, openAI: c.routeKind(r) == KindOpenAI}
 	c.h.ServeHTTP(w, r)
 	if w.status == http.StatusOK && !w.stream && o.err == nil && len(w.body) > 0 {
 		b := getFrame()
@@ -282,8 +281,9 @@ func (c *wsConn) request(ctx context.Context, f clientFrame) *http.Request {
 
 // routeKind is the kind of the route the request's path matches, if any.
 func (c *wsConn) routeKind(r *http.Request) string {
-	if rt, _ := c.h.State().Routes.Match(r.Host, r.URL.Path, ""); rt != nil {
-		return rt.Kind
+	st := c.h.State()
+	if rt, _ := st.Routes.Match(r.Host, r.URL.Path, ""); rt != nil {
+		return st.policy(rt).Kind
 	}
 	return ""
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/ws"
 	"github.com/sluice-proxy/sluice/routing"
 )
@@ -77,8 +78,8 @@ func (b *wsBackend) last() *http.Request {
 }
 
 func passthroughEdge(t *testing.T, backendURL string) *testEdge {
-	return startEdge(t, edgeOpts{pool: poolOf(backendURL), routes: []routing.RouteConfig{
-		{Path: "/v1/realtime", Kind: routing.KindWebSocket, Pool: "p"},
+	return startEdge(t, edgeOpts{pool: poolOf(backendURL), routes: []testRoute{
+		{RouteConfig: routing.RouteConfig{Path: "/v1/realtime", Pool: "p"}, RoutePolicy: proxy.RoutePolicy{Kind: proxy.KindWebSocket}},
 	}})
 }
 
@@ -260,8 +261,8 @@ func TestWSPassthroughTLSBackend(t *testing.T) {
 	}
 	pool := poolOf(srv.URL)
 	pool.TLS = &routing.UpstreamTLS{CAFile: ca}
-	e := startEdge(t, edgeOpts{pool: pool, routes: []routing.RouteConfig{
-		{Path: "/v1/realtime", Kind: routing.KindWebSocket, Pool: "p"},
+	e := startEdge(t, edgeOpts{pool: pool, routes: []testRoute{
+		{RouteConfig: routing.RouteConfig{Path: "/v1/realtime", Pool: "p"}, RoutePolicy: proxy.RoutePolicy{Kind: proxy.KindWebSocket}},
 	}})
 	c := dialWS(t, rtURL(e), keyHeader())
 	c.WriteMessage(websocket.TextMessage, []byte("over tls"))

@@ -12,19 +12,9 @@ const (
 	ClassBatch       = "batch"
 )
 
-// Route kinds: how the proxy treats a route's traffic.
-const (
-	// KindOpenAI is the OpenAI-compatible API: JSON bodies, SSE streams
-	// that Sluice parses (usage, tokens, first token).
-	KindOpenAI = "openai"
-	// KindSSE is any event stream, relayed byte for byte and flushed on
-	// arrival.
-	KindSSE = "sse"
-	// KindWebSocket relays a WebSocket to a backend WebSocket endpoint.
-	KindWebSocket = "websocket"
-)
-
-// RouteConfig matches requests to a pool.
+// RouteConfig matches requests to a pool. It holds only what matching and
+// pool selection need; the pipeline's own per-route options live with the
+// proxy (proxy.RoutePolicy).
 type RouteConfig struct {
 	// Name identifies the route in metrics and logs. Default: the path
 	// prefix, with the host when set.
@@ -41,32 +31,6 @@ type RouteConfig struct {
 	Pool string `yaml:"pool"`
 	// Class is "interactive" (default) or "batch".
 	Class string `yaml:"class"`
-	// Kind is "openai" (default), "sse" or "websocket".
-	Kind string `yaml:"kind"`
-	// AllowQueryKey accepts the API key as the query parameter "api_key"
-	// (for browsers' EventSource, which cannot set headers). Default false.
-	// The parameter is removed before forwarding and redacted in logs.
-	AllowQueryKey bool `yaml:"allow_query_key"`
-	// FirstTokenTimeout bounds the wait for the first event (or the whole
-	// body of a non-streamed response) from one backend. Zero means the
-	// proxy's default.
-	FirstTokenTimeout time.Duration `yaml:"first_token_timeout"`
-	// Retries is how many other backends are tried when one fails before
-	// the first token. Nil means the proxy's default (1).
-	Retries *int `yaml:"retries"`
-	// EnforceLimits, when false, puts every tenant on this route in shadow
-	// mode: limits are computed, charged and reported (rate-limit headers,
-	// metrics, access log) but never refuse a request. Nil means true.
-	EnforceLimits *bool `yaml:"enforce_limits"`
-	// HedgeAfter, when positive, hedges a request that has no first token
-	// after this long: the same request goes to a second backend, the
-	// first to produce a token wins and the other is cancelled. Zero (the
-	// default) means no hedging.
-	HedgeAfter time.Duration `yaml:"hedge_after"`
-	// TimingComment ends every stream with a ": server-timing …" SSE
-	// comment carrying the final timing (clients may also ask for it with
-	// "X-Sluice-Timing: comment"). Default false.
-	TimingComment bool `yaml:"timing_comment"`
 }
 
 // BackendConfig is one backend of a pool.
@@ -225,10 +189,6 @@ type UpstreamTLS struct {
 	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
 }
 
-// LimitsEnforced reports whether the route enforces tenants' limits
-// (false: shadow mode for every tenant on it).
-func (c RouteConfig) LimitsEnforced() bool { return c.EnforceLimits == nil || *c.EnforceLimits }
-
 // WithDefaults returns c with zero fields set to their defaults.
 func (c RouteConfig) WithDefaults() RouteConfig {
 	if c.Path == "" {
@@ -236,9 +196,6 @@ func (c RouteConfig) WithDefaults() RouteConfig {
 	}
 	if c.Class == "" {
 		c.Class = ClassInteractive
-	}
-	if c.Kind == "" {
-		c.Kind = KindOpenAI
 	}
 	if c.Name == "" {
 		c.Name = c.Host + c.Path

@@ -32,7 +32,7 @@ func TestTableMatch(t *testing.T) {
 		RouteConfig{Name: "embed", Path: "/v1/embeddings", Models: []string{"bge"}, Pool: "embed"},
 		RouteConfig{Name: "wild", Host: "*.example.com", Pool: "wild"},
 		RouteConfig{Name: "exact", Host: "api.example.com", Models: []string{"llama-8b"}, Pool: "exact", Class: ClassBatch},
-		RouteConfig{Name: "events", Path: "/events/", Pool: "events", Kind: KindSSE},
+		RouteConfig{Name: "events", Path: "/events/", Pool: "events"},
 	)
 	cases := []struct {
 		host, path, model string

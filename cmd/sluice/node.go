@@ -301,17 +301,20 @@ func buildState(cfg *configs.Config, simURLs map[string]string, reuse poolSet) (
 		set.pools[pc.Name], set.transports[pc.Name] = p, tr
 	}
 	var routes []*routing.Route
+	policies := map[*routing.Route]*proxy.RoutePolicy{}
 	for _, rc := range cfg.Routes {
 		p, ok := set.pools[rc.Pool]
 		if !ok {
 			return nil, poolSet{}, errors.New("route " + rc.Name + ": unknown pool " + rc.Pool)
 		}
-		routes = append(routes, &routing.Route{RouteConfig: rc, Pool: p})
+		rt := &routing.Route{RouteConfig: rc.RouteConfig, Pool: p}
+		routes, policies[rt] = append(routes, rt), &rc.RoutePolicy
 	}
 	return &proxy.State{
 		Config:     cfg.Proxy,
 		Tenants:    proxy.NewTenants(cfg.AllTenants()),
 		Routes:     routing.NewTable(routes),
+		Policies:   policies,
 		Transports: set.transports,
 	}, set, nil
 }

@@ -1,0 +1,111 @@
+package proxy
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sluice-proxy/sluice/routing"
+)
+
+// Route kinds (RoutePolicy.Kind): how the proxy treats a route's traffic.
+const (
+	// KindOpenAI is the OpenAI-compatible API: JSON bodies, SSE streams
+	// that Sluice parses (usage, tokens, first token).
+	KindOpenAI = "openai"
+	// KindSSE is any event stream, relayed byte for byte and flushed on
+	// arrival.
+	KindSSE = "sse"
+	// KindWebSocket relays a WebSocket to a backend WebSocket endpoint.
+	KindWebSocket = "websocket"
+)
+
+// RoutePolicy is how the pipeline treats the requests of one route: the
+// route's keys that routing does not match on. In the config file they sit
+// beside the routing keys on each entry of routes.
+type RoutePolicy struct {
+	// Kind is "openai" (default), "sse" or "websocket".
+	Kind string `yaml:"kind"`
+	// AllowQueryKey accepts the API key as the query parameter "api_key"
+	// (for browsers' EventSource, which cannot set headers). Default false.
+	// The parameter is removed before forwarding and redacted in logs.
+	AllowQueryKey bool `yaml:"allow_query_key"`
+	// FirstTokenTimeout bounds the wait for the first event (or the whole
+	// body of a non-streamed response) from one backend. Zero means the
+	// proxy's default (Config.FirstTokenTimeout).
+	FirstTokenTimeout time.Duration `yaml:"first_token_timeout"`
+	// Retries is how many other backends are tried when one fails before
+	// the first token. Nil means the proxy's default (Config.Retries, 1).
+	Retries *int `yaml:"retries"`
+	// EnforceLimits, when false, puts every tenant on this route in shadow
+	// mode: limits are computed, charged and reported (rate-limit headers,
+	// metrics, access log) but never refuse a request. Nil means true.
+	EnforceLimits *bool `yaml:"enforce_limits"`
+	// HedgeAfter, when positive, hedges a request that has no first token
+	// after this long: the same request goes to a second backend, the
+	// first to produce a token wins and the other is cancelled. Zero (the
+	// default) means no hedging.
+	HedgeAfter time.Duration `yaml:"hedge_after"`
+	// TimingComment ends every stream with a ": server-timing …" SSE
+	// comment carrying the final timing (clients may also ask for it with
+	// "X-Sluice-Timing: comment"). Default false.
+	TimingComment bool `yaml:"timing_comment"`
+}
+
+// defaultPolicy is the policy of a route State.Policies has no entry for.
+var defaultPolicy = RoutePolicy{}.WithDefaults()
+
+// WithDefaults returns p with zero fields set to their defaults.
+func (p RoutePolicy) WithDefaults() RoutePolicy {
+	if p.Kind == "" {
+		p.Kind = KindOpenAI
+	}
+	return p
+}
+
+// LimitsEnforced reports whether the route enforces tenants' limits
+// (false: shadow mode for every tenant on it).
+func (p RoutePolicy) LimitsEnforced() bool { return p.EnforceLimits == nil || *p.EnforceLimits }
+
+// FieldError is one problem with a config key.
+type FieldError struct {
+	// Key is the key's path relative to the config checked, e.g. "kind".
+	Key string
+	// Msg describes the problem.
+	Msg string
+}
+
+// Validate reports the problems of a route policy (with defaults applied),
+// each naming the offending key relative to the route ("hedge_after"). c is
+// the proxy's config with defaults applied: the route's hedge must come
+// before its first-token timeout, which may be c's.
+func (p RoutePolicy) Validate(c Config) []FieldError {
+	var errs []FieldError
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, FieldError{Key: key, Msg: fmt.Sprintf(format, args...)})
+	}
+	switch p.Kind {
+	case KindOpenAI, KindSSE, KindWebSocket:
+	default:
+		bad("kind", "kind %q must be openai, sse or websocket", p.Kind)
+	}
+	if p.Retries != nil && *p.Retries < 0 {
+		bad("retries", "retries must not be negative")
+	}
+	ftt := c.FirstTokenTimeout
+	if p.FirstTokenTimeout > 0 {
+		ftt = p.FirstTokenTimeout
+	}
+	if p.HedgeAfter > 0 && p.HedgeAfter >= ftt {
+		bad("hedge_after", "hedge_after %v must be shorter than the first-token timeout %v", p.HedgeAfter, ftt)
+	}
+	return errs
+}
+
+// policy returns the policy of rt: its entry in st.Policies, or the
+// default policy when it has none (rt nil included). It does not allocate.
+func (st *State) policy(rt *routing.Route) *RoutePolicy {
+	if p := st.Policies[rt]; p != nil {
+		return p
+	}
+	return &defaultPolicy
+}
