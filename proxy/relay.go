@@ -357,13 +357,6 @@ func topLevelValue(data []byte, key string) []byte {
 	}
 }
 
-func skipSpace(data []byte, i int) int {
-	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
-		i++
-	}
-	return i
-}
-
 // stringEnd returns the index after the JSON string starting at data[i]
 // (a quote), or -1 when it is not terminated.
 func stringEnd(data []byte, i int) int {
