@@ -18,7 +18,8 @@ import (
 // fieldIndex returns the index in names of the member name key (quoted, as
 // written), or -1. Names match as encoding/json matches struct fields:
 // unescaped, then compared under Unicode case folding (so "\u212a", the
-// Kelvin sign, is a k).
+// Kelvin sign, is a k). It is the package's one rule for member names:
+// every scan (parseOpenAI, usageOf) matches names with it, and only it.
 func fieldIndex(key []byte, names []string) int {
 	k := key[1 : len(key)-1]
 	for _, c := range k {
