@@ -286,143 +286,111 @@ func eventData(ev []byte) []byte {
 	return out
 }
 
-// usageOf finds an OpenAI usage object in a chunk or body. usageOnly tells
-// that the chunk carries no choices (the include_usage chunk). Only the
-// top-level "usage" value is decoded: a body is scanned, not parsed whole.
+// usageOf reads the usage of an OpenAI chunk or non-streamed body, as
+// json.Unmarshal reads it into
+//
+//	struct {
+//		Choices []json.RawMessage `json:"choices"`
+//		Usage   *struct {
+//			PromptTokens     int64 `json:"prompt_tokens"`
+//			CompletionTokens int64 `json:"completion_tokens"`
+//		} `json:"usage"`
+//	}
+//
+// (usageBody in the tests): nil when data is not valid JSON,
+// when a field has the wrong type, or when its last "usage" is null or
+// absent. usageOnly tells that the chunk carries no choices (the last
+// "choices" is null, empty or absent: the include_usage chunk). Chunks
+// without the bytes "usage": are not read (most of a stream's).
 func usageOf(data []byte) (u *limiter.Usage, usageOnly bool) {
 	if !bytes.Contains(data, usageKey) {
 		return nil, false
 	}
-	v := topLevelValue(data, "usage")
-	if len(v) == 0 || v[0] != '{' {
-		return nil, false // absent, or "usage":null
-	}
-	in, ok1 := intMember(v, "prompt_tokens")
-	out, ok2 := intMember(v, "completion_tokens")
-	if !ok1 || !ok2 {
+	var f usageFields
+	if !f.scan(data) || !f.usage {
 		return nil, false
 	}
-	choices := bytes.TrimSpace(topLevelValue(data, "choices"))
-	empty := len(choices) == 0 || string(choices) == "null" ||
-		(choices[0] == '[' && len(bytes.TrimSpace(choices[1:len(choices)-1])) == 0)
-	return &limiter.Usage{InputTokens: in, OutputTokens: out}, empty
+	return &limiter.Usage{InputTokens: f.in, OutputTokens: f.out}, !f.choices
 }
 
-// intMember reads an integer member of a JSON object: 0 when absent or
-// null, ok false when it is not an integer.
-func intMember(obj []byte, key string) (n int64, ok bool) {
-	v := topLevelValue(obj, key)
-	if v == nil || string(v) == "null" {
-		return 0, true
-	}
-	n, err := strconv.ParseInt(string(v), 10, 64)
-	return n, err == nil
+// usageFields is what usageOf reads, as json.Unmarshal leaves it.
+type usageFields struct {
+	// choices is set when Choices is not empty.
+	choices bool
+	// usage is set when Usage is not nil; in and out are its tokens.
+	usage   bool
+	in, out int64
 }
 
-// topLevelValue returns the raw value of key in the JSON object data (top
-// level only, the first occurrence, names compared without case), or nil when
-// data is not an object, has no such key, or is cut before the value ends.
-// It checks the object's structure up to that value, not the rest.
-func topLevelValue(data []byte, key string) []byte {
+var (
+	usageNames = []string{"choices", "usage"}
+	tokenNames = []string{"prompt_tokens", "completion_tokens"}
+)
+
+// scan reads data in one pass, checking that it is valid JSON, and sets f
+// as json.Unmarshal would. It reports false when data is
+// not valid, not an object, or a field has the wrong type.
+func (f *usageFields) scan(data []byte) bool {
 	i := skipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
-		return nil
+		return false // null has no usage either
 	}
-	i++
-	for {
-		i = skipSpace(data, i)
-		if i >= len(data) || data[i] != '"' {
-			return nil
+	end := scanObject(data, i, 1, func(key []byte, v int) int {
+		switch fieldIndex(key, usageNames) {
+		case 0:
+			return f.scanChoices(data, v)
+		case 1:
+			return f.scanUsage(data, v)
 		}
-		end := stringEnd(data, i)
-		if end < 0 {
-			return nil
-		}
-		k := data[i+1 : end-1]
-		i = skipSpace(data, end)
-		if i >= len(data) || data[i] != ':' {
-			return nil
-		}
-		i = skipSpace(data, i+1)
-		vend := valueEnd(data, i)
-		if vend < 0 {
-			return nil
-		}
-		if bytes.EqualFold(k, []byte(key)) { // as encoding/json matches names
-			return data[i:vend]
-		}
-		i = skipSpace(data, vend)
-		if i >= len(data) || data[i] != ',' {
-			return nil
-		}
-		i++
-	}
+		return skipValue(data, v, 1)
+	})
+	return end >= 0 && skipSpace(data, end) == len(data)
 }
 
-func skipSpace(data []byte, i int) int {
-	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// stringEnd returns the index after the JSON string starting at data[i]
-// (a quote), or -1 when it is not terminated.
-func stringEnd(data []byte, i int) int {
-	for j := i + 1; j < len(data); j++ {
-		switch data[j] {
-		case '\\':
-			j++
-		case '"':
-			return j + 1
-		}
+// scanChoices reads the choices value at data[v]: a later array replaces
+// an earlier one, null empties it.
+func (f *usageFields) scanChoices(data []byte, v int) int {
+	switch data[v] {
+	case 'n':
+		f.choices = false
+		return literalEnd(data, v, "null")
+	case '[':
+		i := skipSpace(data, v+1)
+		f.choices = i < len(data) && data[i] != ']'
+		return skipValue(data, v, 1)
 	}
 	return -1
 }
 
-// valueEnd returns the index after the JSON value starting at data[i], or
-// -1 when it is cut (a value of an object member cannot end the data).
-func valueEnd(data []byte, i int) int {
-	if i >= len(data) {
-		return -1
-	}
-	switch data[i] {
-	case '"':
-		return stringEnd(data, i)
-	case '{', '[':
-		depth := 0
-		for j := i; j < len(data); j++ {
-			switch data[j] {
-			case '"':
-				if j = stringEnd(data, j); j < 0 {
-					return -1
-				}
-				j-- // the loop's j++ moves past the quote
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return j + 1
-				}
-			}
+// scanUsage reads the usage value at data[v]: null clears the pointer, a
+// repeated object is decoded into the first, null tokens keep their value.
+func (f *usageFields) scanUsage(data []byte, v int) int {
+	switch data[v] {
+	case 'n':
+		f.usage, f.in, f.out = false, 0, 0
+		return literalEnd(data, v, "null")
+	case '{':
+		if !f.usage {
+			f.usage, f.in, f.out = true, 0, 0
 		}
-		return -1
+		return scanObject(data, v, 2, func(key []byte, v int) int {
+			n := &f.in
+			switch fieldIndex(key, tokenNames) {
+			case 0:
+			case 1:
+				n = &f.out
+			default:
+				return skipValue(data, v, 2)
+			}
+			if data[v] == 'n' {
+				return literalEnd(data, v, "null")
+			}
+			x, end := intNumber(data, v)
+			if end >= 0 {
+				*n = x
+			}
+			return end
+		})
 	}
-	j := i
-	for j < len(data) && !endsScalar(data[j]) {
-		j++
-	}
-	if j == i || j == len(data) {
-		return -1
-	}
-	return j
-}
-
-// endsScalar reports whether c ends a number, true, false or null.
-func endsScalar(c byte) bool {
-	switch c {
-	case ',', '}', ']', ' ', '\t', '\r', '\n':
-		return true
-	}
-	return false
+	return -1
 }

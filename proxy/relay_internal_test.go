@@ -110,6 +110,7 @@ var usageSeeds = []string{
 func TestUsageOfMatchesDecoding(t *testing.T) {
 	for _, s := range usageSeeds {
 		checkUsageOf(t, []byte(s))
+		checkUsageOfDecoded(t, []byte(s))
 	}
 }
 
@@ -117,7 +118,97 @@ func FuzzUsageOf(f *testing.F) {
 	for _, s := range usageSeeds {
 		f.Add(s)
 	}
-	f.Fuzz(func(t *testing.T, s string) { checkUsageOf(t, []byte(s)) })
+	for _, c := range usageRules {
+		if c.name != "newline after colon" { // usageOfReference skips only spaces there
+			f.Add(c.data)
+		}
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		checkUsageOf(t, []byte(s))
+		checkUsageOfDecoded(t, []byte(s))
+	})
+}
+
+// usageBody is what usageOf reads of a chunk, for json.Unmarshal.
+type usageBody struct {
+	Choices []json.RawMessage `json:"choices"`
+	Usage   *struct {
+		PromptTokens     int64 `json:"prompt_tokens"`
+		CompletionTokens int64 `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+// usageOfDecoded is usageOf by json.Unmarshal into usageBody, behind the
+// same test for the bytes "usage":.
+func usageOfDecoded(data []byte) (u *limiter.Usage, usageOnly bool) {
+	var c usageBody
+	if !bytes.Contains(data, usageKey) || json.Unmarshal(data, &c) != nil || c.Usage == nil {
+		return nil, false
+	}
+	return &limiter.Usage{InputTokens: c.Usage.PromptTokens, OutputTokens: c.Usage.CompletionTokens}, len(c.Choices) == 0
+}
+
+// checkUsageOfDecoded compares usageOf with usageOfDecoded on any data:
+// valid or not, names repeated, escaped or in another case.
+func checkUsageOfDecoded(t *testing.T, data []byte) {
+	t.Helper()
+	u, only := usageOf(data)
+	ru, ronly := usageOfDecoded(data)
+	if (u == nil) != (ru == nil) || (u != nil && (*u != *ru || only != ronly)) {
+		t.Errorf("%q: got %v %v; json.Unmarshal %v %v", data, u, only, ru, ronly)
+	}
+}
+
+// usageRules are inputs on which usageOf's former scanner (names compared
+// as written, the first of a repeated name, the structure checked only up
+// to the value) and encoding/json disagreed, which usageOf now reads as
+// encoding/json does; the last four it read alike: the deepest nesting,
+// and around the colon, where the bytes "usage": gate the scan.
+var usageRules = []struct {
+	name, data string
+	usage      *limiter.Usage
+	usageOnly  bool
+}{
+	{"escaped names", `{"\u0075sage":{"prompt\u005ftokens":2,"completion_tokens":3},"choices":[],"x":"\"usage\":"}`, nil, false},
+	{"escaped names with the bytes", `{"x":{"usage":null},"\u0075sage":{"prompt\u005ftokens":2,"completion_tokens":3}}`, &limiter.Usage{InputTokens: 2, OutputTokens: 3}, true},
+	{"escaped choices", `{"usage":{"prompt_tokens":1,"completion_tokens":1},"c\u0068oices":[{}]}`, &limiter.Usage{InputTokens: 1, OutputTokens: 1}, false},
+	{"last usage wins", `{"usage":{"prompt_tokens":1,"completion_tokens":2},"Usage":{"prompt_tokens":5}}`, &limiter.Usage{InputTokens: 5, OutputTokens: 2}, true},
+	{"null usage clears", `{"usage":{"prompt_tokens":1,"completion_tokens":2},"usage":null,"usage":{"prompt_tokens":5}}`, &limiter.Usage{InputTokens: 5}, true},
+	{"last usage null", `{"usage":{"prompt_tokens":1,"completion_tokens":2},"usage":null}`, nil, false},
+	{"null tokens keep", `{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":null,"completion_tokens":4}}`, &limiter.Usage{InputTokens: 1, OutputTokens: 4}, true},
+	{"last tokens win", `{"usage":{"prompt_tokens":1,"PROMPT_TOKENS":6,"completion_tokens":2}}`, &limiter.Usage{InputTokens: 6, OutputTokens: 2}, true},
+	{"last choices win", `{"choices":[{}],"usage":{"prompt_tokens":1,"completion_tokens":2},"choices":[]}`, &limiter.Usage{InputTokens: 1, OutputTokens: 2}, true},
+	{"null choices", `{"choices":[{}],"choices":null,"usage":{"prompt_tokens":1,"completion_tokens":2}}`, &limiter.Usage{InputTokens: 1, OutputTokens: 2}, true},
+	{"object choices", `{"choices":{},"usage":{"prompt_tokens":1,"completion_tokens":2}}`, nil, false},
+	{"string choices", `{"choices":"x","usage":{"prompt_tokens":1,"completion_tokens":2}}`, nil, false},
+	{"cut after usage", `{"usage":{"prompt_tokens":1,"completion_tokens":2},"choices":[`, nil, false},
+	{"cut before choices", `{"usage":{"prompt_tokens":1,"completion_tokens":2}`, nil, false},
+	{"trailing bytes", `{"usage":{"prompt_tokens":1,"completion_tokens":2}} x`, nil, false},
+	{"invalid nested value", `{"choices":[{"a":[1}]],"usage":{"prompt_tokens":1,"completion_tokens":2}}`, nil, false},
+	{"invalid literal", `{"x":nul,"usage":{"prompt_tokens":1,"completion_tokens":2}}`, nil, false},
+	{"bad escape", `{"x":"\q","usage":{"prompt_tokens":1,"completion_tokens":2}}`, nil, false},
+	{"control character", "{\"x\":\"\n\",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}", nil, false},
+	{"plus sign", `{"usage":{"prompt_tokens":+1,"completion_tokens":2}}`, nil, false},
+	{"leading zero", `{"usage":{"prompt_tokens":01,"completion_tokens":2}}`, nil, false},
+	{"invalid after tokens", `{"usage":{"prompt_tokens":1,"completion_tokens":2,"x":tru}}`, nil, false},
+	{"too deep", `{"x":` + strings.Repeat("[", maxJSONDepth) + strings.Repeat("]", maxJSONDepth) + `,"usage":{"prompt_tokens":1,"completion_tokens":2}}`, nil, false},
+	{"deepest", `{"x":` + strings.Repeat("[", maxJSONDepth-1) + strings.Repeat("]", maxJSONDepth-1) + `,"usage":{"prompt_tokens":1,"completion_tokens":2}}`, &limiter.Usage{InputTokens: 1, OutputTokens: 2}, true},
+	{"newline after colon", "{\"usage\":\n{\"prompt_tokens\":1,\"completion_tokens\":2}}", &limiter.Usage{InputTokens: 1, OutputTokens: 2}, true},
+	{"space before colon", `{"usage" :{"prompt_tokens":1,"completion_tokens":2}}`, nil, false},
+}
+
+// TestUsageOfRules pins usageOf on the inputs where its former scanner
+// disagreed with encoding/json, and on the bytes "usage": that gate it.
+func TestUsageOfRules(t *testing.T) {
+	for _, c := range usageRules {
+		t.Run(c.name, func(t *testing.T) {
+			u, only := usageOf([]byte(c.data))
+			if (u == nil) != (c.usage == nil) || u != nil && (*u != *c.usage || only != c.usageOnly) {
+				t.Errorf("%s: got %v %v; want %v %v", c.data, u, only, c.usage, c.usageOnly)
+			}
+			checkUsageOfDecoded(t, []byte(c.data))
+		})
+	}
 }
 
 func checkUsageOf(t *testing.T, data []byte) {
