@@ -275,7 +275,6 @@ func (n *Node) simRunning(name string) int {
 	return 0
 }
 
-
 // pool is the active pool named name, as an opaque value for identity.
 func (n *Node) pool(name string) any {
 	n.mu.Lock()
