@@ -1,6 +1,7 @@
 package filewatch
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -62,12 +63,10 @@ func TestWatcherSeesRename(t *testing.T) {
 	dir := t.TempDir()
 	checks := make(chan bool, 16)
 	w := New(Config{Dirs: func() []string { return []string{dir} }, Check: func(polled bool) { checks <- polled }, Quiet: 10 * time.Millisecond})
-	defer w.Close()
 	if !w.Events() {
 		t.Skip("no file system events here")
 	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(t.Context()) }()
+	runWatcher(t, w)
 	tmp := filepath.Join(dir, ".f.tmp")
 	if err := os.WriteFile(tmp, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
@@ -94,11 +93,10 @@ func TestWatcherSeesRename(t *testing.T) {
 func TestWatcherPolls(t *testing.T) {
 	checks := make(chan bool, 16)
 	w := New(Config{Dirs: func() []string { return nil }, Check: func(polled bool) { checks <- polled }, Poll: 10 * time.Millisecond, NoEvents: true})
-	defer w.Close()
 	if w.Events() {
 		t.Fatal("Events() with NoEvents set")
 	}
-	go w.Run(t.Context())
+	runWatcher(t, w)
 	select {
 	case polled := <-checks:
 		if !polled {
@@ -107,4 +105,18 @@ func TestWatcherPolls(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no poll")
 	}
+}
+
+// runWatcher runs w until the test ends, then closes it.
+func runWatcher(t *testing.T, w *Watcher) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		w.Close()
+	})
 }
