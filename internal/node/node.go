@@ -25,8 +25,9 @@ import (
 )
 
 // Node is one running Sluice: its simulators, handler and listeners. Its
-// config can be replaced while it runs (see Reload). Its methods are safe
-// for simultaneous use by multiple goroutines.
+// config can be replaced while it runs (see Reload). Make one with Start;
+// the zero value is not usable. Its methods are safe for simultaneous use
+// by multiple goroutines.
 type Node struct {
 	log      *slog.Logger
 	reg      *prometheus.Registry
