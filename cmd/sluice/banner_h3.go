@@ -8,17 +8,18 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-proxy/sluice/internal/node"
 	"github.com/sluice-proxy/sluice/proxy/listen"
 )
 
 // printHTTP3 tells how to try HTTP/3 with curl, or why the local curl
 // cannot, and passes on the hint about small UDP buffers.
-func printHTTP3(w io.Writer, n *node, key, model string) {
-	a := n.server.Addr(listen.ListenerHTTP3)
+func printHTTP3(w io.Writer, n *node.Node, key, model string) {
+	a := n.Server().Addr(listen.ListenerHTTP3)
 	if a == "" {
 		return
 	}
-	if hint := n.server.UDPBufferHint(); hint != "" {
+	if hint := n.Server().UDPBufferHint(); hint != "" {
 		fmt.Fprintf(w, "Warning: %s\n\n", hint)
 	}
 	version, ok := curlHTTP3()

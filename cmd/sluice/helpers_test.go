@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,14 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/sluice-proxy/sluice/configs"
+	"github.com/sluice-proxy/sluice/internal/node"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/listen"
-	"github.com/sluice-proxy/sluice/proxy/observe"
 )
 
 const (
@@ -94,190 +91,58 @@ func tenant(id, limits string, keys ...string) string {
 // testNode is a node started from a config file in a temporary directory.
 type testNode struct {
 	t     testing.TB
-	n     *node
+	n     *node.Node
 	dir   string
 	file  string
 	base  string // http://host:port of the proxy listener
 	admin string // http://host:port of the admin listener
-	logs  *logBuffer
 }
 
-func startFileNode(t testing.TB, cfg string, files ...string) *testNode {
+func startFileNode(t testing.TB, cfg string) *testNode {
 	t.Helper()
-	tn := &testNode{t: t, dir: t.TempDir(), logs: &logBuffer{}}
+	tn := &testNode{t: t, dir: t.TempDir()}
 	tn.file = filepath.Join(tn.dir, "sluice.yaml")
-	for i := 0; i+1 < len(files); i += 2 {
-		tn.write(files[i], files[i+1])
+	if err := os.WriteFile(tn.file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	tn.write("sluice.yaml", cfg)
 	c, err := configs.Load(tn.file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(tn.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	n, err := startNode(context.Background(), c, log, observe.NewAccessLog(tn.logs, "text"))
+	n, err := node.Start(context.Background(), c, node.Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	tn.n = n
 	t.Cleanup(func() {
-		n.shutdown()
-		n.close()
+		n.Shutdown()
+		n.Close()
 	})
-	tn.base = "http://" + n.server.Addr(listen.ListenerHTTP)
-	tn.admin = "http://" + n.server.Addr(listen.ListenerAdmin)
+	tn.base = "http://" + n.Server().Addr(listen.ListenerHTTP)
+	tn.admin = "http://" + n.Server().Addr(listen.ListenerAdmin)
 	return tn
 }
 
-// write replaces a file the way editors do: a new file renamed over it.
-func (tn *testNode) write(name, text string) {
-	tn.t.Helper()
-	tmp := filepath.Join(tn.dir, "."+name+".tmp")
-	if err := os.WriteFile(tmp, []byte(text), 0o600); err != nil {
-		tn.t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(tn.dir, name)); err != nil {
-		tn.t.Fatal(err)
-	}
+// reloadStatus is the part of GET /debug/config the tests read.
+type reloadStatus struct {
+	LastAttempt *node.Result `json:"last_attempt"`
+	Attempts    int64        `json:"reload_attempts"`
 }
 
-// postReload asks the admin listener to reload.
-func (tn *testNode) postReload() (int, reloadResult) {
+func (tn *testNode) reloadStatus() reloadStatus {
 	tn.t.Helper()
-	resp, err := http.Post(tn.admin+"/-/reload", "", nil)
+	resp, err := http.Get(tn.admin + "/debug/config")
 	if err != nil {
 		tn.t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var res reloadResult
-	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
-		tn.t.Fatalf("reload answer: %v", err)
+	var rs reloadStatus
+	if err := json.NewDecoder(resp.Body).Decode(&rs); err != nil {
+		tn.t.Fatalf("/debug/config: %v", err)
 	}
-	return resp.StatusCode, res
-}
-
-func (tn *testNode) debugConfig() configStatus {
-	tn.t.Helper()
-	var cs configStatus
-	body := tn.get(tn.admin + "/debug/config")
-	if err := json.Unmarshal([]byte(body), &cs); err != nil {
-		tn.t.Fatalf("/debug/config: %v: %s", err, body)
-	}
-	return cs
-}
-
-func (tn *testNode) get(url string) string {
-	tn.t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		tn.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		tn.t.Fatalf("GET %s: %s %s", url, resp.Status, b)
-	}
-	return string(b)
-}
-
-// streamResult is how one streamed request ended.
-type streamResult struct {
-	status int
-	done   bool   // ended with [DONE]
-	last   string // the last event's data (an error event's body)
-	header http.Header
-	err    error
-}
-
-// stream posts a streamed chat request and reads it to the end.
-func stream(ctx context.Context, base, key, model string, maxTokens int) streamResult {
-	body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"hello"}]}`, model, maxTokens)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
-	if err != nil {
-		return streamResult{err: err}
-	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return streamResult{err: err}
-	}
-	defer resp.Body.Close()
-	r := streamResult{status: resp.StatusCode, header: resp.Header}
-	br := bufio.NewReader(resp.Body)
-	for {
-		line, err := br.ReadString('\n')
-		if data, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data: "); ok {
-			if data == "[DONE]" {
-				r.done = true
-			} else {
-				r.last = data
-			}
-		}
-		if err != nil {
-			if err != io.EOF {
-				r.err = err
-			}
-			return r
-		}
-	}
-}
-
-// startStream starts a stream and returns once its headers arrived, with
-// a channel for its end.
-func startStream(t *testing.T, base, key string, maxTokens int) <-chan streamResult {
-	t.Helper()
-	out := make(chan streamResult, 1)
-	go func() { out <- stream(context.Background(), base, key, "sim-small", maxTokens) }()
-	return out
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// logBuffer collects a node's log.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func configsVersion(text string) string { return configs.Version([]byte(text)) }
-
-// simRunning is how many sequences a running simulator decodes now.
-func (n *node) simRunning(name string) int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if s, ok := n.sims[name]; ok {
-		return s.sim.Stats().Running
-	}
-	return 0
+	return rs
 }
 
 func configsHash(key string) string { return proxy.HashKey(key) }
 
-// pool is the active pool named name, as an opaque value for identity.
-func (n *node) pool(name string) any {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.pools.pools[name]
-}
+func discardLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

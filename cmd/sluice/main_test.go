@@ -79,7 +79,7 @@ func TestDefaultNodeServes(t *testing.T) {
 	if !strings.Contains(banner.String(), "Authorization: Bearer sk-sluice-demo") {
 		t.Fatalf("banner has no ready-to-paste curl command:\n%s", banner.String())
 	}
-	base := "http://" + n.server.Addr(listen.ListenerHTTP)
+	base := "http://" + n.Server().Addr(listen.ListenerHTTP)
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
 		strings.NewReader(`{"model":"sim-small","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`))
 	req.Header.Set("Authorization", "Bearer "+demoKey)
@@ -92,7 +92,7 @@ func TestDefaultNodeServes(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
 		t.Fatalf("got %d %q", resp.StatusCode, body)
 	}
-	admin := "http://" + n.server.Addr(listen.ListenerAdmin)
+	admin := "http://" + n.Server().Addr(listen.ListenerAdmin)
 	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
 		resp, err := http.Get(admin + path)
 		if err != nil {

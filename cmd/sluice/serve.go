@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/sluice-proxy/sluice/configs"
+	"github.com/sluice-proxy/sluice/internal/node"
 	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/observe"
 )
@@ -54,43 +55,43 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	n, err := startNode(context.Background(), cfg, log, access)
+	n, err := node.Start(context.Background(), cfg, node.Options{Log: log, AccessLog: access})
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice: %v\n", err)
 		return 1
 	}
 	if *pprofOn {
-		n.enablePprof()
+		n.EnablePprof()
 	}
-	if err := n.startWatcher(); err != nil {
+	if err := n.WatchConfig(); err != nil {
 		log.Warn("config file changes will not be noticed; reload with SIGHUP or POST /-/reload", "err", err)
 	}
 	printBanner(stdout, n, *file == "")
-	n.run(sigs)
+	serveUntilSignal(n, sigs, log)
 	// A second SIGINT or SIGTERM now stops the process at once.
 	signal.Reset(syscall.SIGINT, syscall.SIGTERM)
-	if err := n.shutdown(); err != nil {
+	if err := n.Shutdown(); err != nil {
 		log.Warn("shutdown", "err", err)
 	}
-	n.close()
+	n.Close()
 	return 0
 }
 
-// run serves until a shutdown signal (SIGINT, SIGTERM) or a listener
-// failure. SIGHUP reloads the config (and certificates) meanwhile.
-func (n *node) run(sigs <-chan os.Signal) {
+// serveUntilSignal serves until a shutdown signal (SIGINT, SIGTERM) or a
+// listener failure. SIGHUP reloads the config (and certificates) meanwhile.
+func serveUntilSignal(n *node.Node, sigs <-chan os.Signal, log *slog.Logger) {
 	for {
 		select {
 		case sig := <-sigs:
 			if sig == syscall.SIGHUP {
-				n.reload(triggerSIGHUP)
+				n.Reload(node.TriggerSIGHUP)
 				continue
 			}
-			cfg := n.config()
-			n.log.Info("shutting down", "signal", sig.String(), "drain_delay", cfg.Node.DrainDelay, "drain_timeout", cfg.Node.DrainTimeout)
+			cfg := n.Config()
+			log.Info("shutting down", "signal", sig.String(), "drain_delay", cfg.Node.DrainDelay, "drain_timeout", cfg.Node.DrainTimeout)
 			return
-		case err := <-n.serveErr:
-			n.log.Error("listener failed", "err", err)
+		case err := <-n.Err():
+			log.Error("listener failed", "err", err)
 			return
 		}
 	}
@@ -122,40 +123,40 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, *observe.Access
 }
 
 // printBanner says where the node listens and how to try it.
-func printBanner(w io.Writer, n *node, embedded bool) {
-	cfg := n.config()
+func printBanner(w io.Writer, n *node.Node, embedded bool) {
+	cfg := n.Config()
 	fmt.Fprintf(w, "%s: node %s, region %s\n", versionString(), cfg.Node.Name, cfg.Node.Region)
-	if a := n.server.Addr(listen.ListenerHTTP); a != "" {
+	if a := n.Server().Addr(listen.ListenerHTTP); a != "" {
 		fmt.Fprintf(w, "  http   http://%s   HTTP/1.1 and h2c\n", a)
 	}
-	if a := n.server.Addr(listen.ListenerHTTPS); a != "" {
+	if a := n.Server().Addr(listen.ListenerHTTPS); a != "" {
 		fmt.Fprintf(w, "  https  https://%s   HTTP/1.1 and HTTP/2", a)
-		if pins := n.certs.Pins(); cfg.Listeners.HTTPS.DevCert && len(pins) > 0 {
+		if pins := n.Certs().Pins(); cfg.Listeners.HTTPS.DevCert && len(pins) > 0 {
 			fmt.Fprintf(w, "; dev certificate, SPKI pin sha256//%s", pins[0])
 		}
 		fmt.Fprintln(w)
 	}
-	if a := n.server.Addr(listen.ListenerHTTP3); a != "" {
+	if a := n.Server().Addr(listen.ListenerHTTP3); a != "" {
 		fmt.Fprintf(w, "  http3  https://%s   HTTP/3 over QUIC (UDP), advertised to TLS clients with Alt-Svc\n", a)
 	}
-	if a := n.server.Addr(listen.ListenerAdmin); a != "" {
+	if a := n.Server().Addr(listen.ListenerAdmin); a != "" {
 		fmt.Fprintf(w, "  admin  http://%s   status page /, /debug/stats, /debug/config, /metrics, /healthz, /readyz\n", a)
 	}
 	for _, s := range cfg.Simulators {
-		fmt.Fprintf(w, "  simulated GPU %q serving %s at %s\n", s.Name, s.Model, n.simURL(s.Name))
+		fmt.Fprintf(w, "  simulated GPU %q serving %s at %s\n", s.Name, s.Model, n.SimURL(s.Name))
 	}
 	base := ""
-	if a := n.server.Addr(listen.ListenerHTTP); a != "" {
+	if a := n.Server().Addr(listen.ListenerHTTP); a != "" {
 		base = "http://" + a
-	} else if a := n.server.Addr(listen.ListenerHTTPS); a != "" {
+	} else if a := n.Server().Addr(listen.ListenerHTTPS); a != "" {
 		base = "https://" + a
 	}
 	model := "MODEL"
-	if ms := n.handler.State().Routes.Models(""); len(ms) > 0 {
+	if ms := n.Handler().State().Routes.Models(""); len(ms) > 0 {
 		model = ms[0]
 	}
 	key := "$SLUICE_API_KEY"
-	if embedded && n.handler.State().Tenants.Lookup(demoKey) != nil {
+	if embedded && n.Handler().State().Tenants.Lookup(demoKey) != nil {
 		key = demoKey
 	}
 	defer printHTTP3(w, n, key, model)

@@ -19,7 +19,7 @@ func TestDefaultNodeWebSocket(t *testing.T) {
 	n := startDefaultNode(t)
 
 	d := websocket.Dialer{Subprotocols: []string{"sluice.v1", "sluice.key." + demoKey}, HandshakeTimeout: 5 * time.Second}
-	c, _, err := d.Dial("ws://"+n.server.Addr(listen.ListenerHTTP)+"/v1/ws", nil)
+	c, _, err := d.Dial("ws://"+n.Server().Addr(listen.ListenerHTTP)+"/v1/ws", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestDefaultNodeWebSocket(t *testing.T) {
 		}
 		break
 	}
-	resp, err := http.Get("http://" + n.server.Addr(listen.ListenerAdmin) + "/metrics")
+	resp, err := http.Get("http://" + n.Server().Addr(listen.ListenerAdmin) + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

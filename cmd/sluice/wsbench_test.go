@@ -15,7 +15,7 @@ func TestBenchOverWebSocket(t *testing.T) {
 	n := startDefaultNode(t)
 	var stdout, stderr bytes.Buffer
 	out := filepath.Join(t.TempDir(), "report.json")
-	code := cmdBench([]string{"-target", "http://" + n.server.Addr(listen.ListenerHTTP), "-protocol", "ws",
+	code := cmdBench([]string{"-target", "http://" + n.Server().Addr(listen.ListenerHTTP), "-protocol", "ws",
 		"-api-key", demoKey, "-model", "sim-small", "-requests", "6", "-concurrency", "3", "-output-tokens", "5",
 		"-progress", "never", "-json", out}, &stdout, &stderr)
 	if code != 0 {

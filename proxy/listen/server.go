@@ -54,6 +54,7 @@ type Server struct {
 	active   sync.WaitGroup
 	running  atomic.Int64 // handlers running now (active, readable)
 	draining atomic.Bool
+	idle     chan struct{} // a token when running drops to zero while draining
 	drainCh  chan struct{} // closed when Shutdown begins
 	drainMu  sync.Once
 }
@@ -84,6 +85,7 @@ func (s *Server) Listen() error {
 		s.Log = slog.Default()
 	}
 	s.drainCh = make(chan struct{})
+	s.idle = make(chan struct{}, 1)
 	base := context.WithValue(context.Background(), drainKey{}, (<-chan struct{})(s.drainCh))
 	s.base, s.stopBase = context.WithCancelCause(base)
 	err := s.listen()
@@ -201,7 +203,7 @@ func (s *Server) wrap(kind string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.active.Add(1)
 		s.running.Add(1)
-		defer func() { s.running.Add(-1); s.active.Done() }()
+		defer func() { s.handlerDone(); s.active.Done() }()
 		r = noteRequest(r)
 		if altSvc != nil {
 			w.Header()["Alt-Svc"] = altSvc
@@ -313,15 +315,34 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return s.Close()
 }
 
+// handlerDone counts a handler out; the last one out during a drain wakes
+// the waiter. Shutdown sets draining before it reads running, so either
+// it sees the count at zero or the last handler sees draining and leaves a
+// token in idle (a stale token only makes the waiter look again).
+func (s *Server) handlerDone() {
+	if s.running.Add(-1) == 0 && s.draining.Load() {
+		select {
+		case s.idle <- struct{}{}:
+		default: // a token is already waiting
+		}
+	}
+}
+
 // waitHandlers waits until no handler runs or ctx is done.
 func (s *Server) waitHandlers(ctx context.Context) {
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
+	s.waitIdle(ctx, nil)
+}
+
+// waitIdle waits until no handler runs, or ctx is done, or stop (nil:
+// never) is closed. Shutdown has set draining.
+func (s *Server) waitIdle(ctx context.Context, stop <-chan struct{}) {
 	for s.running.Load() > 0 {
 		select {
+		case <-s.idle:
+		case <-stop:
+			return
 		case <-ctx.Done():
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -340,17 +361,7 @@ func DrainSignal(ctx context.Context) <-chan struct{} {
 // connections have all ended, or no request runs any more (a client may
 // keep an idle connection open after GOAWAY; Close ends it), or ctx is done.
 func (s *Server) waitRequests(ctx context.Context, h3drained <-chan struct{}) {
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for s.running.Load() > 0 {
-		select {
-		case <-h3drained:
-			return
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	s.waitIdle(ctx, h3drained)
 }
 
 // Close closes every listener and connection at once.

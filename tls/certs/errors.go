@@ -18,8 +18,6 @@ var (
 	ErrExpired = errors.New("certificate has expired")
 	// ErrNotYetValid: the certificate's NotBefore is still ahead.
 	ErrNotYetValid = errors.New("certificate is not valid yet")
-	// ErrRunning: Run was called while another Run of the same Store is active.
-	ErrRunning = errors.New("certs: store is already running")
 )
 
 // FileError is an error about one certificate or key file. Err is one of the

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 
+	"github.com/sluice-proxy/sluice/internal/filewatch"
 	"github.com/sluice-proxy/sluice/tls/certs"
 )
 
@@ -17,9 +18,16 @@ func ExampleStore_TLSConfig() {
 		fmt.Println(err)
 		return
 	}
+	// Reload on file changes until ctx is done.
+	w := filewatch.New(filewatch.Config{
+		Dirs:  store.WatchDirs,
+		Check: func(bool) { _ = store.Check() }, // failures are logged and counted
+		Poll:  store.PollInterval(),
+	})
+	defer w.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go store.Run(ctx) // reload on file changes until ctx is done
+	go w.Run(ctx)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -21,6 +20,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/internal/filewatch"
 )
 
 // testCA issues leaf certificates for tests.
@@ -246,36 +247,42 @@ func roundTrip(c net.Conn, msg string) error {
 	return nil
 }
 
-// eventually polls cond every 20ms until it holds or 10s pass.
+// eventually checks cond every 20ms until it holds or 10s pass: for
+// effects that have no event to wait on (a file watcher's reload seen by a
+// new handshake). It asserts nothing about the time taken.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(20 * time.Millisecond)
+		<-tick.C
 	}
 }
 
-// runStore runs s.Run until the test ends; it returns once the watcher
-// is set up.
-func runStore(t testing.TB, s *Store) {
+// runStore runs a file watcher for s until the test ends, as the node does
+// (see internal/node); it returns once the directories are watched.
+// noWatch disables file events: only the poll reloads.
+func runStore(t testing.TB, s *Store, noWatch bool) *filewatch.Watcher {
 	t.Helper()
+	w := filewatch.New(filewatch.Config{
+		Dirs:     s.WatchDirs,
+		Check:    func(bool) { _ = s.Check() },
+		Poll:     s.PollInterval(),
+		NoEvents: noWatch,
+	})
 	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	s.watching = func() { close(ready) }
 	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	select {
-	case <-ready:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not start watching")
-	}
+	go func() { done <- w.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		if err := <-done; err != nil {
 			t.Errorf("Run: %v", err)
 		}
+		w.Close()
 	})
+	return w
 }

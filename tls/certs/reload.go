@@ -15,9 +15,16 @@ func (s *Store) Reload() error {
 	return s.check(true)
 }
 
-// check looks at every file pair. Without force, content (or an error) that
-// was already looked at is skipped, so a broken file is reported once, not
-// at every poll.
+// Check re-reads every certificate pair and swaps in each one whose content
+// changed since it was last looked at and is valid. Content (or an error)
+// already looked at is skipped, so a broken file is logged, counted and
+// returned once, not at every poll. File watchers call it.
+func (s *Store) Check() error {
+	return s.check(false)
+}
+
+// check looks at every file pair; force looks again at content already
+// looked at.
 func (s *Store) check(force bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sluice-proxy/sluice/internal/filewatch"
 )
 
 // rotation is one store serving a single pair from files under test.
@@ -18,8 +20,10 @@ type rotation struct {
 	ca    *testCA
 	pair  Pair
 	store *Store
-	reg   *prometheus.Registry
-	addr  string
+	// watcher reloads store on file changes (see runStore).
+	watcher *filewatch.Watcher
+	reg     *prometheus.Registry
+	addr    string
 }
 
 // newRotation serves "old" for rot.test; poll <= 0 disables polling and
@@ -34,9 +38,8 @@ func newRotation(t *testing.T, dir string, poll time.Duration, noWatch bool) *ro
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.noWatch = noWatch
-	runStore(t, s)
-	return &rotation{ca: ca, pair: p, store: s, reg: reg, addr: serveTLS(t, s.TLSConfig())}
+	w := runStore(t, s, noWatch)
+	return &rotation{ca: ca, pair: p, store: s, watcher: w, reg: reg, addr: serveTLS(t, s.TLSConfig())}
 }
 
 func (r *rotation) errorsFor(file string) float64 {
@@ -112,7 +115,7 @@ func testKubernetesSwap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runStore(t, s)
+	runStore(t, s, false)
 	r := &rotation{ca: ca, pair: p, store: s, addr: serveTLS(t, s.TLSConfig())}
 	r.rotateAndCheck(t, func(c, k []byte) {
 		writeVersion(t, vol, "..v2", c, k)
@@ -305,7 +308,7 @@ sluice_tls_reloads_total 1
 
 func TestRunTwice(t *testing.T) {
 	r := newRotation(t, t.TempDir(), -1, false)
-	if err := r.store.Run(t.Context()); !errors.Is(err, ErrRunning) {
+	if err := r.watcher.Run(t.Context()); !errors.Is(err, filewatch.ErrRunning) {
 		t.Errorf("second Run: got %v; want ErrRunning", err)
 	}
 }

@@ -14,9 +14,10 @@ import (
 )
 
 // Store holds the current certificates of a listener and serves them to
-// TLS handshakes through GetCertificate. Run watches the files and swaps in
-// new certificates; a handshake uses whatever was current when it started,
-// so open connections are never affected by a reload.
+// TLS handshakes through GetCertificate. Reload and Check re-read the files
+// and swap in new certificates (a file watcher calls Check; see WatchDirs);
+// a handshake uses whatever was current when it started, so open
+// connections are never affected by a reload.
 //
 // A Store is safe for simultaneous use by multiple goroutines.
 type Store struct {
@@ -24,13 +25,9 @@ type Store struct {
 	met        *metrics
 	minVersion uint16
 	poll       time.Duration // <= 0: no polling
-	debounce   time.Duration
 	now        func() time.Time
-	noWatch    bool   // tests: poll only
-	watching   func() // tests: called once the watcher is set up
 
-	cur     atomic.Pointer[index]
-	running atomic.Bool
+	cur atomic.Pointer[index]
 
 	mu      sync.Mutex // serialises reloads; guards entries and exp
 	entries []*entry
@@ -48,12 +45,10 @@ type entry struct {
 	attempt [32]byte // hash of the last content (or error) looked at
 }
 
-const defaultDebounce = 150 * time.Millisecond
-
 // New loads every pair of cfg (and makes the development certificate if
 // cfg.DevCert is set). Any pair that fails CheckPair makes New fail. log may
 // be nil (slog.Default is used); reg may be nil (metrics are kept but not
-// registered). Call Run to reload on file changes.
+// registered). Have a file watcher call Check to reload on file changes.
 func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("certs: %w", err)
@@ -71,7 +66,6 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Store, error
 		met:        met,
 		minVersion: minVersion,
 		poll:       cfg.pollInterval(),
-		debounce:   defaultDebounce,
 		now:        time.Now,
 		exp:        make(map[string]bool),
 	}

@@ -1,42 +1,43 @@
-package main
+package node
 
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-proxy/sluice/configs"
 	"github.com/sluice-proxy/sluice/proxy"
 )
 
-// Reload triggers, as reported in results and logs.
+// Reload triggers, as reported in results, logs and the
+// sluice_config_reloads_total metric; Reload and ReloadTenants take any.
 const (
-	triggerSIGHUP  = "sighup"
-	triggerFile    = "file"
-	triggerAPI     = "api"
-	triggerTenants = "tenants_file"
+	TriggerSIGHUP  = "sighup"
+	TriggerFile    = "file"
+	TriggerAPI     = "api"
+	TriggerTenants = "tenants_file"
 )
 
-// Reload outcomes (reloadResult.Result).
+// Reload outcomes (Result.Result).
 const (
-	resultOK              = "ok"
-	resultUnchanged       = "unchanged"
-	resultInvalid         = "invalid"
-	resultRestartRequired = "restart_required"
-	resultFailed          = "failed"
+	ResultOK              = "ok"
+	ResultUnchanged       = "unchanged"
+	ResultInvalid         = "invalid"
+	ResultRestartRequired = "restart_required"
+	ResultFailed          = "failed"
 )
 
-// reloadResult is the outcome of one reload attempt: the answer of
+// Result is the outcome of one reload attempt: the answer of
 // POST /-/reload and the last attempt shown at /debug/config.
-type reloadResult struct {
-	At      time.Time `json:"at"`
-	Trigger string    `json:"trigger"`
+type Result struct {
+	// At is when the attempt began (UTC).
+	At time.Time `json:"at"`
+	// Trigger is what asked for it (TriggerSIGHUP, TriggerAPI, ...).
+	Trigger string `json:"trigger"`
 	// Result is ok, unchanged, invalid, restart_required or failed.
 	Result string `json:"result"`
-	OK     bool   `json:"ok"`
+	// OK is true for ok and unchanged.
+	OK bool `json:"ok"`
 	// Version and TenantsVersion are the active versions after the
 	// attempt: the new ones when it succeeded, the old ones otherwise.
 	Version        string `json:"version"`
@@ -49,32 +50,33 @@ type reloadResult struct {
 	Changes []string `json:"changes,omitempty"`
 	// Warnings are problems that did not stop the reload (a certificate
 	// file that failed to reload keeps its previous certificate).
-	Warnings   []string `json:"warnings,omitempty"`
-	DurationMS float64  `json:"duration_ms"`
+	Warnings []string `json:"warnings,omitempty"`
+	// DurationMS is how long the attempt took, in milliseconds.
+	DurationMS float64 `json:"duration_ms"`
 }
 
 // errClosing refuses reloads once the node drains.
 var errClosing = errors.New("the node is shutting down")
 
-// reload reads the config file (and its tenants file) again and, if it is
+// Reload reads the config file (and its tenants file) again and, if it is
 // valid and changes nothing that needs a restart, swaps it in: new
 // requests use the new routes, pools, tenants and limits; running ones
 // finish on what they started with. Certificates are re-read in any case.
 // A bad config changes nothing: the old one keeps serving.
-func (n *node) reload(trigger string) reloadResult {
+func (n *Node) Reload(trigger string) Result {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	start := time.Now()
-	cur := n.config()
-	res := reloadResult{At: start.UTC(), Trigger: trigger}
+	cur := n.Config()
+	res := Result{At: start.UTC(), Trigger: trigger}
 	if n.closing {
-		res.Result, res.Errors = resultFailed, []string{errClosing.Error()}
+		res.Result, res.Errors = ResultFailed, []string{errClosing.Error()}
 		return n.finishReload(res, start)
 	}
 	next, err := n.loadNext(cur)
 	switch {
 	case err != nil:
-		res.Result, res.Errors = resultInvalid, errorTexts(err)
+		res.Result, res.Errors = ResultInvalid, errorTexts(err)
 	default:
 		n.applyNext(cur, next, &res)
 	}
@@ -98,7 +100,7 @@ func errorTexts(err error) []string {
 }
 
 // loadNext reads the config file again. The embedded default cannot change.
-func (n *node) loadNext(cur *configs.Config) (*configs.Config, error) {
+func (n *Node) loadNext(cur *configs.Config) (*configs.Config, error) {
 	if cur.File == configs.DefaultName {
 		return cur, nil
 	}
@@ -106,24 +108,24 @@ func (n *node) loadNext(cur *configs.Config) (*configs.Config, error) {
 }
 
 // applyNext checks next against cur and swaps it in when it can be.
-func (n *node) applyNext(cur, next *configs.Config, res *reloadResult) {
+func (n *Node) applyNext(cur, next *configs.Config, res *Result) {
 	d := configs.Compare(cur, next)
 	switch {
 	case len(d.RestartRequired) > 0:
-		res.Result, res.RestartRequired = resultRestartRequired, d.RestartRequired
+		res.Result, res.RestartRequired = ResultRestartRequired, d.RestartRequired
 		res.Changes = capLines(d.Lines())
 	case d.Empty():
-		res.Result, res.OK = resultUnchanged, true
+		res.Result, res.OK = ResultUnchanged, true
 		if cur.Version != next.Version || tenantsVersion(cur) != tenantsVersion(next) {
 			n.cfg.Store(next) // comments or layout only: show the file as it is now
 			n.status.loaded(next, time.Now())
 		}
 	default:
 		if err := n.apply(next); err != nil {
-			res.Result, res.Errors = resultFailed, []string{err.Error()}
+			res.Result, res.Errors = ResultFailed, []string{err.Error()}
 			return
 		}
-		res.Result, res.OK, res.Changes = resultOK, true, capLines(d.Lines())
+		res.Result, res.OK, res.Changes = ResultOK, true, capLines(d.Lines())
 	}
 }
 
@@ -142,7 +144,7 @@ func capLines(lines []string) []string {
 // apply builds next's state and swaps it in. Simulators and pools whose
 // config is unchanged are kept; replaced ones are stopped once every
 // request that could use them has finished. n.mu is held.
-func (n *node) apply(next *configs.Config) error {
+func (n *Node) apply(next *configs.Config) error {
 	sims, err := n.simulatorsFor(next)
 	started := newSims(n.sims, sims)
 	if err == nil {
@@ -172,7 +174,7 @@ func newSims(cur, next map[string]*simServer) []*simServer {
 
 // swapIn makes st the handler's state and retires what only the old
 // state held. n.mu is held.
-func (n *node) swapIn(st *proxy.State, next *configs.Config, sims map[string]*simServer, pools poolSet) {
+func (n *Node) swapIn(st *proxy.State, next *configs.Config, sims map[string]*simServer, pools poolSet) {
 	st.Limiter = n.limiter
 	pools.start(n.bgCtx, n.pools)
 	var oldSims []*simServer
@@ -191,7 +193,7 @@ func (n *node) swapIn(st *proxy.State, next *configs.Config, sims map[string]*si
 // replaced state has been released by its requests (a pool may be shared
 // by several replaced states; waiting for all of them is simple and safe).
 // n.mu is held.
-func (n *node) retire(prev <-chan struct{}, old, cur poolSet, sims []*simServer) {
+func (n *Node) retire(prev <-chan struct{}, old, cur poolSet, sims []*simServer) {
 	waits := n.draining[:0]
 	for _, w := range n.draining {
 		select {
@@ -227,28 +229,28 @@ func (n *node) retire(prev <-chan struct{}, old, cur poolSet, sims []*simServer)
 	}()
 }
 
-// reloadTenants reads the tenants file again and swaps in the new tenants
+// ReloadTenants reads the tenants file again and swaps in the new tenants
 // alone: routes, pools and limiter stay as they are. A revoked key fails
 // from the next request on.
-func (n *node) reloadTenants(trigger string) reloadResult {
+func (n *Node) ReloadTenants(trigger string) Result {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	start := time.Now()
-	cur := n.config()
-	res := reloadResult{At: start.UTC(), Trigger: trigger}
+	cur := n.Config()
+	res := Result{At: start.UTC(), Trigger: trigger}
 	if n.closing {
-		res.Result, res.Errors = resultFailed, []string{errClosing.Error()}
+		res.Result, res.Errors = ResultFailed, []string{errClosing.Error()}
 		return n.finishReload(res, start)
 	}
 	next, err := n.loadTenants(cur)
 	if err != nil {
-		res.Result, res.Errors = resultInvalid, errorTexts(err)
+		res.Result, res.Errors = ResultInvalid, errorTexts(err)
 		return n.finishReload(res, start)
 	}
 	d := configs.Compare(cur, next)
-	res.Result, res.OK, res.Changes = resultUnchanged, true, capLines(d.Lines())
+	res.Result, res.OK, res.Changes = ResultUnchanged, true, capLines(d.Lines())
 	if !d.Empty() {
-		res.Result = resultOK
+		res.Result = ResultOK
 		st := *n.handler.State()
 		st.Tenants = proxy.NewTenants(next.AllTenants())
 		n.retire(n.handler.Swap(&st), n.pools, n.pools, nil)
@@ -260,7 +262,7 @@ func (n *node) reloadTenants(trigger string) reloadResult {
 	return n.finishReload(res, start)
 }
 
-func (n *node) loadTenants(cur *configs.Config) (*configs.Config, error) {
+func (n *Node) loadTenants(cur *configs.Config) (*configs.Config, error) {
 	if cur.TenantsFile == "" {
 		return nil, errors.New("the config names no tenants_file")
 	}
@@ -272,8 +274,8 @@ func (n *node) loadTenants(cur *configs.Config) (*configs.Config, error) {
 }
 
 // finishReload records, counts and logs an attempt.
-func (n *node) finishReload(res reloadResult, start time.Time) reloadResult {
-	active := n.config()
+func (n *Node) finishReload(res Result, start time.Time) Result {
+	active := n.Config()
 	res.Version, res.TenantsVersion = active.Version, tenantsVersion(active)
 	res.DurationMS = float64(time.Since(start).Microseconds()) / 1000
 	n.status.attempted(res)
@@ -282,7 +284,7 @@ func (n *node) finishReload(res reloadResult, start time.Time) reloadResult {
 	case !res.OK:
 		attrs = append(attrs, "errors", res.Errors, "restart_required", res.RestartRequired)
 		n.log.Error("config reload refused; the previous config keeps serving", attrs...)
-	case res.Result == resultOK:
+	case res.Result == ResultOK:
 		n.log.Info("config reloaded", append(attrs, "changes", res.Changes)...)
 	default:
 		n.log.Debug("config reload: nothing changed", attrs...)
@@ -298,116 +300,4 @@ func tenantsVersion(c *configs.Config) string {
 		return ""
 	}
 	return c.FileTenants.Version
-}
-
-// reloadStatus is what /debug/config shows about the active config and
-// the last reload attempt, and the reload metrics.
-type reloadStatus struct {
-	mu          sync.Mutex
-	loadedAt    time.Time
-	tenantsAt   time.Time
-	tenantsVer  string
-	last        *reloadResult
-	attempts    int64
-	failures    int64
-	reloads     *prometheus.CounterVec
-	errorsTotal prometheus.Counter
-	lastOK      prometheus.Gauge
-	lastOKTime  prometheus.Gauge
-	info        *prometheus.GaugeVec
-	tenants     prometheus.Gauge
-}
-
-func (s *reloadStatus) register(reg prometheus.Registerer) {
-	s.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_config_reloads_total", Help: "Config reload attempts by trigger and result.",
-	}, []string{"trigger", "result"})
-	s.errorsTotal = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "sluice_config_reload_errors_total", Help: "Config reloads refused (invalid config, restart required, or failed to apply); the previous config kept serving.",
-	})
-	s.lastOK = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "sluice_config_last_reload_successful", Help: "Whether the last config reload attempt succeeded (1) or was refused (0).",
-	})
-	s.lastOKTime = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "sluice_config_last_reload_success_timestamp_seconds", Help: "When the active config was loaded.",
-	})
-	s.info = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "sluice_config_info", Help: "The active config's versions (1 for the active one).",
-	}, []string{"version", "tenants_version"})
-	s.tenants = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "sluice_tenants", Help: "Tenants in the active config (inline and tenants file).",
-	})
-	reg.MustRegister(s.reloads, s.errorsTotal, s.lastOK, s.lastOKTime, s.info, s.tenants)
-	s.lastOK.Set(1)
-}
-
-// loaded records that cfg became active at t.
-func (s *reloadStatus) loaded(cfg *configs.Config, t time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	tv := tenantsVersion(cfg)
-	if s.loadedAt.IsZero() || tv != s.tenantsVer {
-		s.tenantsAt, s.tenantsVer = t, tv
-	}
-	s.loadedAt = t
-	s.lastOKTime.Set(float64(t.UnixNano()) / 1e9)
-	s.info.Reset()
-	s.info.WithLabelValues(cfg.Version, tv).Set(1)
-	s.tenants.Set(float64(len(cfg.Tenants) + len(fileTenants(cfg))))
-}
-
-func fileTenants(c *configs.Config) []proxy.TenantConfig {
-	if c.FileTenants == nil {
-		return nil
-	}
-	return c.FileTenants.Tenants
-}
-
-func (s *reloadStatus) attempted(res reloadResult) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.last = &res
-	s.attempts++
-	s.reloads.WithLabelValues(res.Trigger, res.Result).Inc()
-	if res.OK {
-		s.lastOK.Set(1)
-		return
-	}
-	s.failures++
-	s.errorsTotal.Inc()
-	s.lastOK.Set(0)
-}
-
-// configStatus is the JSON of GET /debug/config.
-type configStatus struct {
-	File     string    `json:"file"`
-	Version  string    `json:"version"`
-	LoadedAt time.Time `json:"loaded_at"`
-	// TenantsFile describes the tenants file; nil without one.
-	TenantsFile *tenantsFileStatus `json:"tenants_file,omitempty"`
-	Tenants     int                `json:"tenants"`
-	// LastAttempt is the last reload attempt; nil before the first.
-	LastAttempt *reloadResult `json:"last_attempt"`
-	Attempts    int64         `json:"reload_attempts"`
-	Failures    int64         `json:"reload_errors"`
-}
-
-type tenantsFileStatus struct {
-	File     string    `json:"file"`
-	Version  string    `json:"version"`
-	LoadedAt time.Time `json:"loaded_at"`
-	Tenants  int       `json:"tenants"`
-}
-
-func (n *node) configStatus() configStatus {
-	cfg := n.config()
-	s := &n.status
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cs := configStatus{File: cfg.File, Version: cfg.Version, LoadedAt: s.loadedAt.UTC(),
-		Tenants: len(cfg.Tenants) + len(fileTenants(cfg)), LastAttempt: s.last, Attempts: s.attempts, Failures: s.failures}
-	if ft := cfg.FileTenants; ft != nil {
-		cs.TenantsFile = &tenantsFileStatus{File: ft.File, Version: ft.Version, LoadedAt: s.tenantsAt.UTC(), Tenants: len(ft.Tenants)}
-	}
-	return cs
 }

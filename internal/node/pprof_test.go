@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"net/http"
@@ -18,7 +18,7 @@ func TestPprofBehindFlag(t *testing.T) {
 	if resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("without --pprof: /debug/pprof/cmdline answered %s, want 404", resp.Status)
 	}
-	tn.n.enablePprof()
+	tn.n.EnablePprof()
 	if body := tn.get(tn.admin + "/debug/pprof/"); !strings.Contains(body, "goroutine") {
 		t.Fatalf("with --pprof: /debug/pprof/ index lacks the goroutine profile:\n%.300s", body)
 	}

@@ -1,11 +1,9 @@
-package main
+package node
 
 import (
 	"context"
 	"net/http"
-	"os"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -24,12 +22,10 @@ func TestDrainOnSIGTERM(t *testing.T) {
 	long := startStream(t, tn.base, key1, 4000) // ~20 s: cannot finish
 	waitFor(t, 5*time.Second, "two streams", func() bool { return tn.n.handler.Snapshot().InFlight == 2 })
 
-	sigs := make(chan os.Signal, 1)
-	sigs <- syscall.SIGTERM
-	tn.n.run(sigs) // returns on SIGTERM
+	// sluice serve calls Shutdown on SIGTERM (see cmd/sluice's TestSignals).
 	start := time.Now()
 	shut := make(chan error, 1)
-	go func() { shut <- tn.n.shutdown() }()
+	go func() { shut <- tn.n.Shutdown() }()
 
 	waitFor(t, time.Second, "/readyz to fail", func() bool {
 		resp, err := http.Get(tn.admin + "/readyz")
@@ -63,7 +59,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 	if r.done || !strings.Contains(r.last, "shutting_down") {
 		t.Fatalf("long stream: done=%v last %q; want an error event saying the node shuts down", r.done, r.last)
 	}
-	lim := tn.n.config().AllTenants()[0].Limits
+	lim := tn.n.Config().AllTenants()[0].Limits
 	st, err := tn.n.limiter.Snapshot(context.Background(), "t1", lim)
 	if err != nil || st.InFlight != 0 {
 		t.Fatalf("limiter in flight after the drain: %d %v", st.InFlight, err)

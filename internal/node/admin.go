@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"encoding/json"
@@ -8,17 +8,17 @@ import (
 
 // adminRoutes adds the config endpoints to the admin listener:
 //
-//	POST /-/reload       reload the config now; JSON reloadResult
+//	POST /-/reload       reload the config now; JSON Result
 //	GET  /debug/config   the active config's version, load time and the last reload attempt (JSON);
 //	                     ?format=yaml the active config's text (secrets redacted),
 //	                     ?format=tenants the active tenants file's text
-func (n *node) adminRoutes(mux *http.ServeMux) {
+func (n *Node) adminRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /-/reload", func(w http.ResponseWriter, r *http.Request) {
-		res := n.reload(triggerAPI)
+		res := n.Reload(TriggerAPI)
 		writeJSON(w, reloadStatusCode(res), res)
 	})
 	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, r *http.Request) {
-		cfg := n.config()
+		cfg := n.Config()
 		switch r.URL.Query().Get("format") {
 		case "", "json":
 			writeJSON(w, http.StatusOK, n.configStatus())
@@ -41,13 +41,13 @@ func (n *node) adminRoutes(mux *http.ServeMux) {
 }
 
 // reloadStatusCode is the HTTP status of POST /-/reload for a result.
-func reloadStatusCode(res reloadResult) int {
+func reloadStatusCode(res Result) int {
 	switch res.Result {
-	case resultOK, resultUnchanged:
+	case ResultOK, ResultUnchanged:
 		return http.StatusOK
-	case resultInvalid:
+	case ResultInvalid:
 		return http.StatusUnprocessableEntity
-	case resultRestartRequired:
+	case ResultRestartRequired:
 		return http.StatusConflict
 	}
 	return http.StatusServiceUnavailable
@@ -61,11 +61,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc.Encode(v)
 }
 
-// enablePprof adds Go's profiler to the admin listener (sluice serve
+// EnablePprof adds Go's profiler to the admin listener (sluice serve
 // --pprof). It is off by default: a CPU profile costs the node while it
 // runs, and the admin listener should stay loopback-only when it is on.
 // Example: go tool pprof http://127.0.0.1:9090/debug/pprof/profile?seconds=20
-func (n *node) enablePprof() {
+func (n *Node) EnablePprof() {
 	n.admin.HandleFunc("GET /debug/pprof/", pprof.Index)
 	n.admin.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
 	n.admin.HandleFunc("GET /debug/pprof/profile", pprof.Profile)

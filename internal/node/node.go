@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"context"
@@ -26,9 +26,11 @@ import (
 	"github.com/sluice-proxy/sluice/tls/certs"
 )
 
-// node is one running Sluice: its simulators, handler and listeners. Its
-// config can be replaced while it runs (see reload.go).
-type node struct {
+// Node is one running Sluice: its simulators, handler and listeners. Its
+// config can be replaced while it runs (see Reload). Make one with Start;
+// the zero value is not usable. Its methods are safe for simultaneous use
+// by multiple goroutines.
+type Node struct {
 	log      *slog.Logger
 	reg      *prometheus.Registry
 	handler  *proxy.Handler
@@ -37,10 +39,11 @@ type node struct {
 	certs    *certs.Store
 	limiter  limiter.Service
 	serveErr chan error
-	bgCtx    context.Context    // background work: limiter, certs, pools, watcher
+	bgCtx    context.Context    // background work: limiter, file watcher, pools
 	stopBg   context.CancelFunc // ends background work
 	bgDone   chan struct{}      // closed when the limiter's Run returns
-	workers  sync.WaitGroup     // the config watcher and retirements
+	workers  sync.WaitGroup     // the file watcher and retirements
+	watch    *fileWatcher       // config, tenants and certificate files
 
 	cfg    atomic.Pointer[configs.Config] // the active config
 	status reloadStatus
@@ -60,12 +63,26 @@ type simServer struct {
 	url string
 }
 
-// startNode wires a config into a running node. Background work (limiter
-// heartbeat, certificate reloads, pools' scrapers) runs until close, or
-// until parent is done. Stop the node with shutdown, then close. access
-// receives the access log (nil: none).
-func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger, access *observe.AccessLog) (*node, error) {
-	n := &node{log: log, reg: prometheus.NewRegistry(), sims: map[string]*simServer{}, serveErr: make(chan error, 1)}
+// Options are a node's settings that do not come from its config.
+type Options struct {
+	// Log receives the node's log. Nil means slog.Default().
+	Log *slog.Logger
+	// AccessLog receives one line per request. Nil means none.
+	AccessLog *observe.AccessLog
+}
+
+// Start wires a config into a running node: simulators, pools, limiter,
+// certificates, listeners, and the file watcher that reloads certificates
+// when their files change (see WatchConfig for the config's files).
+// Background work (limiter heartbeat, certificate reloads, pools'
+// scrapers) runs until Close, or until parent is done. Stop the node with
+// Shutdown, then Close.
+func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, error) {
+	log, access := opts.Log, opts.AccessLog
+	if log == nil {
+		log = slog.Default()
+	}
+	n := &Node{log: log, reg: prometheus.NewRegistry(), sims: map[string]*simServer{}, serveErr: make(chan error, 1)}
 	n.cfg.Store(cfg)
 	n.bgCtx, n.stopBg = context.WithCancel(parent)
 	started := false
@@ -118,7 +135,6 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger, ac
 		if err != nil {
 			return nil, fmt.Errorf("loading certificates: %w", err)
 		}
-		go n.certs.Run(n.bgCtx)
 		n.server.HTTPSAddr, n.server.TLSConfig = h.Addr, n.certs.TLSConfig()
 		n.server.HTTP3, n.server.QUICTLSConfig = h.HTTP3, n.certs.QUICConfig()
 	}
@@ -131,18 +147,31 @@ func startNode(parent context.Context, cfg *configs.Config, log *slog.Logger, ac
 	}
 	pools.start(n.bgCtx, poolSet{})
 	n.status.loaded(cfg, time.Now())
+	n.startWatcher()
 	go func() { n.serveErr <- n.server.Serve() }()
 	started = true
 	return n, nil
 }
 
-// config returns the active config.
-func (n *node) config() *configs.Config { return n.cfg.Load() }
+// Config returns the active config.
+func (n *Node) Config() *configs.Config { return n.cfg.Load() }
+
+// Server returns the node's listeners (addresses, drain state).
+func (n *Node) Server() *listen.Server { return n.server }
+
+// Handler returns the node's proxy handler (its state, its statistics).
+func (n *Node) Handler() *proxy.Handler { return n.handler }
+
+// Certs returns the certificates of the HTTPS listener; nil without one.
+func (n *Node) Certs() *certs.Store { return n.certs }
+
+// Err receives the error of a listener that failed while serving.
+func (n *Node) Err() <-chan error { return n.serveErr }
 
 // simulatorsFor returns the simulators cfg names: running ones whose
 // config is unchanged, and new ones started for the rest. On error the
 // new ones are included, for the caller to stop.
-func (n *node) simulatorsFor(cfg *configs.Config) (map[string]*simServer, error) {
+func (n *Node) simulatorsFor(cfg *configs.Config) (map[string]*simServer, error) {
 	out := make(map[string]*simServer, len(cfg.Simulators))
 	for _, s := range cfg.Simulators {
 		if cur, ok := n.sims[s.Name]; ok && reflect.DeepEqual(cur.cfg, s.Config) {
@@ -182,8 +211,8 @@ func simURLs(sims map[string]*simServer) map[string]string {
 	return m
 }
 
-// simURL is the address of a running simulator, or "".
-func (n *node) simURL(name string) string {
+// SimURL is the address of a running simulator, or "".
+func (n *Node) SimURL(name string) string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if s, ok := n.sims[name]; ok {
@@ -192,7 +221,7 @@ func (n *node) simURL(name string) string {
 	return ""
 }
 
-func (n *node) stopSimulators() {
+func (n *Node) stopSimulators() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, s := range n.sims {
@@ -200,14 +229,14 @@ func (n *node) stopSimulators() {
 	}
 }
 
-// shutdown drains the node: reloads stop, /readyz fails, after
+// Shutdown drains the node: reloads stop, /readyz fails, after
 // node.drain_delay the listeners stop accepting, live streams get up to
 // node.drain_timeout, then are cancelled with an error event.
-func (n *node) shutdown() error {
+func (n *Node) Shutdown() error {
 	n.mu.Lock()
 	n.closing = true
 	n.mu.Unlock()
-	cfg := n.config()
+	cfg := n.Config()
 	n.server.StartDrain()
 	if d := cfg.Node.DrainDelay; d > 0 {
 		n.log.Info("draining: /readyz fails; listeners close after the drain delay", "drain_delay", d)
@@ -225,9 +254,10 @@ func (n *node) shutdown() error {
 	return err
 }
 
-// close stops background work and releases what outlives the listeners:
-// in-flight settles during the drain still had the limiter.
-func (n *node) close() {
+// Close stops background work (file watcher, pools, limiter) and releases
+// what outlives the listeners: in-flight settles during the drain still had
+// the limiter. Call it after Shutdown.
+func (n *Node) Close() {
 	n.stopBg()
 	<-n.bgDone
 	n.workers.Wait()

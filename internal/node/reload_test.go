@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -30,6 +29,7 @@ func TestReloadUnderLoad(t *testing.T) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var results []streamResult
+	ended := make(chan struct{}, 1024) // one per stream that ended
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
@@ -44,6 +44,10 @@ func TestReloadUnderLoad(t *testing.T) {
 				mu.Lock()
 				results = append(results, r)
 				mu.Unlock()
+				select {
+				case ended <- struct{}{}:
+				default:
+				}
 			}
 		}()
 	}
@@ -71,15 +75,15 @@ func TestReloadUnderLoad(t *testing.T) {
 			// since the last one: make sure some are running on it.
 			waitFor(t, 5*time.Second, "streams on gpu-b", func() bool { return tn.n.simRunning("gpu-b") > 0 })
 		}
-		before := tn.n.simURL("gpu-b")
+		before := tn.n.SimURL("gpu-b")
 		busyB := tn.n.simRunning("gpu-b")
 		inFlight := tn.n.handler.Snapshot().InFlight
 		tn.write("sluice.yaml", cfg)
 		code, res := tn.postReload()
-		if code != http.StatusOK || res.Result != resultOK {
+		if code != http.StatusOK || res.Result != ResultOK {
 			t.Fatalf("reload %d: %d %+v", i, code, res)
 		}
-		if after := tn.n.simURL("gpu-b"); after != before {
+		if after := tn.n.SimURL("gpu-b"); after != before {
 			replaced = append(replaced, before)
 			if busyB > 0 {
 				busyReplaced++
@@ -91,7 +95,18 @@ func TestReloadUnderLoad(t *testing.T) {
 		if r := stream(ctx, tn.base, key1, model, 2); r.status != http.StatusOK || !r.done {
 			t.Fatalf("reload %d: the new route's first request: %d done=%v %v", i, r.status, r.done, r.err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		// Let the load run on the new state before the next swap: a
+		// round of streams ends after this reload.
+		for len(ended) > 0 {
+			<-ended
+		}
+		for range workers {
+			select {
+			case <-ended:
+			case <-ctx.Done():
+				t.Fatalf("reload %d: streams stopped ending", i)
+			}
+		}
 	}
 	close(stop)
 	wg.Wait()
@@ -127,7 +142,7 @@ func TestReloadUnderLoad(t *testing.T) {
 func TestReloadInvalidEdit(t *testing.T) {
 	good := nodeConfig{}.String()
 	tn := startFileNode(t, good)
-	version := tn.n.config().Version
+	version := tn.n.Config().Version
 	cases := []struct {
 		name, text, want string
 	}{
@@ -139,14 +154,14 @@ func TestReloadInvalidEdit(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			tn.write("sluice.yaml", c.text)
 			code, res := tn.postReload()
-			if code != http.StatusUnprocessableEntity || res.OK || res.Result != resultInvalid || len(res.Errors) == 0 {
+			if code != http.StatusUnprocessableEntity || res.OK || res.Result != ResultInvalid || len(res.Errors) == 0 {
 				t.Fatalf("reload: %d %+v", code, res)
 			}
 			if !strings.Contains(res.Errors[0], c.want) || !strings.HasPrefix(res.Errors[0], tn.file+":") {
 				t.Fatalf("error %q; want file:line:col and %q", res.Errors[0], c.want)
 			}
 			cs := tn.debugConfig()
-			if cs.Version != version || cs.LastAttempt == nil || cs.LastAttempt.Result != resultInvalid ||
+			if cs.Version != version || cs.LastAttempt == nil || cs.LastAttempt.Result != ResultInvalid ||
 				cs.LastAttempt.Errors[0] != res.Errors[0] || cs.Failures != int64(i+1) {
 				t.Fatalf("/debug/config: %+v", cs)
 			}
@@ -160,7 +175,7 @@ func TestReloadInvalidEdit(t *testing.T) {
 		})
 	}
 	tn.write("sluice.yaml", strings.Replace(good, "models: [sim-small]", "models: [sim-small, other]", 1))
-	if code, res := tn.postReload(); code != 200 || res.Result != resultOK || res.Version == version {
+	if code, res := tn.postReload(); code != 200 || res.Result != ResultOK || res.Version == version {
 		t.Fatalf("good edit after bad ones: %d %+v", code, res)
 	}
 	if !strings.Contains(tn.logs.String(), "config reload refused") {
@@ -173,7 +188,7 @@ func TestReloadInvalidEdit(t *testing.T) {
 func TestReloadRestartRequired(t *testing.T) {
 	good := nodeConfig{}.String()
 	tn := startFileNode(t, good)
-	version := tn.n.config().Version
+	version := tn.n.Config().Version
 	edits := map[string]string{
 		"listeners.http":  strings.Replace(good, "http: 127.0.0.1:0", "http: 127.0.0.1:1", 1),
 		"listeners.admin": strings.Replace(good, "admin: 127.0.0.1:0", "admin: 127.0.0.2:0", 1),
@@ -184,13 +199,13 @@ func TestReloadRestartRequired(t *testing.T) {
 		// Every edit also changes a route: nothing of it may apply.
 		tn.write("sluice.yaml", strings.Replace(text, "models: [sim-small]", "models: [sim-small, x]", 1))
 		code, res := tn.postReload()
-		if code != http.StatusConflict || res.Result != resultRestartRequired || res.OK {
+		if code != http.StatusConflict || res.Result != ResultRestartRequired || res.OK {
 			t.Fatalf("%s: %d %+v", key, code, res)
 		}
 		if !contains(res.RestartRequired, key) {
 			t.Fatalf("%s: restart_required %v", key, res.RestartRequired)
 		}
-		if res.Version != version || tn.n.config().Version != version {
+		if res.Version != version || tn.n.Config().Version != version {
 			t.Fatalf("%s: the config changed", key)
 		}
 		if models := tn.n.handler.State().Routes.Models(""); len(models) != 1 {
@@ -256,7 +271,7 @@ func TestTenantsFileRevocation(t *testing.T) {
 	}
 	// Revoked through the reload function: effective on the next request.
 	tn.write("tenants.yaml", tenant("t1", "max_concurrency: 10", key1))
-	if res := tn.n.reloadTenants(triggerTenants); res.Result != resultOK {
+	if res := tn.n.ReloadTenants(TriggerTenants); res.Result != ResultOK {
 		t.Fatalf("tenants reload: %+v", res)
 	}
 	if r := stream(context.Background(), tn.base, key2, "sim-small", 2); r.status != http.StatusUnauthorized {
@@ -267,22 +282,23 @@ func TestTenantsFileRevocation(t *testing.T) {
 	}
 
 	// Through the file watcher.
-	if err := tn.n.startWatcher(); err != nil {
+	attempts := tn.attempts()
+	if err := tn.n.WatchConfig(); err != nil {
 		t.Fatal(err)
 	}
 	tn.write("tenants.yaml", tenant("t2", "", key2))
-	waitFor(t, 10*time.Second, "the watcher to revoke key1", func() bool {
-		return stream(context.Background(), tn.base, key1, "sim-small", 1).status == http.StatusUnauthorized
+	waitAttempt(t, attempts, "the watcher to reload the tenants", func(r Result) bool {
+		return r.Trigger == TriggerTenants && r.Result == ResultOK
 	})
+	if r := stream(context.Background(), tn.base, key1, "sim-small", 1); r.status != http.StatusUnauthorized {
+		t.Fatalf("key1 after the watcher's reload: %d; want 401", r.status)
+	}
 	if r := stream(context.Background(), tn.base, key2, "sim-small", 2); r.status != 200 {
 		t.Fatalf("key2 after the watcher's reload: %d", r.status)
 	}
 
 	tn.write("tenants.yaml", tenant("t2", "", key2)+"  - id: t3\n    keys: [sk-live-plaintext]\n")
-	waitFor(t, 10*time.Second, "the broken tenants file to be reported", func() bool {
-		cs := tn.debugConfig()
-		return cs.LastAttempt != nil && cs.LastAttempt.Result == resultInvalid
-	})
+	waitAttempt(t, attempts, "the broken tenants file to be reported", func(r Result) bool { return r.Result == ResultInvalid })
 	cs := tn.debugConfig()
 	want := filepath.Join(tn.dir, "tenants.yaml") + ":5:12: tenant \"t3\": key must be a hash"
 	if !strings.HasPrefix(cs.LastAttempt.Errors[0], want) || cs.TenantsFile == nil || cs.TenantsFile.Tenants != 1 {
@@ -296,18 +312,22 @@ func TestTenantsFileRevocation(t *testing.T) {
 	}
 }
 
-// The watcher sees an editor's atomic rename and an in-place write;
-// SIGHUP reloads too; a file that did not change reloads nothing.
+// The watcher sees an editor's atomic rename and an in-place write.
+// (SIGHUP: cmd/sluice's TestSignals.)
 func TestReloadTriggers(t *testing.T) {
 	good := nodeConfig{}.String()
 	tn := startFileNode(t, good)
-	if err := tn.n.startWatcher(); err != nil {
+	attempts := tn.attempts()
+	if err := tn.n.WatchConfig(); err != nil {
 		t.Fatal(err)
 	}
 	waitVersion := func(what, text string) {
 		t.Helper()
 		want := configsVersion(text)
-		waitFor(t, 10*time.Second, what, func() bool { return tn.debugConfig().Version == want })
+		waitAttempt(t, attempts, what, func(r Result) bool { return r.Version == want })
+		if v := tn.debugConfig().Version; v != want {
+			t.Fatalf("%s: /debug/config shows version %s; want %s", what, v, want)
+		}
 	}
 	v1 := strings.Replace(good, "models: [sim-small]", "models: [sim-small, a]", 1)
 	tn.write("sluice.yaml", v1)
@@ -322,22 +342,6 @@ func TestReloadTriggers(t *testing.T) {
 		t.Fatalf("models %v", got)
 	}
 
-	// SIGHUP through the serve loop; SIGTERM ends it.
-	sigs := make(chan os.Signal, 2)
-	done := make(chan struct{})
-	go func() { defer close(done); tn.n.run(sigs) }()
-	attempts := tn.debugConfig().Attempts
-	sigs <- syscall.SIGHUP
-	waitFor(t, 5*time.Second, "SIGHUP to reload", func() bool { return tn.debugConfig().Attempts == attempts+1 })
-	if cs := tn.debugConfig(); cs.LastAttempt.Trigger != triggerSIGHUP || cs.LastAttempt.Result != resultUnchanged {
-		t.Fatalf("SIGHUP: %+v", cs.LastAttempt)
-	}
-	sigs <- syscall.SIGTERM
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("SIGTERM did not end the serve loop")
-	}
 }
 
 // /debug/config?format=yaml shows the active text without secrets.
@@ -364,34 +368,34 @@ func TestReloadKeepsUnchanged(t *testing.T) {
 	base := nodeConfig{Pools: pools, Routes: routes}
 	tn := startFileNode(t, base.String())
 	poolsBefore := map[string]any{"p": tn.n.pool("p"), "q": tn.n.pool("q")}
-	simA, simB := tn.n.simURL("gpu-a"), tn.n.simURL("gpu-b")
+	simA, simB := tn.n.SimURL("gpu-a"), tn.n.SimURL("gpu-b")
 
 	next := base
 	next.Tenants = tenant("t1", "max_concurrency: 7", key1)
 	tn.write("sluice.yaml", next.String())
-	if code, res := tn.postReload(); code != 200 || res.Result != resultOK || len(res.Changes) != 1 {
+	if code, res := tn.postReload(); code != 200 || res.Result != ResultOK || len(res.Changes) != 1 {
 		t.Fatalf("limit change: %d %+v", code, res)
 	}
-	if tn.n.pool("p") != poolsBefore["p"] || tn.n.pool("q") != poolsBefore["q"] || tn.n.simURL("gpu-a") != simA || tn.n.simURL("gpu-b") != simB {
+	if tn.n.pool("p") != poolsBefore["p"] || tn.n.pool("q") != poolsBefore["q"] || tn.n.SimURL("gpu-a") != simA || tn.n.SimURL("gpu-b") != simB {
 		t.Fatal("a tenant limit change rebuilt pools or restarted simulators")
 	}
 
 	next.Sims = testSim("gpu-a", "sim-small", 1) + testSim("gpu-b", "sim-small", 99)
 	tn.write("sluice.yaml", next.String())
-	if code, res := tn.postReload(); code != 200 || res.Result != resultOK {
+	if code, res := tn.postReload(); code != 200 || res.Result != ResultOK {
 		t.Fatalf("simulator change: %d %+v", code, res)
 	}
-	if tn.n.simURL("gpu-a") != simA || tn.n.simURL("gpu-b") == simB {
+	if tn.n.SimURL("gpu-a") != simA || tn.n.SimURL("gpu-b") == simB {
 		t.Fatal("want gpu-b restarted, gpu-a kept")
 	}
 	if tn.n.pool("p") != poolsBefore["p"] || tn.n.pool("q") == poolsBefore["q"] {
 		t.Fatal("want pool q (on the restarted simulator) rebuilt, p kept")
 	}
 
-	version := tn.n.config().Version
+	version := tn.n.Config().Version
 	tn.write("sluice.yaml", "# a comment\n"+next.String())
 	code, res := tn.postReload()
-	if code != 200 || res.Result != resultUnchanged || res.Version == version || tn.debugConfig().Version != res.Version {
+	if code != 200 || res.Result != ResultUnchanged || res.Version == version || tn.debugConfig().Version != res.Version {
 		t.Fatalf("comment-only edit: %d %+v", code, res)
 	}
 }
@@ -416,7 +420,7 @@ func TestReloadStopsReplacedPools(t *testing.T) {
 	for i := 1; i <= 12; i++ {
 		backend := []string{"gpu-a", "gpu-b"}[i%2]
 		tn.write("sluice.yaml", nodeConfig{Pools: fmt.Sprintf("  - {name: p, backends: [{url: \"sim://%s\"}]}\n", backend)}.String())
-		if code, res := tn.postReload(); code != 200 || res.Result != resultOK {
+		if code, res := tn.postReload(); code != 200 || res.Result != ResultOK {
 			t.Fatalf("reload %d: %d %+v", i, code, res)
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"crypto/sha256"
@@ -29,7 +29,7 @@ func BenchmarkReloadTenants100k(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		tn.write("tenants.yaml", files[(i+1)%2])
-		if res := tn.n.reloadTenants(triggerTenants); res.Result != resultOK {
+		if res := tn.n.ReloadTenants(TriggerTenants); res.Result != ResultOK {
 			b.Fatalf("%+v", res)
 		}
 	}
