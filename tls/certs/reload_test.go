@@ -306,13 +306,6 @@ sluice_tls_reloads_total 1
 	}
 }
 
-func TestRunTwice(t *testing.T) {
-	r := newRotation(t, t.TempDir(), -1, false)
-	if err := r.watcher.Run(t.Context()); !errors.Is(err, filewatch.ErrRunning) {
-		t.Errorf("second Run: got %v; want ErrRunning", err)
-	}
-}
-
 func TestConcurrentHandshakesDuringReload(t *testing.T) {
 	r := newRotation(t, t.TempDir(), -1, false)
 	done := make(chan struct{})
