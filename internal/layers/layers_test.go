@@ -239,6 +239,44 @@ func TestCheckSynthetic(t *testing.T) {
 	}
 }
 
+// TestRulePatterns catches a mistyped pattern, which would match nothing
+// and so check nothing: each is "...", or a module-relative path with an
+// optional "/..." suffix.
+func TestRulePatterns(t *testing.T) {
+	for _, r := range rules {
+		if r.why == "" || len(r.from) == 0 || len(r.deny) == 0 {
+			t.Errorf("rule %q: want a reason, from and deny patterns", r.name)
+		}
+		for _, p := range slices.Concat(r.from, r.except, r.deny) {
+			if !wellFormed(p) {
+				t.Errorf("rule %q: pattern %q; want \"...\" or a module-relative path, optionally ending in \"/...\"", r.name, p)
+			}
+		}
+	}
+	for _, p := range []string{"proxy/..", "/proxy", "proxy/", module + "/proxy", "proxy/.../x", ""} {
+		if wellFormed(p) {
+			t.Errorf("wellFormed(%q) = true; want false", p)
+		}
+	}
+}
+
+// wellFormed reports whether p is a pattern match understands.
+func wellFormed(p string) bool {
+	if p == "..." {
+		return true
+	}
+	base, _ := strings.CutSuffix(p, "/...")
+	if base == "" || strings.HasPrefix(base, module) {
+		return false
+	}
+	for elem := range strings.SplitSeq(base, "/") {
+		if elem == "" || strings.Contains(elem, ".") {
+			return false
+		}
+	}
+	return true
+}
+
 // todaysShape is the module's in-module import graph as of this test's
 // writing, test imports included.
 func todaysShape() []pkg {
