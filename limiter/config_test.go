@@ -75,7 +75,9 @@ func TestNewFromConfig(t *testing.T) {
 	if !d.Allowed || d.Degraded {
 		t.Fatalf("decision %+v; want a shared admission", d)
 	}
-	time.Sleep(3 * ttl / 2) // past the TTL: the heartbeat keeps the lease
+	// Real time past the TTL on Redis's clock (TIME expires leases): no
+	// event to wait on. Only the heartbeat can keep the lease.
+	time.Sleep(3 * ttl / 2)
 	if st := snapshot(t, s, "cfg", lim); st.InFlight != 1 || st.Degraded {
 		t.Errorf("status %+v; want the lease kept by Run", st)
 	}

@@ -43,7 +43,7 @@ func exactnessConcurrency(t *testing.T, nodes []Limiter, tenant string) {
 						storePeak.Store(st.InFlight)
 					}
 				}
-				time.Sleep(5 * time.Millisecond)
+				time.Sleep(5 * time.Millisecond) // sampling pace, not a wait for anything
 			}
 		})
 	}
@@ -61,13 +61,14 @@ func exactnessConcurrency(t *testing.T, nodes []Limiter, tenant string) {
 					}
 					if !d.Allowed {
 						refused.Add(1)
-						time.Sleep(time.Millisecond)
+						time.Sleep(time.Millisecond) // load: back off after a refusal
 						continue
 					}
 					admitted.Add(1)
 					n := inflight.Add(1)
 					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 					}
+					// Load: hold the lease a random while to vary the interleavings.
 					time.Sleep(time.Duration(2+rand.IntN(6)) * time.Millisecond)
 					inflight.Add(-1)
 					if err := l.Settle(context.Background(), d.Ticket, Usage{}); err != nil {
@@ -169,7 +170,7 @@ func hammerTokens(t *testing.T, nodes []Limiter, req Request) []attempt {
 					a.allowed = d.Allowed
 					if !d.Allowed {
 						mine = append(mine, a)
-						time.Sleep(time.Millisecond)
+						time.Sleep(time.Millisecond) // load: back off after a refusal
 						continue
 					}
 					a.tokens = d.Ticket.ChargedInput + d.Ticket.ChargedOutput

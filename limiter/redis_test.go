@@ -102,9 +102,10 @@ func TestRedisCrashFreesSlotsWithinTTL(t *testing.T) {
 		if time.Since(start) > ttl+patience {
 			t.Fatalf("slots still held %v after the crash (TTL %v)", time.Since(start), ttl)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll: expiry happens on Redis's clock, no event to wait on
 	}
-	// Redis expires leases on its own clock: allow it 10ms of skew.
+	// Redis expires leases on its own clock: allow it 10ms of skew. A lower
+	// bound only: a slow machine can make el longer, never shorter.
 	if el := time.Since(start); el < ttl-10*time.Millisecond {
 		t.Errorf("slot freed after %v; leases live the TTL %v", el, ttl)
 	}
@@ -130,7 +131,7 @@ func TestRedisLongStreamKeepsSlot(t *testing.T) {
 		if o := admit(t, other, Request{Tenant: "long", Limits: lim}); o.Allowed {
 			t.Fatalf("slot taken by another node %v into a stream (TTL %v): heartbeat did not renew", time.Since(start), ttl)
 		}
-		time.Sleep(25 * time.Millisecond)
+		time.Sleep(25 * time.Millisecond) // probe pace while real time passes the TTL on Redis's clock
 	}
 	settle(t, holder, d.Ticket, Usage{})
 	if o := admit(t, other, Request{Tenant: "long", Limits: lim}); !o.Allowed {

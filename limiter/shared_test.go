@@ -226,7 +226,7 @@ func waitShared(t *testing.T, s *Shared, clk *fakeClock, req Request) Decision {
 		if time.Now().After(deadline) {
 			t.Fatalf("still degraded after 10s with Redis up: %+v", d)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll: Redis coming back has no event to wait on
 	}
 }
 
@@ -314,10 +314,10 @@ func TestSharedRedisRestartUnderLoad(t *testing.T) {
 						sharedBefore.Add(1)
 					}
 					if !d.Allowed {
-						time.Sleep(time.Millisecond)
+						time.Sleep(time.Millisecond) // load: back off after a refusal
 						continue
 					}
-					time.Sleep(5 * time.Millisecond)
+					time.Sleep(5 * time.Millisecond) // load: hold the lease a while before settling
 					_ = n.Settle(context.Background(), d.Ticket, Usage{InputTokens: 10, OutputTokens: 10})
 				}
 			})
@@ -363,7 +363,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no %s within 15s", what)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll: the conditions are counters, no event to wait on
 	}
 }
 
@@ -381,7 +381,7 @@ func beat(t *testing.T, r *Redis) {
 		if time.Now().After(deadline) {
 			t.Fatalf("Beat: still failing after 10s: %v", err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // retry pace, as Run's next beat would
 	}
 }
 

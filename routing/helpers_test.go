@@ -98,7 +98,7 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %v waiting for %s", d, what)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // poll: samples, health and queues expose no event to wait on
 	}
 }
 

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -127,25 +130,33 @@ func TestStallAfterTokens(t *testing.T) {
 		checkStall(t, url, []string{HeaderStallAfter, "2", HeaderStallFor, stall.String()}, stall)
 	})
 	t.Run("forever", func(t *testing.T) {
-		s, url := startSim(t, fast())
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		resp := post(t, ctx, url, "/v1/completions", `{"prompt":"x","max_tokens":5,"stream":true}`, HeaderStallAfter, "2")
-		defer resp.Body.Close()
-		got := make(chan int, 1)
-		go func() {
-			evs, _, _ := readEvents(t, resp.Body)
-			got <- len(evs)
-		}()
-		time.Sleep(stall) // nothing more arrives
-		if st := s.Stats(); st.Completed != 0 {
-			t.Errorf("stats %+v; want the stalled stream incomplete", st)
-		}
-		cancel()
-		if n := <-got; n != 2 {
-			t.Errorf("got %d events; want 2 before the stall", n)
-		}
-		eventually(t, "the stalled request to count as cancelled", func() bool { return s.Stats().Cancelled == 1 })
+		// In a bubble, without a network: the fake clock shows that nothing
+		// more arrives however long the stall lasts.
+		synctest.Test(t, func(t *testing.T) {
+			s := New(fast())
+			defer s.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/completions",
+				strings.NewReader(`{"prompt":"x","max_tokens":5,"stream":true}`))
+			req.Header.Set(HeaderStallAfter, "2")
+			rec := httptest.NewRecorder()
+			served := make(chan struct{})
+			go func() { defer close(served); s.ServeHTTP(rec, req) }()
+			time.Sleep(time.Hour) // fake time: the engine finishes, the stream stays stalled
+			synctest.Wait()
+			if st := s.Stats(); st.Completed != 0 {
+				t.Errorf("stats %+v; want the stalled stream incomplete", st)
+			}
+			cancel()
+			<-served
+			if evs, _, _ := readEvents(t, rec.Body); len(evs) != 2 {
+				t.Errorf("got %d events; want 2 before the stall", len(evs))
+			}
+			if st := s.Stats(); st.Cancelled != 1 {
+				t.Errorf("stats %+v; want the stalled request counted as cancelled", st)
+			}
+		})
 	})
 }
 

@@ -68,7 +68,11 @@ func TestMetricsReflectLoad(t *testing.T) {
 		st := s.Stats()
 		return st.Running == 2 && st.Waiting == 2
 	})
-	time.Sleep(20 * time.Millisecond) // a few tokens decoded
+	// Two decode steps: the first step's tokens are published to the KV
+	// gauge before the second step counts its own.
+	eventually(t, "two decode steps", func() bool {
+		return sample(t, scrape(t, url), "vllm:generation_tokens_total", "m-load").GetCounter().GetValue() >= 4
+	})
 	fams := scrape(t, url)
 	if v := sample(t, fams, "vllm:num_requests_running", "m-load").GetGauge().GetValue(); v != 2 {
 		t.Errorf("num_requests_running %v; want 2", v)

@@ -22,6 +22,9 @@ type wsServer struct {
 	Interval    time.Duration
 	ErrorStatus int // != 0: answer every request with an error frame
 	DieAfter    int // > 0: close the socket after this many chunk frames in total
+	// Cancelled, if not nil, gets a value (without blocking) for every
+	// cancel frame received.
+	Cancelled chan struct{}
 
 	requests, sockets, cancels atomic.Int64
 	inflight, maxInflight      atomic.Int64
@@ -84,6 +87,10 @@ func (sc *wsServerConn) readLoop() {
 			go sc.serve(rctx, req)
 		case "cancel":
 			sc.s.cancels.Add(1)
+			select {
+			case sc.s.Cancelled <- struct{}{}:
+			default:
+			}
 			sc.mu.Lock()
 			if f := sc.cancels[req.ID]; f != nil {
 				f()
@@ -192,16 +199,16 @@ func TestWebSocketClosedMidStreamIsTruncation(t *testing.T) {
 }
 
 func TestWebSocketCancelFrame(t *testing.T) {
-	srv := &wsServer{Interval: time.Second}
+	srv := &wsServer{Interval: time.Second, Cancelled: make(chan struct{}, 1)}
 	cfg := small(startWS(t, srv))
 	cfg.Protocol, cfg.Requests, cfg.Timeout = WS, 1, 100*time.Millisecond
 	tr := mustRun(t, cfg).Targets[0]
 	if tr.Counts.Errors != 1 || tr.Errors[0].Class != ClassTimeout {
 		t.Errorf("counts %+v errors %+v; want a timeout", tr.Counts, tr.Errors)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for srv.cancels.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-srv.Cancelled:
+	case <-time.After(5 * time.Second):
 	}
 	if srv.cancels.Load() != 1 {
 		t.Error("no cancel frame reached the server")
