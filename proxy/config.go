@@ -31,7 +31,7 @@ type Config struct {
 	MaxResponseBytes units.Bytes `yaml:"max_response_bytes"`
 	// WebSocket tunes the WebSocket bridge and passthrough routes.
 	WebSocket ws.Config `yaml:"websocket"`
-	// observe.SLO are the node's objectives, reported at /debug/stats and checked
+	// SLO are the node's objectives, reported at /debug/stats and checked
 	// by "sluice diagnose". Zero fields are not checked.
 	SLO observe.SLO `yaml:"slo"`
 	// TenantMetricLabels is how many distinct tenants get their own label

@@ -133,10 +133,11 @@ func writeError(w http.ResponseWriter, e *apiError) {
 	w.Write(append(e.body(), '\n'))
 }
 
-// sseError is the event that ends a stream that failed after it started.
-func sseError(e *apiError) []byte {
+// sseError is the event that ends a stream that failed after it started;
+// body is the error in OpenAI's shape.
+func sseError(body []byte) []byte {
 	b := make([]byte, 0, 160)
 	b = append(b, "event: error\ndata: "...)
-	b = append(b, e.body()...)
+	b = append(b, body...)
 	return append(b, "\n\n"...)
 }

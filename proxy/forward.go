@@ -175,7 +175,7 @@ var clientOwned = map[string]bool{
 // report is for the edge's picker, not for clients.
 var backendOwned = map[string]bool{
 	"Alt-Svc": true, "Content-Length": true, "X-Request-Id": true, "Server-Timing": true,
-	"Endpoint-Load-observe.Metrics": true,
+	"Endpoint-Load-Metrics": true,
 }
 
 func copyRequestHeader(dst, src http.Header)  { copyHeader(dst, src, clientOwned) }

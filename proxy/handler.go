@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -54,12 +55,12 @@ type Options struct {
 	Region string
 	// Log receives errors. Nil means slog.Default().
 	Log *slog.Logger
-	// observe.AccessLog receives one line per request. Nil means none.
+	// AccessLog receives one line per request. Nil means none.
 	AccessLog *observe.AccessLog
-	// observe.Stats keeps the sliding-window percentiles of /debug/stats. Nil
+	// Stats keeps the sliding-window percentiles of /debug/stats. Nil
 	// means none.
 	Stats *observe.Stats
-	// observe.Metrics records request metrics. Nil means none.
+	// Metrics records request metrics. Nil means none.
 	Metrics *observe.Metrics
 	// Transport carries requests to backends. Nil means NewTransport(cfg).
 	Transport http.RoundTripper
@@ -110,26 +111,40 @@ func (h *Handler) Swap(st *State) (previousDone <-chan struct{}) {
 // State returns the state new requests use.
 func (h *Handler) State() *State { return h.live.Load().st }
 
-// ServeHTTP runs one request through the pipeline.
+// ServeHTTP runs one request through the pipeline, answering on w (see
+// Serve); it also upgrades the WebSocket bridge's endpoint.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	l := h.acquire()
 	if l.st.Config.WebSocket.IsBridge(r) {
 		// The socket needs the state only to upgrade (auth, config); each
-		// request on it runs through ServeHTTP with the state current then,
+		// request on it runs through Serve with the state current then,
 		// so a long-lived socket does not keep a replaced state alive.
 		st := l.st
 		l.release()
 		h.serveBridge(w, r, st)
 		return
 	}
+	conn, _ := listen.ConnInfoFrom(r.Context())
+	h.serve(l, r, newHTTPSink(w), conn, false)
+}
+
+// Serve runs one request through the pipeline (auth, intake, admission,
+// routing, forwarding, relay, settlement, metrics, access log), writes the
+// response into sink and reports the outcome once the request has been
+// settled. r's context carries cancellation; conn describes the client's
+// connection. Serve does not upgrade the WebSocket bridge's endpoint;
+// ServeHTTP does.
+func (h *Handler) Serve(r *http.Request, sink Sink, conn listen.ConnInfo) Outcome {
+	return h.serve(h.acquire(), r, sink, conn, true)
+}
+
+// serve runs the exchange on l's state and releases it; timing says
+// whether the outcome carries the timing object.
+func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.ConnInfo, timing bool) (o Outcome) {
 	defer l.release()
-	x := &exchange{h: h, st: l.st, w: w, r: r, start: time.Now()}
-	x.conn, _ = listen.ConnInfoFrom(r.Context())
-	if o := outcomeOf(r.Context()); o != nil {
-		x.conn = o.conn // a request over the WebSocket bridge
-	}
+	x := &exchange{h: h, st: l.st, sink: sink, r: r, conn: conn, start: time.Now()}
 	x.id = requestID(r.Header.Get("X-Request-Id"))
-	hdr := w.Header()
+	hdr := sink.Header()
 	hdr.Set("X-Request-Id", x.id)
 	if h.region != "" {
 		hdr.Set("X-Sluice-Region", h.region)
@@ -138,20 +153,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer h.inflight.Add(-1)
 	h.metrics.Inflight(1)
 	defer h.metrics.Inflight(-1)
-	defer x.finish()
+	defer func() { o = x.finish(timing) }() // also if serve panics
 	if err := x.serve(); err != nil {
 		x.fail(err)
 	}
+	sink.End(x.trailer)
+	return
 }
 
 // exchange is one request's journey through the pipeline.
 type exchange struct {
-	h   *Handler
-	st  *State
-	w   http.ResponseWriter
-	r   *http.Request
-	id  string
-	err error
+	h    *Handler
+	st   *State
+	sink Sink
+	r    *http.Request
+	id   string
+	err  error
 
 	tenant   *Tenant
 	route    *routing.Route
@@ -189,6 +206,7 @@ type exchange struct {
 	retries     int
 	clientGone  bool
 	bytesToUser int64
+	trailer     http.Header // for End: set when a stream finished
 }
 
 func (x *exchange) serve() error {
@@ -220,8 +238,7 @@ func (x *exchange) serve() error {
 	}
 	if x.policy.Kind == KindOpenAI && r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/models") {
 		if models := x.st.Routes.Models(r.Host); len(models) > 0 {
-			writeModels(x.w, models)
-			x.status = http.StatusOK
+			x.answer(http.StatusOK, modelsBody(models))
 			return nil
 		}
 	}
@@ -238,7 +255,7 @@ func (x *exchange) serve() error {
 func (x *exchange) intake(pre *routing.Route) error {
 	r := x.r
 	if r.Body != nil && r.Body != http.NoBody {
-		body, err := readBody(x.w, r, int64(x.st.Config.MaxBodyBytes))
+		body, err := readBody(x.responseWriter(), r, int64(x.st.Config.MaxBodyBytes))
 		if err != nil {
 			return err
 		}
@@ -289,9 +306,9 @@ func (x *exchange) admit() error {
 		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "limiter_unavailable",
 			Message: "the rate limiter could not decide; retry", RetryAfter: 1}
 	}
-	limiter.SetHeaders(x.w.Header(), d)
+	limiter.SetHeaders(x.sink.Header(), d)
 	if d.WouldRefuse {
-		x.w.Header().Set("X-Sluice-Would-Refuse", d.Reason)
+		x.sink.Header().Set("X-Sluice-Would-Refuse", d.Reason)
 	}
 	x.decision = d
 	if !d.Allowed {
@@ -312,19 +329,20 @@ func (x *exchange) fail(err error) {
 		x.err = err
 	}
 	if st := x.serverTiming(); st != "" {
-		x.w.Header().Set("Server-Timing", st)
+		x.sink.Header().Set("Server-Timing", st)
 	}
 	if rf, ok := err.(*refusal); ok {
-		x.status = rf.write(x.w)
+		x.status = rf.write(x.sink)
 		return
 	}
 	ae := statusOf(err)
 	x.status = ae.Status
-	writeError(x.w, ae)
+	sendError(x.sink, ae)
 }
 
-// finish settles the request's tokens and writes the access log.
-func (x *exchange) finish() {
+// finish settles the request's tokens, writes the access log and reports
+// the outcome, with the timing object when timing is set.
+func (x *exchange) finish(timing bool) Outcome {
 	if x.ticket != nil {
 		// Settle even when the client is gone: use a fresh, short context.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), time.Second)
@@ -333,11 +351,23 @@ func (x *exchange) finish() {
 		}
 		cancel()
 	}
-	if o := outcomeOf(x.r.Context()); o != nil {
-		o.record(x) // a bridged request: the bridge reports it
-	}
+	o := x.outcome(timing)
 	x.h.observe(x)
 	x.releaseITL()
+	return o
+}
+
+// outcome is what the exchange reports to Serve's caller.
+func (x *exchange) outcome(timing bool) Outcome {
+	o := Outcome{RequestID: x.id, Status: x.status, Err: x.err, Usage: x.usage}
+	var rf *refusal
+	if errors.As(x.err, &rf) {
+		o.RetryAfter = rf.d.RetryAfter
+	}
+	if timing {
+		o.Timing = timingJSON(x, time.Now())
+	}
+	return o
 }
 
 // consumed is what the request actually used: the backend's usage report
@@ -384,11 +414,10 @@ type refusal struct{ d limiter.Decision }
 
 func (r *refusal) Error() string { return "refused by limit " + r.d.Reason }
 
-func (r *refusal) write(w http.ResponseWriter) int {
+func (r *refusal) write(s Sink) int {
 	status := limiter.StatusCode(r.d)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	w.Write(append(limiter.ErrorBody(r.d), '\n'))
+	s.Header().Set("Content-Type", "application/json")
+	s.Error(status, limiter.ErrorBody(r.d))
 	return status
 }
 
@@ -414,9 +443,6 @@ func (x *exchange) serveUsage() error {
 	if err != nil {
 		return err
 	}
-	x.w.Header().Set("Content-Type", "application/json")
-	x.w.WriteHeader(http.StatusOK)
-	x.status = http.StatusOK
-	x.w.Write(append(b, '\n'))
+	x.answer(http.StatusOK, append(b, '\n'))
 	return nil
 }

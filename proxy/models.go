@@ -4,11 +4,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"math/rand/v2"
-	"net/http"
 )
 
-// writeModels answers GET /v1/models from the route table.
-func writeModels(w http.ResponseWriter, models []string) {
+// modelsBody is the answer to GET /v1/models from the route table.
+func modelsBody(models []string) []byte {
 	type model struct {
 		ID      string `json:"id"`
 		Object  string `json:"object"`
@@ -23,9 +22,7 @@ func writeModels(w http.ResponseWriter, models []string) {
 		list.Data = append(list.Data, model{ID: m, Object: "model", OwnedBy: "sluice"})
 	}
 	b, _ := json.Marshal(list)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	w.Write(append(b, '\n'))
+	return append(b, '\n')
 }
 
 // newID returns a random 128-bit request id in hex.

@@ -26,8 +26,8 @@ func (x *exchange) passthrough(route *routing.Route) error {
 	x.route = route
 	x.bodyRead = time.Now() // no body; the route is the path's
 	x.routed = x.bodyRead
-	if !websocket.IsWebSocketUpgrade(r) || r.Method != http.MethodGet {
-		x.w.Header().Set("Upgrade", "websocket")
+	if !websocket.IsWebSocketUpgrade(r) || r.Method != http.MethodGet || x.responseWriter() == nil {
+		x.sink.Header().Set("Upgrade", "websocket")
 		return &apiError{Status: http.StatusUpgradeRequired, Type: "invalid_request_error", Code: "upgrade_required",
 			Message: "this route relays WebSocket: send GET with Upgrade: websocket"}
 	}
@@ -193,7 +193,8 @@ func (x *exchange) backendHeader() http.Header {
 // subprotocol (or sluice.v1 when the client offered it only to carry its
 // key).
 func (x *exchange) upgradeClient(backendProtocol string) (*websocket.Conn, error) {
-	hdr := x.w.Header().Clone() // request id, region, rate-limit headers
+	w := x.responseWriter()   // the upgrade hijacks the connection
+	hdr := w.Header().Clone() // request id, region, rate-limit headers
 	proto := backendProtocol
 	if proto == "" && ws.Offers(x.r, ws.SubprotocolV1) {
 		proto = ws.SubprotocolV1
@@ -206,7 +207,7 @@ func (x *exchange) upgradeClient(backendProtocol string) (*websocket.Conn, error
 		x.status = status
 		writeError(w, handshakeError(status, reason))
 	}
-	conn, err := u.Upgrade(x.w, x.r, hdr)
+	conn, err := u.Upgrade(w, x.r, hdr)
 	if err == nil {
 		x.status = http.StatusSwitchingProtocols
 	}

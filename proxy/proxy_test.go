@@ -256,6 +256,7 @@ func (b *recordingBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Alt-Svc", `h3=":9999"`)
+	w.Header().Set("Endpoint-Load-Metrics", "TEXT named_metrics.num_requests_waiting=1")
 	w.Header().Set("Connection", "X-Hop")
 	w.Header().Set("X-Hop", "secret")
 	io.WriteString(w, b.body)
@@ -292,6 +293,7 @@ func TestHeadersBothWays(t *testing.T) {
 		{"X-Sluice-Region", got.Header.Get("X-Sluice-Region"), ""},
 		{"X-Custom", got.Header.Get("X-Custom"), "kept"},
 		{"response Alt-Svc", resp.Header.Get("Alt-Svc"), ""},
+		{"response Endpoint-Load-Metrics", resp.Header.Get("Endpoint-Load-Metrics"), ""},
 		{"response X-Hop", resp.Header.Get("X-Hop"), ""},
 		{"response X-Request-Id", resp.Header.Get("X-Request-Id"), "client-id-1"},
 		{"response X-Sluice-Region", resp.Header.Get("X-Sluice-Region"), "test-region"},

@@ -43,13 +43,12 @@ func putEvent(bufp *[]byte) {
 // stream event by event, flushing each as it arrives. It records the usage
 // chunk and removes it when the client did not ask for it.
 func (x *exchange) relayOpenAI(l *leg) error {
-	rc := http.NewResponseController(x.w)
 	idle := x.st.Config.StreamIdleTimeout
 	x.firstToken = l.first // before commit: the Server-Timing header reports it
 	x.commit(l.resp.Header, true)
 	ev, now := l.ev, l.first
 	for {
-		if done, err := x.relayEvent(rc, l, ev, now); done || err != nil {
+		if done, err := x.relayEvent(l, ev, now); done || err != nil {
 			return err
 		}
 		var err error
@@ -67,15 +66,15 @@ func (x *exchange) relayOpenAI(l *leg) error {
 // relayEvent handles one event of a committed stream: it records usage and
 // tokens and sends the event on (the usage-only chunk only when the client
 // asked for it). done is true after [DONE] or when the client is gone.
-func (x *exchange) relayEvent(rc *http.ResponseController, l *leg, ev []byte, now time.Time) (done bool, err error) {
+func (x *exchange) relayEvent(l *leg, ev []byte, now time.Time) (done bool, err error) {
 	data := eventData(ev)
 	switch {
 	case data == nil: // comment, retry or id only: pass on
 	case bytes.Equal(data, doneMarker):
-		if x.wantsTimingComment() && !x.send(rc, x.timingComment()) {
+		if x.wantsTimingComment() && !x.send(x.timingComment(), nil) {
 			return true, context.Canceled
 		}
-		if !x.send(rc, ev) {
+		if !x.send(ev, data) {
 			return true, context.Canceled
 		}
 		x.setTrailer()
@@ -93,19 +92,22 @@ func (x *exchange) relayEvent(rc *http.ResponseController, l *leg, ev []byte, no
 			x.lastToken = now
 		}
 	}
-	if !x.send(rc, ev) {
+	if !x.send(ev, data) {
 		return true, context.Canceled
 	}
 	return false, nil
 }
 
-// send writes one event and flushes it; false means the client is gone.
-func (x *exchange) send(rc *http.ResponseController, ev []byte) bool {
-	n, err := x.w.Write(ev)
+// send delivers one event (and its data payload) to the sink; false means
+// the client is gone.
+func (x *exchange) send(ev, data []byte) bool {
+	n, err := x.sink.Event(ev, data)
+	return x.sent(n, err)
+}
+
+// sent counts what reached the client; false means the client is gone.
+func (x *exchange) sent(n int, err error) bool {
 	x.bytesToUser += int64(n)
-	if err == nil {
-		err = rc.Flush()
-	}
 	if err != nil {
 		x.clientGone = true
 		return false
@@ -129,7 +131,8 @@ func (x *exchange) streamFailed(err error) error {
 		x.logAttempt(x.backend, err)
 	}
 	if !errors.Is(err, context.Canceled) && !x.clientGone {
-		x.send(http.NewResponseController(x.w), sseError(statusOf(err)))
+		e := statusOf(err)
+		x.sent(x.sink.Error(e.Status, e.body()))
 	}
 	return err
 }
@@ -137,7 +140,7 @@ func (x *exchange) streamFailed(err error) error {
 // commit sends the response headers. For streams it drops Content-Length
 // (the stream is edited) and marks the response as unbuffered.
 func (x *exchange) commit(upstream http.Header, stream bool) {
-	h := x.w.Header()
+	h := x.sink.Header()
 	copyResponseHeader(h, upstream)
 	h.Set("Server-Timing", x.serverTiming())
 	if stream {
@@ -145,15 +148,14 @@ func (x *exchange) commit(upstream http.Header, stream bool) {
 		h.Set("X-Accel-Buffering", "no")
 	}
 	x.status = http.StatusOK
-	x.w.WriteHeader(http.StatusOK)
+	x.sink.Start(http.StatusOK, stream)
 }
 
 // relayRaw relays a generic event stream byte for byte: headers at once (an
 // idle EventSource must see them), every read flushed as it arrives.
 func (x *exchange) relayRaw(l *leg) error {
 	x.commit(l.resp.Header, true)
-	rc := http.NewResponseController(x.w)
-	if rc.Flush() != nil {
+	if _, err := x.sink.Raw(nil); err != nil {
 		return context.Canceled
 	}
 	bufp := rawPool.Get().(*[]byte)
@@ -167,7 +169,7 @@ func (x *exchange) relayRaw(l *leg) error {
 				x.firstToken = now
 			}
 			l.att.Progress(now)
-			if !x.send(rc, buf[:n]) {
+			if !x.sent(x.sink.Raw(buf[:n])) {
 				return context.Canceled
 			}
 		}
@@ -195,13 +197,13 @@ func (x *exchange) relayBody(l *leg) error {
 
 // passThrough answers with a backend's status, headers and whole body.
 func (x *exchange) passThrough(resp *http.Response, body []byte) {
-	h := x.w.Header()
+	h := x.sink.Header()
 	copyResponseHeader(h, resp.Header)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("Server-Timing", x.serverTiming())
 	x.status = resp.StatusCode
-	x.w.WriteHeader(resp.StatusCode)
-	n, _ := x.w.Write(body)
+	x.sink.Start(resp.StatusCode, false)
+	n, _ := x.sink.Body(body)
 	x.bytesToUser += int64(n)
 }
 

@@ -185,10 +185,11 @@ func (x *exchange) timingComment() []byte {
 	return []byte(": server-timing " + x.finalTiming() + "\n\n")
 }
 
-// setTrailer sets the Server-Timing trailer when the client can read it.
+// setTrailer sets the Server-Timing trailer, for End, when the client can
+// read it.
 func (x *exchange) setTrailer() {
 	if wantsTrailer(x.r) {
-		x.w.Header().Set(http.TrailerPrefix+"Server-Timing", x.finalTiming())
+		x.trailer = http.Header{"Server-Timing": {x.finalTiming()}}
 	}
 }
 

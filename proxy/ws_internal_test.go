@@ -105,14 +105,14 @@ func queued(c *wsConn) []string {
 }
 
 // A raw stream written in arbitrary pieces becomes one chunk per event.
-func TestWSResponseSplitsEvents(t *testing.T) {
+func TestBridgeSinkSplitsEvents(t *testing.T) {
 	c := testConn(16)
 	rq := &wsRequest{c: c, id: "r", prefix: chunkPrefix("r"), ctx: context.Background()}
-	w := &wsResponse{rq: rq, hdr: http.Header{"Content-Type": {"text/event-stream"}}}
-	w.WriteHeader(200)
+	w := &bridgeSink{rq: rq, hdr: http.Header{"Content-Type": {"text/event-stream"}}}
+	w.Start(200, true)
 	for _, p := range []string{"data: {\"a\"", ":1}\n", "\nevent: tick\ndata: 2\n\n: comment\n\ndata: [DONE]\n\nda", "ta: x\n\n"} {
-		if n, err := w.Write([]byte(p)); err != nil || n != len(p) {
-			t.Fatalf("Write(%q) = %d, %v", p, n, err)
+		if n, err := w.Raw([]byte(p)); err != nil || n != len(p) {
+			t.Fatalf("Raw(%q) = %d, %v", p, n, err)
 		}
 	}
 	got := queued(c)
@@ -129,29 +129,37 @@ func TestWSResponseSplitsEvents(t *testing.T) {
 
 // OpenAI streams drop [DONE] and the pipeline's error event (the terminal
 // frame says them); a full queue past the deadline fails the write.
-func TestWSResponseOpenAIAndSlowClient(t *testing.T) {
+func TestBridgeSinkOpenAIAndSlowClient(t *testing.T) {
 	c := testConn(1)
 	rq := &wsRequest{c: c, id: "r", prefix: chunkPrefix("r"), ctx: context.Background()}
-	w := &wsResponse{rq: rq, hdr: http.Header{"Content-Type": {"text/event-stream"}}, openAI: true}
+	w := &bridgeSink{rq: rq, hdr: http.Header{"Content-Type": {"text/event-stream"}}}
+	w.Start(200, true)
+	event := func(ev string) error {
+		_, err := w.Event([]byte(ev), eventData([]byte(ev)))
+		return err
+	}
 	for _, ev := range []string{"data: [DONE]\n\n", "event: error\ndata: {\"error\":{}}\n\n", "data: {\"n\":1}\n\n"} {
-		if _, err := w.Write([]byte(ev)); err != nil {
+		if err := event(ev); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if _, err := w.Error(http.StatusBadGateway, []byte(`{"error":{}}`)); err != nil {
+		t.Fatal(err)
 	}
 	if len(c.out) != 1 {
 		t.Fatalf("%d frames queued; want 1", len(c.out))
 	}
 	start := time.Now()
-	if _, err := w.Write([]byte("data: {\"n\":2}\n\n")); err != errSlowClient {
+	if err := event("data: {\"n\":2}\n\n"); err != errSlowClient {
 		t.Fatalf("write to a full queue: %v; want errSlowClient", err)
 	}
 	if d := time.Since(start); d < 50*time.Millisecond {
 		t.Fatalf("gave up after %v; want the slow-client deadline", d)
 	}
-	if _, err := w.Write([]byte("data: {}\n\n")); err != errSlowClient {
+	if err := event("data: {}\n\n"); err != errSlowClient {
 		t.Fatalf("write after failure: %v; want the same error", err)
 	}
-	term := w.terminal(&outcome{id: "x"})
+	term := w.terminal(&Outcome{RequestID: "x"})
 	if !strings.Contains(string(term), `"code":"slow_client"`) || !strings.Contains(string(term), `"status":408`) {
 		t.Fatalf("terminal %s; want a slow_client error", term)
 	}
@@ -160,31 +168,30 @@ func TestWSResponseOpenAIAndSlowClient(t *testing.T) {
 	}
 }
 
-func TestWSResponseErrorFrames(t *testing.T) {
+func TestBridgeSinkErrorFrames(t *testing.T) {
 	c := testConn(4)
 	rq := &wsRequest{c: c, id: "r", prefix: chunkPrefix("r"), ctx: context.Background()}
-	w := &wsResponse{rq: rq, hdr: http.Header{}}
+	w := &bridgeSink{rq: rq, hdr: http.Header{}}
 	w.hdr.Set("Retry-After", "2")
-	w.WriteHeader(429)
-	w.Write([]byte(`{"error":{"message":"slow down","type":"rate_limit_exceeded","code":"rate_limit_exceeded"}}`))
+	w.Error(429, []byte(`{"error":{"message":"slow down","type":"rate_limit_exceeded","code":"rate_limit_exceeded"}}`))
 	var f errorFrame
-	if err := json.Unmarshal(w.terminal(&outcome{}), &f); err != nil {
+	if err := json.Unmarshal(w.terminal(&Outcome{}), &f); err != nil {
 		t.Fatal(err)
 	}
 	if f.Type != "error" || f.ID != "r" || f.Status != 429 || f.RetryAfterMs != 2000 || !strings.Contains(string(f.Error), "slow down") {
 		t.Fatalf("got %+v (%s)", f, f.Error)
 	}
 
-	w = &wsResponse{rq: rq, hdr: http.Header{"Content-Type": {"text/event-stream"}}}
-	w.WriteHeader(200)
-	if err := json.Unmarshal(w.terminal(&outcome{err: errStreamIdle}), &f); err != nil {
+	w = &bridgeSink{rq: rq, hdr: http.Header{"Content-Type": {"text/event-stream"}}}
+	w.Start(200, true)
+	if err := json.Unmarshal(w.terminal(&Outcome{Err: errStreamIdle}), &f); err != nil {
 		t.Fatal(err)
 	}
 	if f.Status != 504 || !strings.Contains(string(f.Error), "upstream_timeout") {
 		t.Fatalf("stream failure: %+v (%s); want 504 upstream_timeout", f, f.Error)
 	}
 	rq.cancelled.Store(true)
-	if err := json.Unmarshal(w.terminal(&outcome{err: context.Canceled}), &f); err != nil {
+	if err := json.Unmarshal(w.terminal(&Outcome{Err: context.Canceled}), &f); err != nil {
 		t.Fatal(err)
 	}
 	if f.Status != 499 || !strings.Contains(string(f.Error), `"cancelled"`) {
@@ -225,19 +232,19 @@ func FuzzParseClientFrame(f *testing.F) {
 	})
 }
 
-func FuzzWSResponseEvents(f *testing.F) {
+func FuzzBridgeSinkRaw(f *testing.F) {
 	f.Add([]byte("data: {\"a\":1}\n\nevent: x\ndata: y\r\n\r\n"), 3)
 	f.Add([]byte("data: [DONE]\n\n"), 1)
 	f.Fuzz(func(t *testing.T, stream []byte, cut int) {
 		c := testConn(1 << 12)
 		rq := &wsRequest{c: c, id: "r", prefix: chunkPrefix("r"), ctx: context.Background()}
-		w := &wsResponse{rq: rq, hdr: http.Header{"Content-Type": {"text/event-stream"}}}
-		w.WriteHeader(200)
+		w := &bridgeSink{rq: rq, hdr: http.Header{"Content-Type": {"text/event-stream"}}}
+		w.Start(200, true)
 		if cut < 0 || cut > len(stream) {
 			cut = len(stream) / 2
 		}
-		w.Write(stream[:cut])
-		w.Write(stream[cut:])
+		w.Raw(stream[:cut])
+		w.Raw(stream[cut:])
 		for _, fr := range queued(c) {
 			if !json.Valid([]byte(fr)) {
 				t.Fatalf("frame %s is not JSON", fr)

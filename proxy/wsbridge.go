@@ -247,19 +247,17 @@ func (c *wsConn) run(rq *wsRequest, f clientFrame) {
 	defer c.release(rq)
 	defer rq.cancel()
 	c.served.Add(1)
-	o := &outcome{conn: c.connInfo}
-	r := c.request(context.WithValue(rq.ctx, outcomeKey{}, o), f)
-	w := &wsResponse{rq: rq, hdr: http.Header{}, openAI: c.routeKind(r) == KindOpenAI}
-	c.h.ServeHTTP(w, r)
-	if w.status == http.StatusOK && !w.stream && o.err == nil && len(w.body) > 0 {
+	s := &bridgeSink{rq: rq, hdr: http.Header{}}
+	o := c.h.Serve(c.request(rq.ctx, f), s, c.connInfo)
+	if s.status == http.StatusOK && !s.stream && o.Err == nil && len(s.body) > 0 {
 		b := getFrame()
-		*b = appendChunk(*b, rq.prefix, "", w.body)
+		*b = appendChunk(*b, rq.prefix, "", s.body)
 		if c.enqueue(context.Background(), b, nil) != nil {
 			return
 		}
 	}
 	b := getFrame()
-	*b = append(*b, w.terminal(o)...)
+	*b = append(*b, s.terminal(&o)...)
 	c.forget(rq) // the id may be reused as soon as the client reads this
 	c.enqueue(context.Background(), b, nil)
 }
@@ -277,15 +275,6 @@ func (c *wsConn) request(ctx context.Context, f clientFrame) *http.Request {
 		r.ContentLength = int64(len(f.Body))
 	}
 	return r
-}
-
-// routeKind is the kind of the route the request's path matches, if any.
-func (c *wsConn) routeKind(r *http.Request) string {
-	st := c.h.State()
-	if rt, _ := st.Routes.Match(r.Host, r.URL.Path, ""); rt != nil {
-		return st.policy(rt).Kind
-	}
-	return ""
 }
 
 // forget frees a request's id.

@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"math"
 	"net/http"
 	"net/url"
@@ -12,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluice-proxy/sluice/limiter"
-	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/observe"
 )
 
@@ -221,13 +217,13 @@ type errorFrame struct {
 func roundMillis(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }
 
 // newDoneFrame builds the done frame from the pipeline's outcome.
-func newDoneFrame(id string, o *outcome) []byte {
-	f := doneFrame{Type: frameDone, ID: id, RequestID: o.id}
-	if o.usage != nil {
-		f.Usage = &usageJSON{PromptTokens: o.usage.InputTokens, CompletionTokens: o.usage.OutputTokens,
-			TotalTokens: o.usage.InputTokens + o.usage.OutputTokens}
+func newDoneFrame(id string, o *Outcome) []byte {
+	f := doneFrame{Type: frameDone, ID: id, RequestID: o.RequestID}
+	if o.Usage != nil {
+		f.Usage = &usageJSON{PromptTokens: o.Usage.InputTokens, CompletionTokens: o.Usage.OutputTokens,
+			TotalTokens: o.Usage.InputTokens + o.Usage.OutputTokens}
 	}
-	f.Timing = o.timing
+	f.Timing = o.Timing
 	b, _ := json.Marshal(f)
 	return b
 }
@@ -282,34 +278,4 @@ func retryAfterMs(h http.Header, exact time.Duration) int64 {
 func mustJSON(v any) json.RawMessage {
 	b, _ := json.Marshal(v)
 	return b
-}
-
-// outcome is what the pipeline measured for one request. A caller that runs
-// requests through Handler.ServeHTTP itself (the WebSocket bridge) puts an
-// *outcome in the request's context; finish fills it in.
-type outcome struct {
-	conn       listen.ConnInfo // set by the bridge: the request's connection
-	id         string
-	err        error
-	usage      *limiter.Usage
-	retryAfter time.Duration // a limiter refusal's exact wait
-	timing     json.RawMessage
-}
-
-type outcomeKey struct{}
-
-// outcomeOf returns the outcome a bridged request carries, or nil.
-func outcomeOf(ctx context.Context) *outcome {
-	o, _ := ctx.Value(outcomeKey{}).(*outcome)
-	return o
-}
-
-// record copies x's results into the outcome.
-func (o *outcome) record(x *exchange) {
-	o.id, o.err, o.usage = x.id, x.err, x.usage
-	o.timing = timingJSON(x, time.Now())
-	var rf *refusal
-	if errors.As(x.err, &rf) {
-		o.retryAfter = rf.d.RetryAfter
-	}
 }

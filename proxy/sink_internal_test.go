@@ -1,0 +1,89 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// flushRecorder is a ResponseWriter that keeps what reaches the client and
+// counts flushes, without allocating per write once grown.
+type flushRecorder struct {
+	hdr     http.Header
+	status  int
+	out     []byte
+	flushes int
+}
+
+func (w *flushRecorder) Header() http.Header { return w.hdr }
+func (w *flushRecorder) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+}
+func (w *flushRecorder) Write(p []byte) (int, error) { w.out = append(w.out, p...); return len(p), nil }
+func (w *flushRecorder) Flush()                      { w.flushes++ }
+
+// The HTTP sink writes and flushes each event at once, sends a started
+// stream's error as an event, declares trailers, and costs no allocation
+// per event through the Sink interface.
+func TestHTTPSink(t *testing.T) {
+	w := &flushRecorder{hdr: http.Header{}, out: make([]byte, 0, 1<<16)}
+	var s Sink = newHTTPSink(w)
+	s.Start(http.StatusOK, true)
+	ev := []byte("data: {\"n\":1}\n\n")
+	if n, err := s.Event(ev, ev[6:13]); n != len(ev) || err != nil || w.flushes != 1 {
+		t.Fatalf("Event = %d, %v after %d flushes; want %d, nil after 1", n, err, w.flushes, len(ev))
+	}
+	if n, err := s.Raw(nil); n != 0 || err != nil || w.flushes != 2 {
+		t.Fatalf("Raw(nil) = %d, %v after %d flushes; want a flush", n, err, w.flushes)
+	}
+	s.Error(http.StatusBadGateway, []byte(`{"error":{}}`))
+	if got, want := string(w.out), string(ev)+"event: error\ndata: {\"error\":{}}\n\n"; got != want || w.status != 200 {
+		t.Fatalf("client got %d %q; want 200 %q", w.status, got, want)
+	}
+	s.End(http.Header{"Server-Timing": {"decode;dur=1"}})
+	if got := w.hdr.Get(http.TrailerPrefix + "Server-Timing"); got != "decode;dur=1" {
+		t.Fatalf("trailer %q; want decode;dur=1", got)
+	}
+	w.out = w.out[:0]
+	if a := testing.AllocsPerRun(100, func() { s.Event(ev, ev[6:13]) }); a != 0 {
+		t.Fatalf("%v allocations per event; want 0", a)
+	}
+}
+
+// An error before the start is the whole answer: status, body, newline.
+func TestHTTPSinkErrorAnswer(t *testing.T) {
+	w := &flushRecorder{hdr: http.Header{}}
+	s := newHTTPSink(w)
+	sendError(s, &apiError{Status: 503, Type: "server_error", Code: "x", Message: "m", RetryAfter: 2})
+	if w.status != 503 || w.hdr.Get("Retry-After") != "2" || !strings.HasSuffix(string(w.out), "}\n") ||
+		!strings.Contains(string(w.out), `"code":"x"`) {
+		t.Fatalf("got %d %v %q", w.status, w.hdr, w.out)
+	}
+	w = &flushRecorder{hdr: http.Header{}}
+	sendError(newHTTPSink(w), statusOf(context.Canceled))
+	if w.status != 0 || len(w.out) != 0 {
+		t.Fatalf("499 wrote %d %q; want nothing (nobody listens)", w.status, w.out)
+	}
+}
+
+// A generic stream that fails after it started relays its error event as
+// a chunk, as its other events; an OpenAI stream's error is left to the
+// terminal frame.
+func TestBridgeSinkRawStreamError(t *testing.T) {
+	c := testConn(4)
+	rq := &wsRequest{c: c, id: "r", prefix: chunkPrefix("r"), ctx: context.Background()}
+	s := &bridgeSink{rq: rq, hdr: http.Header{}}
+	s.Start(200, true)
+	s.Raw(nil)
+	s.Raw([]byte("data: 1\n\n"))
+	s.Error(502, []byte(`{"error":{"code":"upstream_stream_broken"}}`))
+	got := strings.Join(queued(c), "\n")
+	want := `{"type":"chunk","id":"r","data":1}` + "\n" +
+		`{"type":"chunk","id":"r","event":"error","data":{"error":{"code":"upstream_stream_broken"}}}`
+	if got != want {
+		t.Fatalf("frames:\n%s\nwant:\n%s", got, want)
+	}
+}
