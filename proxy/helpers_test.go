@@ -324,15 +324,45 @@ func readEvents(t testing.TB, body io.Reader) (events []sseEvent, done bool) {
 	}
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor polls cond until it holds or the deadline passes. It is for
+// conditions on real state that no event announces; wait on the event
+// where one exists.
 func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
+	if !poll(d, cond) {
+		t.Fatalf("timed out after %v waiting for %s", d, what)
+	}
+}
+
+// poll checks cond every 5ms until it holds (true) or d has passed
+// (false).
+func poll(d time.Duration, cond func() bool) bool {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return cond()
 		}
-		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
+// shutdownWithin runs srv.Shutdown(ctx) and fails the test if it has not
+// returned within d; it returns Shutdown's error.
+func shutdownWithin(t testing.TB, srv *listen.Server, ctx context.Context, d time.Duration) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- srv.Shutdown(ctx) }() // exits when Shutdown returns
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		t.Fatalf("Shutdown still running after %v", d)
+		return nil
 	}
 }
 

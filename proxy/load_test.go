@@ -113,7 +113,7 @@ func openLoop(url string, rate float64, dur, grace time.Duration) (ttfts []time.
 	)
 	body := `{"model":"sim-small","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"hello"}]}`
 	for at := time.Duration(0); at < dur; at += time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) {
-		time.Sleep(time.Until(start.Add(at)))
+		time.Sleep(time.Until(start.Add(at))) // paces the arrival schedule (load generation, not a wait)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -125,6 +125,7 @@ func TestSwapUnderRequests(t *testing.T) {
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	fails := make(chan string, 100)
+	served := make(chan struct{}, 1) // a request finished since the last swap
 	for w := 0; w < 4; w++ {
 		wg.Add(1)
 		go func() {
@@ -141,16 +142,27 @@ func TestSwapUnderRequests(t *testing.T) {
 				if resp.StatusCode != 200 || !done {
 					fails <- resp.Status
 				}
+				select {
+				case served <- struct{}{}:
+				default:
+				}
 			}
 		}()
 	}
+	workersDone := make(chan struct{})
+	go func() { wg.Wait(); close(workersDone) }() // exits when the workers have
 	var dones []<-chan struct{}
 	for i := 0; i < 40; i++ {
+		// Each swap follows a served request, so the swaps spread over
+		// the requests rather than over a clock.
+		select {
+		case <-served:
+		case <-workersDone:
+		}
 		dones = append(dones, e.handler.Swap(stateFor(t, url)))
-		time.Sleep(5 * time.Millisecond)
 	}
 	close(stop)
-	wg.Wait()
+	<-workersDone
 	close(fails)
 	for f := range fails {
 		t.Errorf("request failed across swaps: %s", f)

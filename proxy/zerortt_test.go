@@ -170,11 +170,14 @@ func TestHTTP3ZeroRTTOffByDefault(t *testing.T) {
 	}
 }
 
-// getTicket makes one request over a full handshake so that tlsCfg's
-// session cache holds a ticket for addr.
+// getTicket makes one request over a full handshake and waits until
+// tlsCfg's session cache holds a ticket for addr.
 func getTicket(t *testing.T, addr string, tlsCfg *tls.Config) {
 	t.Helper()
-	tr := &http3.Transport{TLSClientConfig: tlsCfg}
+	cache := &ticketCache{ClientSessionCache: tlsCfg.ClientSessionCache, stored: make(chan struct{})}
+	cfg := tlsCfg.Clone()
+	cfg.ClientSessionCache = cache
+	tr := &http3.Transport{TLSClientConfig: cfg}
 	defer tr.Close()
 	resp, err := (&http.Client{Transport: tr}).Get("https://" + addr + "/first")
 	if err != nil {
@@ -182,5 +185,24 @@ func getTicket(t *testing.T, addr string, tlsCfg *tls.Config) {
 	}
 	io.ReadAll(resp.Body)
 	resp.Body.Close()
-	time.Sleep(50 * time.Millisecond) // the ticket follows the handshake; let it arrive
+	select { // the ticket follows the handshake
+	case <-cache.stored:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no session ticket stored 5s after the first request")
+	}
+}
+
+// ticketCache is a client session cache that closes stored when the first
+// session (ticket) is put into it.
+type ticketCache struct {
+	tls.ClientSessionCache
+	stored chan struct{}
+	once   sync.Once
+}
+
+func (c *ticketCache) Put(key string, cs *tls.ClientSessionState) {
+	c.ClientSessionCache.Put(key, cs)
+	if cs != nil { // nil removes an entry
+		c.once.Do(func() { close(c.stored) })
+	}
 }
