@@ -14,29 +14,40 @@ import (
 	"github.com/sluice-proxy/sluice/routing"
 )
 
-// Conditions the pipeline branches on; statusOf maps each to a response.
+// Conditions the pipeline branches on; ErrorOf maps each to a response.
 var (
 	errFirstTokenTimeout = errors.New("backend sent no first token in time")
 	errStreamIdle        = errors.New("backend stream stalled")
 	errStreamCut         = errors.New("backend closed the stream before [DONE]")
-	errEventTooLarge     = errors.New("backend sent an oversized event")
 	errResponseTooLarge  = errors.New("backend response too large")
 )
 
-// apiError is an error answered in OpenAI's error shape.
-type apiError struct {
-	Status  int
-	Type    string
-	Code    string
+// ErrEventTooLarge fails a stream with an event over MaxEventBytes;
+// ErrorOf answers it as a 502 upstream_stream_broken.
+var ErrEventTooLarge = errors.New("backend sent an oversized event")
+
+// APIError is an error answered in OpenAI's error shape:
+// {"error":{"message","type","param","code"}}.
+type APIError struct {
+	// Status is the HTTP status answered. 499 means the client left: no
+	// response is written.
+	Status int
+	// Type is OpenAI's error type, e.g. "invalid_request_error" or
+	// "server_error".
+	Type string
+	// Code is the machine-readable reason, e.g. "invalid_api_key".
+	Code string
+	// Message is the human-readable explanation; Error returns it.
 	Message string
-	// RetryAfter, when positive, is sent as Retry-After (seconds).
+	// RetryAfter, when positive, is sent as Retry-After (seconds). Zero
+	// means no Retry-After.
 	RetryAfter int
 }
 
-func (e *apiError) Error() string { return e.Message }
+func (e *APIError) Error() string { return e.Message }
 
-func badRequest(code, msg string) *apiError {
-	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code, Message: msg}
+func badRequest(code, msg string) *APIError {
+	return &APIError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code, Message: msg}
 }
 
 // upstreamStatus is a 5xx answer from a backend before the first token;
@@ -50,48 +61,52 @@ func (e *upstreamStatus) Error() string {
 	return "backend answered " + strconv.Itoa(e.resp.StatusCode)
 }
 
-// statusOf is the one mapping from pipeline errors to client responses.
-func statusOf(err error) *apiError {
-	var ae *apiError
+// ErrorOf is the one mapping from errors to client responses: an *APIError
+// in err's chain is returned as is; the pipeline's conditions (a sentinel
+// such as ErrEventTooLarge, routing's and listen's errors, cancellation,
+// timeouts) get their status and code; anything else is a 502
+// upstream_unreachable. It never returns nil.
+func ErrorOf(err error) *APIError {
+	var ae *APIError
 	if errors.As(err, &ae) {
 		return ae
 	}
 	switch {
 	case errors.Is(err, ws.ErrOriginNotAllowed):
-		return &apiError{Status: http.StatusForbidden, Type: "invalid_request_error", Code: "origin_not_allowed",
+		return &APIError{Status: http.StatusForbidden, Type: "invalid_request_error", Code: "origin_not_allowed",
 			Message: "WebSocket connections from this origin are not allowed"}
 	case errors.Is(err, routing.ErrNoHealthyBackend):
-		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_healthy_backend",
+		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_healthy_backend",
 			Message: "no healthy backend is available for this model; retry shortly", RetryAfter: retryAfterOf(err)}
 	case errors.Is(err, routing.ErrQueueTimeout):
-		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "queue_timeout",
+		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "queue_timeout",
 			Message:    "every backend is at its target load and the request waited too long in the queue; retry shortly",
 			RetryAfter: retryAfterOf(err)}
 	case errors.Is(err, routing.ErrQueueFull):
-		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "queue_full",
+		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "queue_full",
 			Message: "every backend is at its target load and the queue is full; retry shortly", RetryAfter: retryAfterOf(err)}
 	case errors.Is(err, errFirstTokenTimeout), errors.Is(err, errStreamIdle):
-		return &apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
+		return &APIError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
 			Message: "the backend did not answer in time"}
 	case errors.Is(err, listen.ErrDraining):
-		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down",
+		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down",
 			Message: "this edge node is shutting down; retry", RetryAfter: 1}
 	case errors.Is(err, context.Canceled):
-		return &apiError{Status: 499, Type: "invalid_request_error", Code: "client_closed_request",
+		return &APIError{Status: 499, Type: "invalid_request_error", Code: "client_closed_request",
 			Message: "the client closed the request"}
-	case errors.Is(err, errStreamCut), errors.Is(err, errEventTooLarge):
-		return &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_stream_broken",
+	case errors.Is(err, errStreamCut), errors.Is(err, ErrEventTooLarge):
+		return &APIError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_stream_broken",
 			Message: "the backend stream broke before it finished: " + err.Error()}
 	case errors.Is(err, errResponseTooLarge):
-		return &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_response_too_large",
+		return &APIError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_response_too_large",
 			Message: "the backend's response exceeded the configured maximum"}
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		return &apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
+		return &APIError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
 			Message: "the backend did not answer in time"}
 	}
-	return &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_unreachable",
+	return &APIError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_unreachable",
 		Message: "the backend could not be reached or failed"}
 }
 
@@ -112,13 +127,25 @@ type errorFields struct {
 	Code    string  `json:"code"`
 }
 
-func (e *apiError) body() []byte {
-	b, _ := json.Marshal(errorBody{Error: errorFields{Message: e.Message, Type: e.Type, Code: e.Code}})
+func (e *APIError) body() []byte {
+	b, _ := json.Marshal(errorBody{Error: e.fields()})
 	return b
 }
 
-// writeError answers e as JSON in OpenAI's error shape.
-func writeError(w http.ResponseWriter, e *apiError) {
+func (e *APIError) fields() errorFields {
+	return errorFields{Message: e.Message, Type: e.Type, Code: e.Code}
+}
+
+// Object is e's error object, the value of the response body's "error"
+// field: {"message","type","param":null,"code"}.
+func (e *APIError) Object() json.RawMessage {
+	b, _ := json.Marshal(e.fields())
+	return b
+}
+
+// WriteError answers e on w as JSON in OpenAI's error shape, with
+// Retry-After when e has one; for status 499 it only sets the headers.
+func WriteError(w http.ResponseWriter, e *APIError) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Del("Content-Length")
@@ -133,9 +160,9 @@ func writeError(w http.ResponseWriter, e *apiError) {
 	w.Write(append(e.body(), '\n'))
 }
 
-// sseError is the event that ends a stream that failed after it started;
-// body is the error in OpenAI's shape.
-func sseError(body []byte) []byte {
+// ErrorEvent is the SSE "error" event that ends a stream that failed after
+// it started; body is the error in OpenAI's shape.
+func ErrorEvent(body []byte) []byte {
 	b := make([]byte, 0, 160)
 	b = append(b, "event: error\ndata: "...)
 	b = append(b, body...)

@@ -79,7 +79,6 @@ type Handler struct {
 	transport http.RoundTripper
 	started   time.Time
 	inflight  atomic.Int64
-	ws        wsStats
 }
 
 // NewHandler builds a handler serving st.
@@ -111,29 +110,25 @@ func (h *Handler) Swap(st *State) (previousDone <-chan struct{}) {
 // State returns the state new requests use.
 func (h *Handler) State() *State { return h.live.Load().st }
 
+// Region is the node's region (Options.Region), sent as X-Sluice-Region;
+// "" means none.
+func (h *Handler) Region() string { return h.region }
+
 // ServeHTTP runs one request through the pipeline, answering on w (see
-// Serve); it also upgrades the WebSocket bridge's endpoint.
+// Serve). It does not serve the WebSocket bridge's endpoint: package
+// proxy/bridge wraps the handler to do that.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	l := h.acquire()
-	if l.st.Config.WebSocket.IsBridge(r) {
-		// The socket needs the state only to upgrade (auth, config); each
-		// request on it runs through Serve with the state current then,
-		// so a long-lived socket does not keep a replaced state alive.
-		st := l.st
-		l.release()
-		h.serveBridge(w, r, st)
-		return
-	}
 	conn, _ := listen.ConnInfoFrom(r.Context())
-	h.serve(l, r, newHTTPSink(w), conn, false)
+	h.serve(h.acquire(), r, newHTTPSink(w), conn, false)
 }
 
 // Serve runs one request through the pipeline (auth, intake, admission,
 // routing, forwarding, relay, settlement, metrics, access log), writes the
 // response into sink and reports the outcome once the request has been
 // settled. r's context carries cancellation; conn describes the client's
-// connection. Serve does not upgrade the WebSocket bridge's endpoint;
-// ServeHTTP does.
+// connection. Neither Serve nor ServeHTTP upgrades the WebSocket
+// bridge's endpoint; proxy/bridge does, and serves each request frame
+// through Serve.
 func (h *Handler) Serve(r *http.Request, sink Sink, conn listen.ConnInfo) Outcome {
 	return h.serve(h.acquire(), r, sink, conn, true)
 }
@@ -143,7 +138,7 @@ func (h *Handler) Serve(r *http.Request, sink Sink, conn listen.ConnInfo) Outcom
 func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.ConnInfo, timing bool) (o Outcome) {
 	defer l.release()
 	x := &exchange{h: h, st: l.st, sink: sink, r: r, conn: conn, start: time.Now()}
-	x.id = requestID(r.Header.Get("X-Request-Id"))
+	x.id = RequestID(r.Header.Get("X-Request-Id"))
 	hdr := sink.Header()
 	hdr.Set("X-Request-Id", x.id)
 	if h.region != "" {
@@ -218,19 +213,19 @@ func (x *exchange) serve() error {
 	allowQuery := pre != nil && x.policy.AllowQueryKey
 	key := apiKey(r, allowQuery)
 	if key == "" && pre != nil && x.policy.Kind == KindWebSocket {
-		key, _ = wsKey(r) // browsers send it as a subprotocol
+		key, _ = WebSocketKey(r) // browsers send it as a subprotocol
 	}
 	x.tenant = x.st.Tenants.Lookup(key)
 	x.authDone = time.Now()
 	if x.tenant == nil {
-		return &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
+		return &APIError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
 			Message: "missing or unknown API key (send Authorization: Bearer <key>)"}
 	}
 	if r.URL.Path == "/v1/usage" && r.Method == http.MethodGet {
 		return x.serveUsage()
 	}
 	if pre == nil {
-		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
+		return &APIError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
 			Message: "unknown path " + strconv.Quote(r.URL.Path)}
 	}
 	if x.policy.Kind == KindWebSocket {
@@ -274,7 +269,7 @@ func (x *exchange) intake(pre *routing.Route) error {
 	x.meta, x.body = meta, body
 	route, err := x.st.Routes.Match(r.Host, r.URL.Path, meta.Model)
 	if err != nil {
-		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
+		return &APIError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
 			Message: "the model " + strconv.Quote(meta.Model) + " does not exist or is not served here"}
 	}
 	x.route, x.policy = route, x.st.policy(route)
@@ -303,7 +298,7 @@ func (x *exchange) admit() error {
 		if x.r.Context().Err() != nil {
 			return context.Canceled
 		}
-		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "limiter_unavailable",
+		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "limiter_unavailable",
 			Message: "the rate limiter could not decide; retry", RetryAfter: 1}
 	}
 	limiter.SetHeaders(x.sink.Header(), d)
@@ -335,7 +330,7 @@ func (x *exchange) fail(err error) {
 		x.status = rf.write(x.sink)
 		return
 	}
-	ae := statusOf(err)
+	ae := ErrorOf(err)
 	x.status = ae.Status
 	sendError(x.sink, ae)
 }
@@ -383,8 +378,9 @@ func (x *exchange) consumed() limiter.Usage {
 	return limiter.Usage{InputTokens: x.meta.InputTokens, OutputTokens: x.tokens}
 }
 
-// requestID returns the client's id when it is sane, else a new one.
-func requestID(in string) string {
+// RequestID returns in (a client's X-Request-Id) when it is sane: 1 to
+// 128 printable ASCII characters without spaces; else a new random id.
+func RequestID(in string) string {
 	if n := len(in); n > 0 && n <= 128 {
 		ok := true
 		for i := 0; i < n; i++ {
@@ -431,12 +427,12 @@ type usageReporter interface {
 func (x *exchange) serveUsage() error {
 	ur, ok := x.st.Limiter.(usageReporter)
 	if !ok {
-		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
+		return &APIError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
 			Message: "usage is not available: no limiter is configured"}
 	}
 	st, err := ur.Snapshot(x.r.Context(), x.tenant.ID, x.tenant.Limits)
 	if err != nil {
-		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "limiter_unavailable",
+		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "limiter_unavailable",
 			Message: "usage could not be read; retry", RetryAfter: 1}
 	}
 	b, err := json.Marshal(st)

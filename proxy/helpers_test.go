@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-proxy/sluice/internal/gpusim"
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/bridge"
 	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/observe"
 	"github.com/sluice-proxy/sluice/routing"
@@ -48,6 +49,7 @@ func startSim(t testing.TB, cfg gpusim.Config) (*gpusim.Sim, string) {
 // testEdge is a Sluice handler on real listeners in front of real backends.
 type testEdge struct {
 	handler *proxy.Handler
+	bridge  *bridge.Bridge // the served handler: the bridge in front of handler
 	server  *listen.Server
 	http    string // http://host:port (HTTP/1.1 and h2c)
 	https   string // https://host:port (HTTP/1.1 and h2)
@@ -158,11 +160,12 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	}
 	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, AccessLog: observe.NewAccessLog(o.log, "json"),
 		Metrics: o.metrics, Stats: observe.NewStats()})
+	br := bridge.New(h, bridge.Options{Log: log, Metrics: o.metrics})
 	if o.tls == nil {
 		o.tls = testTLSConfig(t)
 	}
 	srv := &listen.Server{
-		Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: o.tls,
+		Handler: br, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: o.tls,
 		HTTP3: o.http3, QUICTLSConfig: o.quic, Log: log,
 	}
 	if err := srv.Listen(); err != nil {
@@ -171,7 +174,7 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	go srv.Serve()
 	t.Cleanup(func() { srv.Close() })
 	return &testEdge{
-		handler: h, server: srv, pools: pools, reg: reg,
+		handler: h, bridge: br, server: srv, pools: pools, reg: reg,
 		http:  "http://" + srv.Addr(listen.ListenerHTTP),
 		https: "https://" + srv.Addr(listen.ListenerHTTPS),
 		h3:    "https://" + srv.Addr(listen.ListenerHTTP3),

@@ -41,7 +41,7 @@ type openAIBody struct {
 
 // readBody reads the request body, at most limit bytes (413 beyond).
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	tooLarge := &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+	tooLarge := &APIError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 		Code: "request_too_large", Message: fmt.Sprintf("request body exceeds %d bytes", limit)}
 	if r.ContentLength > limit {
 		return nil, tooLarge
@@ -56,7 +56,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	case errors.As(err, &mbe):
 		return nil, tooLarge
 	case err != nil:
-		return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error",
+		return nil, &APIError{Status: http.StatusBadRequest, Type: "invalid_request_error",
 			Code: "body_read_error", Message: "could not read the request body"}
 	}
 	return buf.Bytes(), nil
@@ -82,7 +82,7 @@ func parseOpenAI(body []byte) (requestMeta, []byte, error) {
 	var f openAIFields
 	if !f.scan(body) {
 		if err := f.decode(body); err != nil {
-			return requestMeta{}, nil, badRequest("invalid_json", "request body is not valid JSON: "+jsonProblem(err))
+			return requestMeta{}, nil, badRequest("invalid_json", "request body is not valid JSON: "+JSONProblem(err))
 		}
 	}
 	m := requestMeta{Model: f.model, Stream: f.stream, ClientUsage: f.options && f.includeUsage}
@@ -315,7 +315,9 @@ func intValue(body []byte, v int, n *int64, set *bool) int {
 	return end
 }
 
-func jsonProblem(err error) string {
+// JSONProblem describes a JSON decoding error for a client: the syntax
+// error and its byte offset, or the field with the wrong type.
+func JSONProblem(err error) string {
 	var se *json.SyntaxError
 	if errors.As(err, &se) {
 		return fmt.Sprintf("%v (at byte %d)", se, se.Offset)

@@ -12,7 +12,7 @@ import (
 func parseOpenAIReference(body []byte) (requestMeta, []byte, error) {
 	var b openAIBody
 	if err := json.Unmarshal(body, &b); err != nil {
-		return requestMeta{}, nil, badRequest("invalid_json", "request body is not valid JSON: "+jsonProblem(err))
+		return requestMeta{}, nil, badRequest("invalid_json", "request body is not valid JSON: "+JSONProblem(err))
 	}
 	m := requestMeta{Model: b.Model, Stream: b.Stream}
 	if b.StreamOptions != nil && b.StreamOptions.IncludeUsage != nil {
@@ -184,7 +184,7 @@ func TestParseOpenAI(t *testing.T) {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("got error %v; want one with %q", err, c.err)
 				}
-				if ae, ok := err.(*apiError); !ok || ae.Status != 400 || ae.Code != "invalid_json" {
+				if ae, ok := err.(*APIError); !ok || ae.Status != 400 || ae.Code != "invalid_json" {
 					t.Fatalf("got %#v; want a 400 invalid_json", err)
 				}
 			case err != nil:
@@ -219,7 +219,7 @@ func checkParseOpenAI(t *testing.T, body []byte) {
 	switch {
 	case (err == nil) != (rerr == nil):
 		t.Fatalf("%q: error %v; reference %v", body, err, rerr)
-	case err != nil && *err.(*apiError) != *rerr.(*apiError):
+	case err != nil && *err.(*APIError) != *rerr.(*APIError):
 		t.Fatalf("%q: error %#v; reference %#v", body, err, rerr)
 	case m != rm:
 		t.Fatalf("%q: meta %+v; reference %+v", body, m, rm)

@@ -110,7 +110,7 @@ func (l *leg) readFirstEvent() {
 			l.fail(causeOf(l.ctx, err), true)
 			return
 		}
-		if eventData(ev) != nil {
+		if EventData(ev) != nil {
 			l.ev, l.first = ev, time.Now()
 			l.att.Progress(l.first)
 			l.wd.tick(l.x.st.Config.StreamIdleTimeout)

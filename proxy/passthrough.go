@@ -28,7 +28,7 @@ func (x *exchange) passthrough(route *routing.Route) error {
 	x.routed = x.bodyRead
 	if !websocket.IsWebSocketUpgrade(r) || r.Method != http.MethodGet || x.responseWriter() == nil {
 		x.sink.Header().Set("Upgrade", "websocket")
-		return &apiError{Status: http.StatusUpgradeRequired, Type: "invalid_request_error", Code: "upgrade_required",
+		return &APIError{Status: http.StatusUpgradeRequired, Type: "invalid_request_error", Code: "upgrade_required",
 			Message: "this route relays WebSocket: send GET with Upgrade: websocket"}
 	}
 	if err := ws.CheckOrigin(r, cfg.AllowedOrigins); err != nil {
@@ -127,7 +127,7 @@ func (x *exchange) dialBackend(b *routing.Backend) (*websocket.Conn, error) {
 	case err == nil:
 		return conn, nil
 	case resp != nil:
-		return nil, &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_refused_upgrade",
+		return nil, &APIError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_refused_upgrade",
 			Message: fmt.Sprintf("the backend answered %d to the WebSocket upgrade", resp.StatusCode)}
 	}
 	return nil, err
@@ -202,10 +202,10 @@ func (x *exchange) upgradeClient(backendProtocol string) (*websocket.Conn, error
 	if proto != "" {
 		hdr.Set("Sec-Websocket-Protocol", proto)
 	}
-	u := ws.NewUpgrader(nil, writeHandshakeError)
+	u := ws.NewUpgrader(nil, WriteHandshakeError)
 	u.Error = func(w http.ResponseWriter, r *http.Request, status int, reason error) {
 		x.status = status
-		writeError(w, handshakeError(status, reason))
+		WriteError(w, handshakeError(status, reason))
 	}
 	conn, err := u.Upgrade(w, x.r, hdr)
 	if err == nil {
@@ -214,12 +214,14 @@ func (x *exchange) upgradeClient(backendProtocol string) (*websocket.Conn, error
 	return conn, err
 }
 
-// writeHandshakeError answers a failed upgrade.
-func writeHandshakeError(w http.ResponseWriter, status int, reason error) {
-	writeError(w, handshakeError(status, reason))
+// WriteHandshakeError answers a failed WebSocket upgrade with status and
+// reason as a JSON error (code bad_websocket_handshake); it has the shape
+// of ws.NewUpgrader's error callback.
+func WriteHandshakeError(w http.ResponseWriter, status int, reason error) {
+	WriteError(w, handshakeError(status, reason))
 }
 
 // handshakeError is the JSON error for a failed upgrade.
-func handshakeError(status int, reason error) *apiError {
-	return &apiError{Status: status, Type: "invalid_request_error", Code: "bad_websocket_handshake", Message: reason.Error()}
+func handshakeError(status int, reason error) *APIError {
+	return &APIError{Status: status, Type: "invalid_request_error", Code: "bad_websocket_handshake", Message: reason.Error()}
 }

@@ -50,7 +50,7 @@ func errorClass(x *exchange) string {
 	case x.decision.Reason != "" && !x.decision.Allowed:
 		return "limit_" + x.decision.Reason
 	}
-	return statusOf(x.err).Code
+	return ErrorOf(x.err).Code
 }
 
 // Snapshot returns the node's current stats (the JSON of /debug/stats).

@@ -14,8 +14,9 @@ import (
 	"github.com/sluice-proxy/sluice/limiter"
 )
 
-// maxEventBytes bounds one SSE event from a backend.
-const maxEventBytes = 1 << 20
+// MaxEventBytes bounds one SSE event from a backend; a longer one fails
+// the stream with ErrEventTooLarge.
+const MaxEventBytes = 1 << 20
 
 // relayBufferSize is the size of a stream's read buffer, held for the
 // stream's life: events are far smaller, and a longer line is read in
@@ -67,7 +68,7 @@ func (x *exchange) relayOpenAI(l *leg) error {
 // tokens and sends the event on (the usage-only chunk only when the client
 // asked for it). done is true after [DONE] or when the client is gone.
 func (x *exchange) relayEvent(l *leg, ev []byte, now time.Time) (done bool, err error) {
-	data := eventData(ev)
+	data := EventData(ev)
 	switch {
 	case data == nil: // comment, retry or id only: pass on
 	case bytes.Equal(data, doneMarker):
@@ -131,7 +132,7 @@ func (x *exchange) streamFailed(err error) error {
 		x.logAttempt(x.backend, err)
 	}
 	if !errors.Is(err, context.Canceled) && !x.clientGone {
-		e := statusOf(err)
+		e := ErrorOf(err)
 		x.sent(x.sink.Error(e.Status, e.body()))
 	}
 	return err
@@ -234,8 +235,8 @@ func readEvent(br *bufio.Reader, buf []byte) ([]byte, error) {
 	continued := false // the previous read ended inside a long line
 	for {
 		line, err := br.ReadSlice('\n')
-		if len(buf)+len(line) > maxEventBytes {
-			return buf, errEventTooLarge
+		if len(buf)+len(line) > MaxEventBytes {
+			return buf, ErrEventTooLarge
 		}
 		buf = append(buf, line...)
 		switch {
@@ -258,9 +259,9 @@ func readEvent(br *bufio.Reader, buf []byte) ([]byte, error) {
 	}
 }
 
-// eventData returns the payload of an event's data lines (joined with "\n"
+// EventData returns the payload of an event's data lines (joined with "\n"
 // when there are several), or nil when it has none.
-func eventData(ev []byte) []byte {
+func EventData(ev []byte) []byte {
 	var out []byte
 	n := 0
 	for len(ev) > 0 {

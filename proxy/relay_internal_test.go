@@ -25,7 +25,7 @@ func TestReadEvent(t *testing.T) {
 		if err != nil || string(ev) != w.ev {
 			t.Fatalf("event %d: got %q, %v; want %q", i, ev, err, w.ev)
 		}
-		if got := string(eventData(ev)); got != w.data {
+		if got := string(EventData(ev)); got != w.data {
 			t.Fatalf("event %d data: got %q; want %q", i, got, w.data)
 		}
 	}
@@ -35,9 +35,9 @@ func TestReadEvent(t *testing.T) {
 }
 
 func TestReadEventTooLarge(t *testing.T) {
-	br := bufio.NewReader(strings.NewReader("data: " + strings.Repeat("z", maxEventBytes) + "\n\n"))
-	if _, err := readEvent(br, nil); !errors.Is(err, errEventTooLarge) {
-		t.Fatalf("got %v; want errEventTooLarge", err)
+	br := bufio.NewReader(strings.NewReader("data: " + strings.Repeat("z", MaxEventBytes) + "\n\n"))
+	if _, err := readEvent(br, nil); !errors.Is(err, ErrEventTooLarge) {
+		t.Fatalf("got %v; want ErrEventTooLarge", err)
 	}
 }
 
@@ -257,7 +257,7 @@ func FuzzReadEvent(f *testing.F) {
 			if len(ev) == 0 || ev[len(ev)-1] != '\n' {
 				t.Fatalf("event %q does not end with a newline", ev)
 			}
-			eventData(ev)
+			EventData(ev)
 			usageOf(ev)
 		}
 		if total > len(in) {

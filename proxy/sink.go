@@ -119,7 +119,7 @@ func (s *httpSink) Body(b []byte) (int, error) { return s.w.Write(b) }
 // started, and sends an "error" event after.
 func (s *httpSink) Error(status int, body []byte) (int, error) {
 	if s.started {
-		return s.send(sseError(body))
+		return s.send(ErrorEvent(body))
 	}
 	s.Start(status, false)
 	n, err := s.w.Write(body)
@@ -150,9 +150,9 @@ func (x *exchange) responseWriter() http.ResponseWriter {
 	return nil
 }
 
-// sendError answers e through s in OpenAI's error shape, as writeError
+// sendError answers e through s in OpenAI's error shape, as WriteError
 // does on a ResponseWriter: nothing is sent for 499 (nobody listens).
-func sendError(s Sink, e *apiError) {
+func sendError(s Sink, e *APIError) {
 	h := s.Header()
 	h.Set("Content-Type", "application/json")
 	h.Del("Content-Length")

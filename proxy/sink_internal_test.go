@@ -57,33 +57,14 @@ func TestHTTPSink(t *testing.T) {
 func TestHTTPSinkErrorAnswer(t *testing.T) {
 	w := &flushRecorder{hdr: http.Header{}}
 	s := newHTTPSink(w)
-	sendError(s, &apiError{Status: 503, Type: "server_error", Code: "x", Message: "m", RetryAfter: 2})
+	sendError(s, &APIError{Status: 503, Type: "server_error", Code: "x", Message: "m", RetryAfter: 2})
 	if w.status != 503 || w.hdr.Get("Retry-After") != "2" || !strings.HasSuffix(string(w.out), "}\n") ||
 		!strings.Contains(string(w.out), `"code":"x"`) {
 		t.Fatalf("got %d %v %q", w.status, w.hdr, w.out)
 	}
 	w = &flushRecorder{hdr: http.Header{}}
-	sendError(newHTTPSink(w), statusOf(context.Canceled))
+	sendError(newHTTPSink(w), ErrorOf(context.Canceled))
 	if w.status != 0 || len(w.out) != 0 {
 		t.Fatalf("499 wrote %d %q; want nothing (nobody listens)", w.status, w.out)
-	}
-}
-
-// A generic stream that fails after it started relays its error event as
-// a chunk, as its other events; an OpenAI stream's error is left to the
-// terminal frame.
-func TestBridgeSinkRawStreamError(t *testing.T) {
-	c := testConn(4)
-	rq := &wsRequest{c: c, id: "r", prefix: chunkPrefix("r"), ctx: context.Background()}
-	s := &bridgeSink{rq: rq, hdr: http.Header{}}
-	s.Start(200, true)
-	s.Raw(nil)
-	s.Raw([]byte("data: 1\n\n"))
-	s.Error(502, []byte(`{"error":{"code":"upstream_stream_broken"}}`))
-	got := strings.Join(queued(c), "\n")
-	want := `{"type":"chunk","id":"r","data":1}` + "\n" +
-		`{"type":"chunk","id":"r","event":"error","data":{"error":{"code":"upstream_stream_broken"}}}`
-	if got != want {
-		t.Fatalf("frames:\n%s\nwant:\n%s", got, want)
 	}
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"math"
 	"net/http"
 	"slices"
@@ -219,3 +220,45 @@ func protoOf(r *http.Request, c listen.ConnInfo) string {
 	}
 	return "h1"
 }
+
+// timingJSON is what the pipeline measured for one request, as a JSON
+// object in Server-Timing order with Server-Timing's names: every stage
+// measured (milliseconds; see docs/TIMING.md), then decode, the ITL
+// percentiles and maximum (ms), tokens (the output token count), tps (tokens
+// per second while decoding) and e2e (ms, the whole request at the edge).
+func timingJSON(x *exchange, now time.Time) json.RawMessage {
+	b := make([]byte, 0, 256)
+	add := func(name string, v float64) {
+		if len(b) == 0 {
+			b = append(b, '{')
+		} else {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, name)
+		b = append(b, ':')
+		b = strconv.AppendFloat(b, v, 'f', -1, 64)
+	}
+	for _, s := range observe.HeaderStages {
+		if d, ok := x.stage(s); ok {
+			add(s, roundMillis(d))
+		}
+	}
+	if d, ok := x.stage(observe.StageDecode); ok {
+		add(observe.StageDecode, roundMillis(d))
+		tokens := x.outputTokens()
+		if p50, p99, mx, n := x.itlPercentiles(); n > 0 {
+			add("itl-p50", roundMillis(p50))
+			add("itl-p99", roundMillis(p99))
+			add("itl-max", roundMillis(mx))
+		}
+		add("tokens", float64(tokens))
+		if d > 0 && tokens > 1 {
+			add("tps", math.Round(float64(tokens-1)/d.Seconds()*10)/10)
+		}
+	}
+	add(observe.StageE2E, roundMillis(now.Sub(x.start)))
+	return append(b, '}')
+}
+
+// roundMillis is d in milliseconds, to the microsecond.
+func roundMillis(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }

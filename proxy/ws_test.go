@@ -15,7 +15,6 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/ws"
 )
 
@@ -224,7 +223,7 @@ func TestWSBridgeSlowReader(t *testing.T) {
 		t.Fatalf("backend wrote %d of %d events while the client read none; want backpressure to stop it", w, total)
 	}
 	const frameBytes = 8<<10 + 128
-	if peak := proxy.WSPeakQueued(e.handler); peak > (queue+2)*frameBytes {
+	if peak := e.bridge.PeakQueued(); peak > (queue+2)*frameBytes {
 		t.Fatalf("Sluice queued up to %d bytes for the socket; want at most %d (queue %d frames + 2)", peak, (queue+2)*frameBytes, queue)
 	}
 	chunks := 1
@@ -245,7 +244,7 @@ func TestWSBridgeSlowReader(t *testing.T) {
 	if term.Type != "error" || term.ID != "big" || term.Error == nil || term.Error.Code != "slow_client" {
 		t.Fatalf("terminal %+v; want error slow_client for big", term)
 	}
-	t.Logf("backend wrote %d events, client got %d chunks, peak queued %d bytes", be.written.Load(), chunks, proxy.WSPeakQueued(e.handler))
+	t.Logf("backend wrote %d events, client got %d chunks, peak queued %d bytes", be.written.Load(), chunks, e.bridge.PeakQueued())
 
 	sendJSON(t, c, map[string]any{"type": "request", "id": "small", "path": "/v1/chat/completions?n=3", "body": json.RawMessage(chatBody(""))})
 	frames := readUntilTerminal(t, c, 1)

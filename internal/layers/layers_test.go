@@ -94,6 +94,20 @@ var rules = []rule{
 		deny: []string{"proxy", "proxy/ws/..."},
 	},
 	{
+		name: "bridge-above",
+		why:  "proxy/bridge sits above the pipeline: proxy/listen, proxy/observe and proxy/ws do not import it",
+		from: []string{"proxy/listen/...", "proxy/observe/...", "proxy/ws/..."},
+		deny: []string{"proxy/bridge/..."},
+	},
+	{
+		name: "bridge-above-pipeline",
+		why: "proxy/bridge wraps proxy.Handler: proxy does not import it (its external tests may, to serve the bridge; " +
+			"its in-package tests cannot, that would be a cycle)",
+		from:     []string{"proxy"},
+		deny:     []string{"proxy/bridge/..."},
+		prodOnly: true,
+	},
+	{
 		name:     "test-helpers",
 		why:      "internal/redistest imports package testing: test files only",
 		from:     []string{"..."},
@@ -216,6 +230,15 @@ func TestCheckSynthetic(t *testing.T) {
 		{"proxy imports redistest", []pkg{{path: "proxy", imports: imp{"internal/redistest"}}},
 			[]string{"proxy -> internal/redistest [test-helpers]"}},
 		{"a proxy test imports redistest", []pkg{{path: "proxy", testImports: imp{"internal/redistest"}}}, nil},
+		{"proxy imports proxy/bridge", []pkg{{path: "proxy", imports: imp{"proxy/bridge"}}},
+			[]string{"proxy -> proxy/bridge [bridge-above-pipeline]"}},
+		{"a proxy test serves proxy/bridge", []pkg{{path: "proxy", testImports: imp{"proxy/bridge"}}}, nil},
+		{"proxy/ws imports proxy/bridge", []pkg{{path: "proxy/ws", imports: imp{"proxy/bridge"}}},
+			[]string{"proxy/ws -> proxy/bridge [bridge-above]"}},
+		{"a proxy/listen test imports proxy/bridge", []pkg{{path: "proxy/listen", testImports: imp{"proxy/bridge"}}},
+			[]string{"proxy/listen -(test)-> proxy/bridge [bridge-above]"}},
+		{"proxy/bridge imports the pipeline and its sub-packages", []pkg{{path: "proxy/bridge",
+			imports: imp{"proxy", "proxy/listen", "proxy/observe", "proxy/ws"}}}, nil},
 		{"prefixes stop at a path element", []pkg{{path: "routingx", imports: imp{"proxy", "limiter"}}}, nil},
 	}
 	hit := map[string]bool{}

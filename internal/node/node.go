@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-proxy/sluice/internal/gpusim"
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/bridge"
 	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/observe"
 	"github.com/sluice-proxy/sluice/routing"
@@ -122,13 +123,14 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 		defer close(n.bgDone)
 		n.limiter.Run(n.bgCtx)
 	}()
+	metrics := observe.NewMetrics(n.reg, cfg.Proxy.TenantMetricLabels)
 	n.handler = proxy.NewHandler(st, proxy.Options{
 		Node: cfg.Node.Name, Region: cfg.Node.Region, Log: log, AccessLog: access,
-		Metrics: observe.NewMetrics(n.reg, cfg.Proxy.TenantMetricLabels), Stats: observe.NewStats(),
+		Metrics: metrics, Stats: observe.NewStats(),
 	})
 	n.reg.MustRegister(routing.Collector(func() []*routing.Pool { return n.handler.State().Routes.Pools() }))
 	n.server = &listen.Server{
-		Handler: n.handler, HTTPAddr: cfg.Listeners.HTTP, AdminAddr: cfg.Listeners.Admin, Log: log,
+		Handler: bridge.New(n.handler, bridge.Options{Log: log, Metrics: metrics}), HTTPAddr: cfg.Listeners.HTTP, AdminAddr: cfg.Listeners.Admin, Log: log,
 	}
 	if h := cfg.Listeners.HTTPS; h != nil {
 		n.certs, err = certs.New(h.Config, log, n.reg)

@@ -1,10 +1,15 @@
-package proxy
+package bridge
 
 import (
 	"bytes"
 	"context"
 	"net/http"
+
+	"github.com/sluice-proxy/sluice/proxy"
 )
+
+// doneMarker is the data of the event that ends an OpenAI stream.
+var doneMarker = []byte("[DONE]")
 
 // maxErrorBody bounds the body of a non-200 response kept for its error
 // frame.
@@ -31,7 +36,7 @@ type bridgeSink struct {
 	failed  error
 }
 
-var _ Sink = (*bridgeSink)(nil)
+var _ proxy.Sink = (*bridgeSink)(nil)
 
 func (s *bridgeSink) Header() http.Header { return s.hdr }
 
@@ -86,8 +91,8 @@ func (s *bridgeSink) Raw(p []byte) (int, error) {
 		}
 		data = data[n:]
 	}
-	if len(data) > maxEventBytes {
-		s.failed = errEventTooLarge
+	if len(data) > proxy.MaxEventBytes {
+		s.failed = proxy.ErrEventTooLarge
 		return 0, s.failed
 	}
 	s.pending = append(s.pending[:0], data...) // data may alias p or pending
@@ -96,7 +101,7 @@ func (s *bridgeSink) Raw(p []byte) (int, error) {
 
 // rawEvent queues one event of a generic stream.
 func (s *bridgeSink) rawEvent(ev []byte) error {
-	data := eventData(ev)
+	data := proxy.EventData(ev)
 	if data == nil {
 		return nil // comments and keep-alives
 	}
@@ -132,7 +137,7 @@ func (s *bridgeSink) Error(status int, body []byte) (int, error) {
 		s.Start(status, false)
 		return s.Body(body)
 	case s.stream && s.raw:
-		return s.Raw(sseError(body))
+		return s.Raw(proxy.ErrorEvent(body))
 	}
 	return 0, nil // the error frame says it
 }
@@ -177,19 +182,19 @@ func eventName(ev []byte) string {
 }
 
 // terminal builds the frame that ends the request: done, or error.
-func (s *bridgeSink) terminal(o *Outcome) []byte {
+func (s *bridgeSink) terminal(o *proxy.Outcome) []byte {
 	rq := s.rq
 	switch {
 	case s.failed == errSlowClient:
-		return newErrorFrame(rq.id, o.RequestID, &apiError{Status: http.StatusRequestTimeout, Type: "invalid_request_error",
+		return newErrorFrame(rq.id, o.RequestID, &proxy.APIError{Status: http.StatusRequestTimeout, Type: "invalid_request_error",
 			Code: "slow_client", Message: "the client did not read frames in time; the request was cancelled"})
 	case rq.cancelled.Load() && (o.Err != nil || s.status == 0):
-		return newErrorFrame(rq.id, o.RequestID, &apiError{Status: 499, Type: "invalid_request_error",
+		return newErrorFrame(rq.id, o.RequestID, &proxy.APIError{Status: 499, Type: "invalid_request_error",
 			Code: "cancelled", Message: "the request was cancelled by a cancel frame"})
 	case s.status == 0 || (s.status == http.StatusOK && o.Err != nil):
-		ae := statusOf(o.Err)
+		ae := proxy.ErrorOf(o.Err)
 		if o.Err == nil {
-			ae = statusOf(context.Canceled)
+			ae = proxy.ErrorOf(context.Canceled)
 		}
 		return newErrorFrame(rq.id, o.RequestID, ae)
 	case s.status != http.StatusOK:

@@ -1,8 +1,7 @@
-package proxy
+package bridge
 
 import (
 	"encoding/json"
-	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -10,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluice-proxy/sluice/proxy/observe"
+	"github.com/sluice-proxy/sluice/proxy"
 )
 
 // Frame types of the bridge protocol (docs/WEBSOCKET.md).
@@ -38,7 +37,7 @@ type clientFrame struct {
 // parseClientFrame decodes and checks a client frame. On error the returned
 // frame still carries the id when one could be read, so the error frame can
 // name the request it is about.
-func parseClientFrame(msg []byte, bridgePath string) (clientFrame, *apiError) {
+func parseClientFrame(msg []byte, bridgePath string) (clientFrame, *proxy.APIError) {
 	var f clientFrame
 	if err := json.Unmarshal(msg, &f); err != nil {
 		var id struct {
@@ -46,7 +45,7 @@ func parseClientFrame(msg []byte, bridgePath string) (clientFrame, *apiError) {
 		}
 		json.Unmarshal(msg, &id)
 		f = clientFrame{ID: validFrameID(id.ID)}
-		return f, badFrame("frame is not valid JSON: " + jsonProblem(err))
+		return f, badFrame("frame is not valid JSON: " + proxy.JSONProblem(err))
 	}
 	if f.ID == "" {
 		return f, badFrame(`frame needs a non-empty "id"`)
@@ -69,7 +68,7 @@ func parseClientFrame(msg []byte, bridgePath string) (clientFrame, *apiError) {
 
 // checkRequestFrame checks a request frame's method, path and body, and
 // parses its path.
-func checkRequestFrame(f *clientFrame, bridgePath string) *apiError {
+func checkRequestFrame(f *clientFrame, bridgePath string) *proxy.APIError {
 	switch f.Method {
 	case "":
 		f.Method = http.MethodPost
@@ -102,8 +101,8 @@ func validFrameID(id string) string {
 	return id
 }
 
-func badFrame(msg string) *apiError {
-	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_frame", Message: msg}
+func badFrame(msg string) *proxy.APIError {
+	return &proxy.APIError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_frame", Message: msg}
 }
 
 // framePool recycles frame buffers; the writer returns each after writing.
@@ -157,45 +156,6 @@ type usageJSON struct {
 	TotalTokens      int64 `json:"total_tokens"`
 }
 
-// timingJSON is what the pipeline measured for one request, as a JSON
-// object in Server-Timing order with Server-Timing's names: every stage
-// measured (milliseconds; see docs/TIMING.md), then decode, the ITL
-// percentiles and maximum (ms), tokens (the output token count), tps (tokens
-// per second while decoding) and e2e (ms, the whole request at the edge).
-func timingJSON(x *exchange, now time.Time) json.RawMessage {
-	b := make([]byte, 0, 256)
-	add := func(name string, v float64) {
-		if len(b) == 0 {
-			b = append(b, '{')
-		} else {
-			b = append(b, ',')
-		}
-		b = strconv.AppendQuote(b, name)
-		b = append(b, ':')
-		b = strconv.AppendFloat(b, v, 'f', -1, 64)
-	}
-	for _, s := range observe.HeaderStages {
-		if d, ok := x.stage(s); ok {
-			add(s, roundMillis(d))
-		}
-	}
-	if d, ok := x.stage(observe.StageDecode); ok {
-		add(observe.StageDecode, roundMillis(d))
-		tokens := x.outputTokens()
-		if p50, p99, mx, n := x.itlPercentiles(); n > 0 {
-			add("itl-p50", roundMillis(p50))
-			add("itl-p99", roundMillis(p99))
-			add("itl-max", roundMillis(mx))
-		}
-		add("tokens", float64(tokens))
-		if d > 0 && tokens > 1 {
-			add("tps", math.Round(float64(tokens-1)/d.Seconds()*10)/10)
-		}
-	}
-	add(observe.StageE2E, roundMillis(now.Sub(x.start)))
-	return append(b, '}')
-}
-
 type doneFrame struct {
 	Type      string          `json:"type"`
 	ID        string          `json:"id"`
@@ -213,11 +173,8 @@ type errorFrame struct {
 	RetryAfterMs int64           `json:"retry_after_ms,omitempty"`
 }
 
-// roundMillis is d in milliseconds, to the microsecond.
-func roundMillis(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }
-
 // newDoneFrame builds the done frame from the pipeline's outcome.
-func newDoneFrame(id string, o *Outcome) []byte {
+func newDoneFrame(id string, o *proxy.Outcome) []byte {
 	f := doneFrame{Type: frameDone, ID: id, RequestID: o.RequestID}
 	if o.Usage != nil {
 		f.Usage = &usageJSON{PromptTokens: o.Usage.InputTokens, CompletionTokens: o.Usage.OutputTokens,
@@ -229,9 +186,9 @@ func newDoneFrame(id string, o *Outcome) []byte {
 }
 
 // newErrorFrame builds an error frame for e; id and requestID may be empty.
-func newErrorFrame(id, requestID string, e *apiError) []byte {
-	f := errorFrame{Type: frameError, ID: id, RequestID: requestID, Status: e.Status,
-		Error: json.RawMessage(mustJSON(errorFields{Message: e.Message, Type: e.Type, Code: e.Code}))}
+func newErrorFrame(id, RequestID string, e *proxy.APIError) []byte {
+	f := errorFrame{Type: frameError, ID: id, RequestID: RequestID, Status: e.Status,
+		Error: e.Object()}
 	if e.RetryAfter > 0 {
 		f.RetryAfterMs = int64(e.RetryAfter) * 1000
 	}
@@ -241,8 +198,8 @@ func newErrorFrame(id, requestID string, e *apiError) []byte {
 
 // newErrorFrameRaw builds an error frame from a response the pipeline
 // wrote: its status, headers and (OpenAI-shaped) body.
-func newErrorFrameRaw(id, requestID string, status int, h http.Header, body []byte, retryAfter time.Duration) []byte {
-	f := errorFrame{Type: frameError, ID: id, RequestID: requestID, Status: status}
+func newErrorFrameRaw(id, RequestID string, status int, h http.Header, body []byte, retryAfter time.Duration) []byte {
+	f := errorFrame{Type: frameError, ID: id, RequestID: RequestID, Status: status}
 	var eb struct {
 		Error json.RawMessage `json:"error"`
 	}
@@ -253,7 +210,7 @@ func newErrorFrameRaw(id, requestID string, status int, h http.Header, body []by
 		if msg == "" {
 			msg = http.StatusText(status)
 		}
-		f.Error = mustJSON(errorFields{Message: msg, Type: "server_error", Code: "upstream_error"})
+		f.Error = (&proxy.APIError{Message: msg, Type: "server_error", Code: "upstream_error"}).Object()
 	}
 	f.RetryAfterMs = retryAfterMs(h, retryAfter)
 	b, _ := json.Marshal(f)
@@ -273,9 +230,4 @@ func retryAfterMs(h http.Header, exact time.Duration) int64 {
 		return v * 1000
 	}
 	return 0
-}
-
-func mustJSON(v any) json.RawMessage {
-	b, _ := json.Marshal(v)
-	return b
 }

@@ -1,4 +1,4 @@
-package proxy
+package bridge
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/ws"
 )
 
@@ -88,7 +89,7 @@ func TestAppendChunk(t *testing.T) {
 
 // testConn is a wsConn whose send queue the test reads.
 func testConn(queue int) *wsConn {
-	return &wsConn{h: &Handler{}, cfg: ws.Config{SlowClientDeadline: 50 * time.Millisecond},
+	return &wsConn{b: &Bridge{}, cfg: ws.Config{SlowClientDeadline: 50 * time.Millisecond},
 		out: make(chan *[]byte, queue), writerGone: make(chan struct{})}
 }
 
@@ -135,7 +136,7 @@ func TestBridgeSinkOpenAIAndSlowClient(t *testing.T) {
 	w := &bridgeSink{rq: rq, hdr: http.Header{"Content-Type": {"text/event-stream"}}}
 	w.Start(200, true)
 	event := func(ev string) error {
-		_, err := w.Event([]byte(ev), eventData([]byte(ev)))
+		_, err := w.Event([]byte(ev), proxy.EventData([]byte(ev)))
 		return err
 	}
 	for _, ev := range []string{"data: [DONE]\n\n", "event: error\ndata: {\"error\":{}}\n\n", "data: {\"n\":1}\n\n"} {
@@ -159,7 +160,7 @@ func TestBridgeSinkOpenAIAndSlowClient(t *testing.T) {
 	if err := event("data: {}\n\n"); err != errSlowClient {
 		t.Fatalf("write after failure: %v; want the same error", err)
 	}
-	term := w.terminal(&Outcome{RequestID: "x"})
+	term := w.terminal(&proxy.Outcome{RequestID: "x"})
 	if !strings.Contains(string(term), `"code":"slow_client"`) || !strings.Contains(string(term), `"status":408`) {
 		t.Fatalf("terminal %s; want a slow_client error", term)
 	}
@@ -175,7 +176,7 @@ func TestBridgeSinkErrorFrames(t *testing.T) {
 	w.hdr.Set("Retry-After", "2")
 	w.Error(429, []byte(`{"error":{"message":"slow down","type":"rate_limit_exceeded","code":"rate_limit_exceeded"}}`))
 	var f errorFrame
-	if err := json.Unmarshal(w.terminal(&Outcome{}), &f); err != nil {
+	if err := json.Unmarshal(w.terminal(&proxy.Outcome{}), &f); err != nil {
 		t.Fatal(err)
 	}
 	if f.Type != "error" || f.ID != "r" || f.Status != 429 || f.RetryAfterMs != 2000 || !strings.Contains(string(f.Error), "slow down") {
@@ -184,14 +185,15 @@ func TestBridgeSinkErrorFrames(t *testing.T) {
 
 	w = &bridgeSink{rq: rq, hdr: http.Header{"Content-Type": {"text/event-stream"}}}
 	w.Start(200, true)
-	if err := json.Unmarshal(w.terminal(&Outcome{Err: errStreamIdle}), &f); err != nil {
+	// A timeout (as a stalled stream's) maps through proxy.ErrorOf to 504.
+	if err := json.Unmarshal(w.terminal(&proxy.Outcome{Err: context.DeadlineExceeded}), &f); err != nil {
 		t.Fatal(err)
 	}
 	if f.Status != 504 || !strings.Contains(string(f.Error), "upstream_timeout") {
 		t.Fatalf("stream failure: %+v (%s); want 504 upstream_timeout", f, f.Error)
 	}
 	rq.cancelled.Store(true)
-	if err := json.Unmarshal(w.terminal(&Outcome{Err: context.Canceled}), &f); err != nil {
+	if err := json.Unmarshal(w.terminal(&proxy.Outcome{Err: context.Canceled}), &f); err != nil {
 		t.Fatal(err)
 	}
 	if f.Status != 499 || !strings.Contains(string(f.Error), `"cancelled"`) {
@@ -199,13 +201,32 @@ func TestBridgeSinkErrorFrames(t *testing.T) {
 	}
 }
 
+// A generic stream that fails after it started relays its error event as
+// a chunk, as its other events; an OpenAI stream's error is left to the
+// terminal frame.
+func TestBridgeSinkRawStreamError(t *testing.T) {
+	c := testConn(4)
+	rq := &wsRequest{c: c, id: "r", prefix: chunkPrefix("r"), ctx: context.Background()}
+	s := &bridgeSink{rq: rq, hdr: http.Header{}}
+	s.Start(200, true)
+	s.Raw(nil)
+	s.Raw([]byte("data: 1\n\n"))
+	s.Error(502, []byte(`{"error":{"code":"upstream_stream_broken"}}`))
+	got := strings.Join(queued(c), "\n")
+	want := `{"type":"chunk","id":"r","data":1}` + "\n" +
+		`{"type":"chunk","id":"r","event":"error","data":{"error":{"code":"upstream_stream_broken"}}}`
+	if got != want {
+		t.Fatalf("frames:\n%s\nwant:\n%s", got, want)
+	}
+}
+
 func TestWSKey(t *testing.T) {
 	r := &http.Request{Header: http.Header{"Sec-Websocket-Protocol": {"sluice.v1, sluice.key.sk-abc"}}, URL: &url.URL{}}
-	if k, proto := wsKey(r); k != "sk-abc" || !proto {
+	if k, proto := proxy.WebSocketKey(r); k != "sk-abc" || !proto {
 		t.Fatalf("got %q %v; want the subprotocol key", k, proto)
 	}
 	r.Header.Set("Authorization", "Bearer sk-hdr")
-	if k, proto := wsKey(r); k != "sk-hdr" || proto {
+	if k, proto := proxy.WebSocketKey(r); k != "sk-hdr" || proto {
 		t.Fatalf("got %q %v; want the header key first", k, proto)
 	}
 	h := bridgeHeader(http.Header{"Sec-Websocket-Protocol": {"sluice.v1, sluice.key.sk-abc"}, "Sec-Websocket-Key": {"x"},

@@ -1,9 +1,10 @@
-package proxy
+package bridge
 
 import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -12,49 +13,50 @@ import (
 	"github.com/gorilla/websocket"
 	"golang.org/x/time/rate"
 
+	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/observe"
 	"github.com/sluice-proxy/sluice/proxy/ws"
 )
 
-// serveBridge checks and upgrades a request for the bridge endpoint, then
+// serve checks and upgrades a request for the bridge endpoint, then
 // serves the socket until it closes. Refusals are answered before the
 // upgrade: 426 without an upgrade, 403 for a foreign origin, 401 for a
 // missing or unknown key.
-func (h *Handler) serveBridge(w http.ResponseWriter, r *http.Request, st *State) {
+func (b *Bridge) serve(w http.ResponseWriter, r *http.Request, st *proxy.State) {
 	cfg := st.Config.WebSocket
-	w.Header().Set("X-Request-Id", requestID(r.Header.Get("X-Request-Id")))
-	if h.region != "" {
-		w.Header().Set("X-Sluice-Region", h.region)
+	w.Header().Set("X-Request-Id", proxy.RequestID(r.Header.Get("X-Request-Id")))
+	if region := b.h.Region(); region != "" {
+		w.Header().Set("X-Sluice-Region", region)
 	}
 	if !websocket.IsWebSocketUpgrade(r) || r.Method != http.MethodGet {
 		w.Header().Set("Upgrade", "websocket")
-		writeError(w, &apiError{Status: http.StatusUpgradeRequired, Type: "invalid_request_error", Code: "upgrade_required",
+		proxy.WriteError(w, &proxy.APIError{Status: http.StatusUpgradeRequired, Type: "invalid_request_error", Code: "upgrade_required",
 			Message: "this endpoint speaks WebSocket: send GET with Upgrade: websocket"})
 		return
 	}
 	if err := ws.CheckOrigin(r, cfg.AllowedOrigins); err != nil {
-		writeError(w, statusOf(err))
+		proxy.WriteError(w, proxy.ErrorOf(err))
 		return
 	}
-	key, fromProtocol := wsKey(r)
+	key, fromProtocol := proxy.WebSocketKey(r)
 	tenant := st.Tenants.Lookup(key)
 	if tenant == nil {
-		writeError(w, &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
+		proxy.WriteError(w, &proxy.APIError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
 			Message: "missing or unknown API key (send Authorization: Bearer <key>, or the subprotocols sluice.v1, sluice.key.<key>)"})
 		return
 	}
 	hdr := http.Header{"X-Request-Id": w.Header()["X-Request-Id"], "X-Sluice-Region": w.Header()["X-Sluice-Region"]}
-	conn, err := ws.NewUpgrader([]string{ws.SubprotocolV1}, writeHandshakeError).Upgrade(w, r, hdr)
+	conn, err := ws.NewUpgrader([]string{ws.SubprotocolV1}, proxy.WriteHandshakeError).Upgrade(w, r, hdr)
 	if err != nil {
 		return // the upgrader has answered
 	}
-	c := newWSConn(h, cfg, conn, r, key, fromProtocol)
-	h.metrics.WSOpen(observe.WSModeBridge, 1)
-	defer h.metrics.WSOpen(observe.WSModeBridge, -1)
+	c := newWSConn(b, cfg, conn, r, key, fromProtocol)
+	b.metrics.WSOpen(observe.WSModeBridge, 1)
+	defer b.metrics.WSOpen(observe.WSModeBridge, -1)
 	start := time.Now()
 	code := c.serve()
-	h.log.Info("websocket closed", "mode", observe.WSModeBridge, "tenant", tenant.ID, "remote", clientIP(r),
+	b.log.Info("websocket closed", "mode", observe.WSModeBridge, "tenant", tenant.ID, "remote", clientIP(r),
 		"duration", time.Since(start), "requests", c.served.Load(), "close_code", code)
 }
 
@@ -62,13 +64,13 @@ func (h *Handler) serveBridge(w http.ResponseWriter, r *http.Request, st *State)
 // client frames and starts one goroutine per request; one writer goroutine
 // owns every write to the socket (gorilla allows one writer at a time).
 type wsConn struct {
-	h    *Handler
+	b    *Bridge
 	cfg  ws.Config
 	conn *websocket.Conn
 	up   *http.Request
 	hdr  http.Header // template for each request's headers
 	// connInfo is the socket's connection for its requests: protocol
-	// ProtoWS, no handshake (the socket paid it once).
+	// Proto, no handshake (the socket paid it once).
 	connInfo listen.ConnInfo
 	ctx      context.Context
 	stop     context.CancelCauseFunc
@@ -113,16 +115,16 @@ func (rq *wsRequest) slowTimer() *time.Timer {
 	return rq.slow
 }
 
-func newWSConn(h *Handler, cfg ws.Config, conn *websocket.Conn, r *http.Request, key string, fromProtocol bool) *wsConn {
+func newWSConn(b *Bridge, cfg ws.Config, conn *websocket.Conn, r *http.Request, key string, fromProtocol bool) *wsConn {
 	c := &wsConn{
-		h: h, cfg: cfg, conn: conn, up: r, hdr: bridgeHeader(r.Header, key, fromProtocol),
+		b: b, cfg: cfg, conn: conn, up: r, hdr: bridgeHeader(r.Header, key, fromProtocol),
 		out: make(chan *[]byte, cfg.SendQueue), quit: make(chan struct{}), writerGone: make(chan struct{}),
 		emptied: make(chan struct{}, 1), reqs: map[string]*wsRequest{},
 		starts: rate.NewLimiter(rate.Limit(cfg.RequestRate), cfg.RequestBurst),
 	}
 	c.ctx, c.stop = context.WithCancelCause(r.Context())
 	c.connInfo, _ = listen.ConnInfoFrom(r.Context())
-	c.connInfo.Proto, c.connInfo.Handshake = ProtoWS, 0
+	c.connInfo.Proto, c.connInfo.Handshake = Proto, 0
 	c.lastActive.Store(time.Now().UnixNano())
 	return c
 }
@@ -214,22 +216,22 @@ func (c *wsConn) handle(msg []byte) {
 }
 
 // register reserves a request slot for id.
-func (c *wsConn) register(id string) (*wsRequest, *apiError) {
+func (c *wsConn) register(id string) (*wsRequest, *proxy.APIError) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
 	case c.draining:
-		return nil, statusOf(listen.ErrDraining)
+		return nil, proxy.ErrorOf(listen.ErrDraining)
 	case c.closing:
-		return nil, &apiError{Status: http.StatusServiceUnavailable, Type: "invalid_request_error", Code: "socket_closing",
+		return nil, &proxy.APIError{Status: http.StatusServiceUnavailable, Type: "invalid_request_error", Code: "socket_closing",
 			Message: "the socket is closing (idle timeout); open a new one", RetryAfter: 1}
 	case c.reqs[id] != nil:
 		return nil, badFrame("a request with this id is already running; this frame was ignored")
 	case c.running >= c.cfg.MaxInflight:
-		return nil, &apiError{Status: http.StatusTooManyRequests, Type: "invalid_request_error", Code: "too_many_inflight",
+		return nil, &proxy.APIError{Status: http.StatusTooManyRequests, Type: "invalid_request_error", Code: "too_many_inflight",
 			Message: "too many requests in flight on this socket; wait for one to finish", RetryAfter: 1}
 	case c.starts != nil && !c.starts.Allow():
-		return nil, &apiError{Status: http.StatusTooManyRequests, Type: "invalid_request_error", Code: "socket_request_rate",
+		return nil, &proxy.APIError{Status: http.StatusTooManyRequests, Type: "invalid_request_error", Code: "socket_request_rate",
 			Message: "request frames arrive on this socket faster than its request_rate allows; slow down", RetryAfter: 1}
 	}
 	rq := &wsRequest{c: c, id: id, prefix: chunkPrefix(id)}
@@ -248,7 +250,7 @@ func (c *wsConn) run(rq *wsRequest, f clientFrame) {
 	defer rq.cancel()
 	c.served.Add(1)
 	s := &bridgeSink{rq: rq, hdr: http.Header{}}
-	o := c.h.Serve(c.request(rq.ctx, f), s, c.connInfo)
+	o := c.b.h.Serve(c.request(rq.ctx, f), s, c.connInfo)
 	if s.status == http.StatusOK && !s.stream && o.Err == nil && len(s.body) > 0 {
 		b := getFrame()
 		*b = appendChunk(*b, rq.prefix, "", s.body)
@@ -303,7 +305,7 @@ func (c *wsConn) release(rq *wsRequest) {
 }
 
 // reply queues an error frame about a client frame.
-func (c *wsConn) reply(id string, e *apiError) {
+func (c *wsConn) reply(id string, e *proxy.APIError) {
 	b := getFrame()
 	*b = append(*b, newErrorFrame(id, "", e)...)
 	c.enqueue(context.Background(), b, nil)
@@ -315,7 +317,7 @@ func (c *wsConn) reply(id string, e *apiError) {
 // be queued.
 func (c *wsConn) enqueue(ctx context.Context, f *[]byte, deadline *time.Timer) error {
 	n := int64(len(*f))
-	c.h.ws.queued(c.queued.Add(n))
+	c.b.queued(c.queued.Add(n))
 	select {
 	case c.out <- f:
 		return nil
@@ -333,7 +335,7 @@ func (c *wsConn) enqueue(ctx context.Context, f *[]byte, deadline *time.Timer) e
 		return nil
 	case <-timeout:
 		err = errSlowClient
-		c.h.metrics.WSSlowClient()
+		c.b.metrics.WSSlowClient()
 	case <-ctx.Done():
 		err = context.Cause(ctx)
 	case <-c.writerGone:
@@ -458,4 +460,13 @@ func (c *wsConn) close(code int, text string) {
 	c.closeCode.Store(int32(code))
 	c.conn.WriteControl(websocket.CloseMessage, ws.CloseMessage(code, text), time.Now().Add(ws.CloseGrace))
 	time.AfterFunc(ws.CloseGrace, func() { c.conn.Close() })
+}
+
+// clientIP is the address of the connection's peer.
+func clientIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
