@@ -466,8 +466,8 @@ func TestWSBridgeDrain(t *testing.T) {
 	if code, _ := closeCode(t, idle, 2*time.Second); code != websocket.CloseGoingAway {
 		t.Fatalf("idle socket closed with %d; want 1001", code)
 	}
-	time.Sleep(50 * time.Millisecond)
-	request(t, busy, "late", chatBody(""))
+	request(t, busy, "late", chatBody("")) // the idle socket's 1001 shows the drain has begun
+
 	code, frames := closeCode(t, busy, 5*time.Second)
 	if code != websocket.CloseGoingAway {
 		t.Fatalf("busy socket closed with %d; want 1001", code)

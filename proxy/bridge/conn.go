@@ -220,7 +220,9 @@ func (c *wsConn) register(id string) (*wsRequest, *proxy.APIError) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
-	case c.draining:
+	case c.draining || drainBegun(c.up.Context()):
+		// The writer learns of the drain on its own goroutine; a frame
+		// read meanwhile is refused all the same.
 		return nil, proxy.ErrorOf(listen.ErrDraining)
 	case c.closing:
 		return nil, &proxy.APIError{Status: http.StatusServiceUnavailable, Type: "invalid_request_error", Code: "socket_closing",
@@ -469,4 +471,14 @@ func clientIP(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	return host
+}
+
+// drainBegun reports whether the server serving ctx has begun to drain.
+func drainBegun(ctx context.Context) bool {
+	select {
+	case <-listen.DrainSignal(ctx):
+		return true
+	default:
+		return false
+	}
 }
