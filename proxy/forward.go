@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/textproto"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -124,15 +125,7 @@ func isEventStream(h http.Header) bool {
 // credentials, forwarding headers and the request id.
 func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*http.Request, error) {
 	r := x.r
-	u := *b.URL
-	u.Path = strings.TrimSuffix(b.URL.Path, "/") + r.URL.Path
-	u.RawPath = ""
-	u.RawQuery = r.URL.RawQuery
-	if x.policy.AllowQueryKey && u.RawQuery != "" {
-		q := r.URL.Query()
-		q.Del(queryKeyParam)
-		u.RawQuery = q.Encode()
-	}
+	u := x.backendURL(b)
 	var body io.Reader
 	if x.body != nil {
 		body = bytes.NewReader(x.body)
@@ -154,6 +147,23 @@ func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*ht
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	return req, nil
+}
+
+// backendURL is the URL a request goes to on b: the backend's base URL
+// plus the client's path and query (without the API key parameter where
+// the route accepts one).
+func (x *exchange) backendURL(b *routing.Backend) url.URL {
+	r := x.r
+	u := *b.URL
+	u.Path = strings.TrimSuffix(b.URL.Path, "/") + r.URL.Path
+	u.RawPath = ""
+	u.RawQuery = r.URL.RawQuery
+	if x.policy.AllowQueryKey && u.RawQuery != "" {
+		q := r.URL.Query()
+		q.Del(queryKeyParam)
+		u.RawQuery = q.Encode()
+	}
+	return u
 }
 
 // hopHeaders are meaningful for one connection only and never forwarded

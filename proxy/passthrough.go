@@ -118,7 +118,7 @@ func (x *exchange) dialBackend(b *routing.Backend) (*websocket.Conn, error) {
 		Subprotocols:     protocols,
 		TLSClientConfig:  x.upstreamTLS(),
 	}
-	conn, resp, err := d.DialContext(x.r.Context(), x.backendURL(b), x.backendHeader())
+	conn, resp, err := d.DialContext(x.r.Context(), x.wsURL(b), x.backendHeader())
 	if resp != nil && resp.Body != nil {
 		discard(resp.Body, 4<<10)
 		resp.Body.Close()
@@ -145,21 +145,12 @@ func (x *exchange) upstreamTLS() *tls.Config {
 	return cfg
 }
 
-// backendURL is the backend's WebSocket URL for the client's request.
-func (x *exchange) backendURL(b *routing.Backend) string {
-	r := x.r
-	u := *b.URL
+// wsURL is the backend's WebSocket URL for the client's request.
+func (x *exchange) wsURL(b *routing.Backend) string {
+	u := x.backendURL(b)
 	u.Scheme = "ws"
 	if b.URL.Scheme == "https" {
 		u.Scheme = "wss"
-	}
-	u.Path = strings.TrimSuffix(b.URL.Path, "/") + r.URL.Path
-	u.RawPath = ""
-	u.RawQuery = r.URL.RawQuery
-	if x.policy.AllowQueryKey && u.RawQuery != "" {
-		q := r.URL.Query()
-		q.Del(queryKeyParam)
-		u.RawQuery = q.Encode()
 	}
 	return u.String()
 }
