@@ -66,22 +66,14 @@ func (p RoutePolicy) WithDefaults() RoutePolicy {
 // (false: shadow mode for every tenant on it).
 func (p RoutePolicy) LimitsEnforced() bool { return p.EnforceLimits == nil || *p.EnforceLimits }
 
-// FieldError is one problem with a config key.
-type FieldError struct {
-	// Key is the key's path relative to the config checked, e.g. "kind".
-	Key string
-	// Msg describes the problem.
-	Msg string
-}
-
 // Validate reports the problems of a route policy (with defaults applied),
 // each naming the offending key relative to the route ("hedge_after"). c is
 // the proxy's config with defaults applied: the route's hedge must come
 // before its first-token timeout, which may be c's.
-func (p RoutePolicy) Validate(c Config) []FieldError {
-	var errs []FieldError
+func (p RoutePolicy) Validate(c Config) []routing.FieldError {
+	var errs []routing.FieldError
 	bad := func(key, format string, args ...any) {
-		errs = append(errs, FieldError{Key: key, Msg: fmt.Sprintf(format, args...)})
+		errs = append(errs, routing.FieldError{Key: key, Msg: fmt.Sprintf(format, args...)})
 	}
 	switch p.Kind {
 	case KindOpenAI, KindSSE, KindWebSocket:

@@ -29,20 +29,20 @@ func TestRoutePolicyValidate(t *testing.T) {
 	cases := []struct {
 		name string
 		p    RoutePolicy
-		want []FieldError
+		want []routing.FieldError
 	}{
 		{"defaults", RoutePolicy{}.WithDefaults(), nil},
 		{"every kind", RoutePolicy{Kind: KindWebSocket, Retries: &zero, HedgeAfter: 59 * time.Second}, nil},
-		{"bad kind", RoutePolicy{Kind: "grpc"}, []FieldError{{"kind", `kind "grpc" must be openai, sse or websocket`}}},
-		{"negative retries", RoutePolicy{Kind: KindSSE, Retries: &neg}, []FieldError{{"retries", "retries must not be negative"}}},
+		{"bad kind", RoutePolicy{Kind: "grpc"}, []routing.FieldError{{Key: "kind", Msg: `kind "grpc" must be openai, sse or websocket`}}},
+		{"negative retries", RoutePolicy{Kind: KindSSE, Retries: &neg}, []routing.FieldError{{Key: "retries", Msg: "retries must not be negative"}}},
 		{"hedge after the proxy's timeout", RoutePolicy{Kind: KindOpenAI, HedgeAfter: time.Minute},
-			[]FieldError{{"hedge_after", "hedge_after 1m0s must be shorter than the first-token timeout 1m0s"}}},
+			[]routing.FieldError{{Key: "hedge_after", Msg: "hedge_after 1m0s must be shorter than the first-token timeout 1m0s"}}},
 		{"hedge after the route's timeout", RoutePolicy{Kind: KindOpenAI, HedgeAfter: 3 * time.Second, FirstTokenTimeout: 2 * time.Second},
-			[]FieldError{{"hedge_after", "hedge_after 3s must be shorter than the first-token timeout 2s"}}},
-		{"all, in key order", RoutePolicy{Kind: "x", Retries: &neg, HedgeAfter: time.Hour}, []FieldError{
-			{"kind", `kind "x" must be openai, sse or websocket`},
-			{"retries", "retries must not be negative"},
-			{"hedge_after", "hedge_after 1h0m0s must be shorter than the first-token timeout 1m0s"},
+			[]routing.FieldError{{Key: "hedge_after", Msg: "hedge_after 3s must be shorter than the first-token timeout 2s"}}},
+		{"all, in key order", RoutePolicy{Kind: "x", Retries: &neg, HedgeAfter: time.Hour}, []routing.FieldError{
+			{Key: "kind", Msg: `kind "x" must be openai, sse or websocket`},
+			{Key: "retries", Msg: "retries must not be negative"},
+			{Key: "hedge_after", Msg: "hedge_after 1h0m0s must be shorter than the first-token timeout 1m0s"},
 		}},
 	}
 	for _, tc := range cases {
