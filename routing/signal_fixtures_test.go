@@ -128,3 +128,32 @@ func TestPartialHeaderCombination(t *testing.T) {
 		t.Fatalf("kv-only header replaced the sample: %+v", l)
 	}
 }
+
+// load_header_format: defaults by dialect, explicit choices, and a bad
+// value reported on its key.
+func TestLoadHeaderFormatConfig(t *testing.T) {
+	for _, tc := range []struct{ format, dialect, want string }{
+		{"", "", "TEXT"}, {"", DialectVLLM, "TEXT"}, {"", DialectNone, "TEXT"},
+		{"", DialectSGLang, ""}, {"", DialectTGI, ""},
+		{LoadHeaderJSON, DialectSGLang, "JSON"}, {LoadHeaderText, DialectTGI, "TEXT"}, {LoadHeaderOff, DialectVLLM, ""},
+	} {
+		pc := quiet("http://127.0.0.1:1")
+		pc.LoadHeaderFormat, pc.Dialect = tc.format, tc.dialect
+		if errs := pc.WithDefaults().Validate(); len(errs) > 0 {
+			t.Fatalf("%+v: %v", tc, errs)
+		}
+		p, err := NewPool(pc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Backends()[0].LoadHeaderFormat(); got != tc.want {
+			t.Errorf("format %q dialect %q: %q; want %q", tc.format, tc.dialect, got, tc.want)
+		}
+	}
+	pc := quiet("http://127.0.0.1:1")
+	pc.LoadHeaderFormat = "BIN"
+	errs := pc.WithDefaults().Validate()
+	if len(errs) != 1 || errs[0].Key != "load_header_format" || !strings.Contains(errs[0].Msg, "auto, text, json or off") {
+		t.Errorf("errors %+v; want one on load_header_format", errs)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-proxy/sluice/internal/gpusim"
 )
@@ -67,4 +68,22 @@ func FuzzParseLoadHeader(f *testing.F) {
 			t.Fatalf("parseLoadHeader(%q) = %+v", v, s)
 		}
 	})
+}
+
+// The per-response cost of a load header: parse and store.
+func BenchmarkObserveLoadHeader(b *testing.B) {
+	p, _ := NewPool(quiet("http://127.0.0.1:1"))
+	be := p.Backends()[0]
+	for _, h := range []string{
+		"TEXT named_metrics.num_requests_waiting=3.0, named_metrics.num_requests_running=5.0, named_metrics.kv_cache_usage_perc=0.25",
+		`JSON {"named_metrics": {"num_requests_waiting": 3.0, "num_requests_running": 5.0, "kv_cache_usage_perc": 0.25}}`,
+	} {
+		b.Run(h[:4], func(b *testing.B) {
+			b.ReportAllocs()
+			now := time.Now()
+			for b.Loop() {
+				be.observeLoadHeader(h, now)
+			}
+		})
+	}
 }
