@@ -88,7 +88,7 @@ func (f *fakeVLLM) serve(w http.ResponseWriter, r *http.Request) {
 // every listener.
 func TestVLLMLoadHeaderSteersBetweenScrapes(t *testing.T) {
 	for _, format := range []string{"", routing.LoadHeaderJSON} {
-		for _, proto := range []string{"h1", "h2", "h3"} {
+		for _, proto := range []string{"h1", "h2", "h3", "bridge"} {
 			t.Run(proto+"/"+format, func(t *testing.T) {
 				busy, idle := newFakeVLLM(t), newFakeVLLM(t)
 				busy.waiting.Store(40)
@@ -115,9 +115,21 @@ func TestVLLMLoadHeaderSteersBetweenScrapes(t *testing.T) {
 					c, url = h3Client(t), e.h3
 				}
 				const n = 30
+				body := `{"model":"sim-small","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
+				if proto == "bridge" {
+					ws := dialWS(t, wsURL(e), keyHeader())
+					for i := range n {
+						request(t, ws, fmt.Sprint(i), body)
+						if f := readUntilTerminal(t, ws, 1); f[len(f)-1].Type != "done" {
+							t.Fatalf("request %d over the bridge: %+v", i, f)
+						}
+					}
+				}
 				for i := range n {
-					resp := post(t, c, url+"/v1/chat/completions",
-						`{"model":"sim-small","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`,
+					if proto == "bridge" {
+						break
+					}
+					resp := post(t, c, url+"/v1/chat/completions", body,
 						"Endpoint-Load-Metrics-Format", "BIN") // a client's own ask is not passed on
 					body, _ := io.ReadAll(resp.Body)
 					resp.Body.Close()
