@@ -2,12 +2,18 @@ package routing
 
 import (
 	"bufio"
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/internal/gpusim"
 )
 
 // The scraper reads each engine's /metrics as the engine writes it (fixtures
@@ -155,5 +161,43 @@ func TestLoadHeaderFormatConfig(t *testing.T) {
 	errs := pc.WithDefaults().Validate()
 	if len(errs) != 1 || errs[0].Key != "load_header_format" || !strings.Contains(errs[0].Msg, "auto, text, json or off") {
 		t.Errorf("errors %+v; want one on load_header_format", errs)
+	}
+}
+
+// The scraper reads the simulator's /metrics under each engine's names,
+// and the simulator's vLLM header (asked for in either format) parses.
+func TestSimulatorMetricNamesScrape(t *testing.T) {
+	for _, tc := range []struct{ names, dialect string }{
+		{gpusim.MetricsVLLM, DialectVLLM}, {gpusim.MetricsVLLMV0, DialectVLLM},
+		{gpusim.MetricsSGLang, DialectSGLang}, {gpusim.MetricsTGI, DialectTGI},
+	} {
+		sim := gpusim.New(gpusim.Config{MetricNames: tc.names, LoadHeader: true, PrefillBase: -1, StepBase: 5e6, DefaultMaxTokens: 2})
+		srv := httptest.NewServer(sim)
+		p, _ := NewPool(quiet(srv.URL))
+		b := p.Backends()[0]
+		b.Config.Dialect = DialectAuto
+		var buf bytes.Buffer
+		if err := p.scrape(context.Background(), b, &buf); err != nil {
+			t.Errorf("%s: %v", tc.names, err)
+		} else if s := b.scraped.Load(); s.Dialect != tc.dialect || (tc.dialect != DialectTGI) != (s.KVCache >= 0) {
+			t.Errorf("%s: sample %+v; want dialect %s", tc.names, s, tc.dialect)
+		}
+		for _, f := range []string{"TEXT", "json"} {
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(`{"model":"sim-small","prompt":"hi"}`))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Endpoint-Load-Metrics-Format", f)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			h := resp.Header.Get("Endpoint-Load-Metrics")
+			_, ok := parseLoadHeader(h)
+			if wantHdr := tc.dialect == DialectVLLM; ok != wantHdr {
+				t.Errorf("%s, format %s: header %q (parsed %v); want one: %v", tc.names, f, h, ok, wantHdr)
+			}
+		}
+		srv.Close()
+		sim.Close()
 	}
 }
