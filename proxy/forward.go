@@ -143,6 +143,9 @@ func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*ht
 	req.Header.Set("X-Forwarded-Proto", proto)
 	req.Header.Set("X-Forwarded-Host", r.Host)
 	req.Header.Set("X-Request-Id", x.id)
+	if f := b.LoadHeaderFormat(); f != "" {
+		req.Header["Endpoint-Load-Metrics-Format"] = loadFormatValue(f) // ask vLLM for its load report
+	}
 	if key := x.route.Pool.Config().APIKey; key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
@@ -178,6 +181,21 @@ var clientOwned = map[string]bool{
 	"Authorization": true, "X-Api-Key": true, "Accept-Encoding": true, "Content-Length": true,
 	"Host": true, "Forwarded": true, "X-Forwarded-For": true, "X-Forwarded-Proto": true,
 	"X-Forwarded-Host": true, "X-Real-Ip": true, "X-Request-Id": true, "Server-Timing": true,
+	"Endpoint-Load-Metrics-Format": true, // the edge asks for load reports, per pool
+}
+
+// Shared values of the endpoint-load-metrics-format request header (never
+// modified), so that asking for the load report allocates nothing.
+var (
+	loadFormatText = []string{"TEXT"}
+	loadFormatJSON = []string{"JSON"}
+)
+
+func loadFormatValue(f string) []string {
+	if f == "JSON" {
+		return loadFormatJSON
+	}
+	return loadFormatText
 }
 
 // backendOwned are response headers Sluice replaces or must not pass on:

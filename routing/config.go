@@ -80,6 +80,14 @@ type PoolConfig struct {
 	// the names exposed), "vllm", "sglang", "tgi", or "none" (do not
 	// scrape; use the load header and own in-flight counts only).
 	Dialect string `yaml:"dialect"`
+	// LoadHeaderFormat asks the backends for an ORCA load report on each
+	// response: "text" or "json" sends "endpoint-load-metrics-format:
+	// TEXT" (or JSON) with every request, which vLLM (v0.11 and later)
+	// answers with an endpoint-load-metrics header on its non-streamed
+	// responses; "off" sends nothing. Default ("auto"): text for backends
+	// whose dialect is auto, vllm or none, off for sglang and tgi (they
+	// do not report load in headers).
+	LoadHeaderFormat string `yaml:"load_header_format"`
 	// ScrapeInterval is how often each backend's metrics are read.
 	// Default 250ms.
 	ScrapeInterval time.Duration `yaml:"scrape_interval"`
@@ -119,6 +127,14 @@ const (
 	DialectSGLang = "sglang"
 	DialectTGI    = "tgi"
 	DialectNone   = "none"
+)
+
+// Load header formats (PoolConfig.LoadHeaderFormat).
+const (
+	LoadHeaderAuto = "auto"
+	LoadHeaderText = "text"
+	LoadHeaderJSON = "json"
+	LoadHeaderOff  = "off"
 )
 
 // HealthConfig configures a pool's active health probes: a GET of Path on
@@ -217,6 +233,9 @@ func (c PoolConfig) WithDefaults() PoolConfig {
 	if c.Dialect == "" {
 		c.Dialect = DialectAuto
 	}
+	if c.LoadHeaderFormat == "" {
+		c.LoadHeaderFormat = LoadHeaderAuto
+	}
 	if c.ScrapeInterval == 0 {
 		c.ScrapeInterval = 250 * time.Millisecond
 	}
@@ -285,6 +304,11 @@ func (c PoolConfig) Validate() []FieldError {
 	}
 	if !validDialect(c.Dialect) {
 		bad("dialect", "dialect %q must be auto, vllm, sglang, tgi or none", c.Dialect)
+	}
+	switch c.LoadHeaderFormat {
+	case LoadHeaderAuto, LoadHeaderText, LoadHeaderJSON, LoadHeaderOff:
+	default:
+		bad("load_header_format", "load_header_format %q must be auto, text, json or off", c.LoadHeaderFormat)
 	}
 	if c.ScrapeInterval < 10*time.Millisecond {
 		bad("scrape_interval", "scrape_interval %v is below the 10ms minimum", c.ScrapeInterval)

@@ -58,6 +58,10 @@ type Backend struct {
 	probeDown    atomic.Bool
 	progressAt   atomic.Int64 // unix nanoseconds of the last answer or event seen
 
+	// loadFormat is the endpoint-load-metrics-format request header's
+	// value for this backend ("TEXT", "JSON"), empty for none.
+	loadFormat string
+
 	scraped atomic.Pointer[Sample]
 	header  atomic.Pointer[Sample]
 
@@ -121,17 +125,42 @@ func (b *Backend) report(ok bool, t time.Time) {
 }
 
 // observeLoadHeader records an endpoint-load-metrics response header (ORCA
-// TEXT or JSON form) received at t as a fresh load sample. Values it cannot
-// read are ignored.
+// TEXT or JSON form) received at t as a fresh load sample. A partial report
+// is completed from the fresh scrape and this node's in-flight count (see
+// complete). Values it cannot read are ignored.
 func (b *Backend) observeLoadHeader(v string, t time.Time) {
 	s, ok := parseLoadHeader(v)
 	if !ok {
 		return
 	}
 	s.At, s.inflight = t, b.inflight.Load()
+	b.complete(&s, t, s.inflight)
 	b.header.Store(&s)
 	b.pool.queue.signal()
 }
+
+// loadFormat is the endpoint-load-metrics-format value for a backend of
+// dialect d in a pool whose load_header_format is f.
+func loadFormat(f, d string) string {
+	switch f {
+	case LoadHeaderText:
+		return "TEXT"
+	case LoadHeaderJSON:
+		return "JSON"
+	case LoadHeaderAuto:
+		if d != DialectSGLang && d != DialectTGI {
+			return "TEXT"
+		}
+	}
+	return ""
+}
+
+// LoadHeaderFormat is the value of the endpoint-load-metrics-format
+// header to send with each request to the backend ("TEXT" or "JSON"), or
+// "" to send none. It asks an engine that supports ORCA load reports
+// (vLLM v0.11 and later) to attach an endpoint-load-metrics header to its
+// response, which Attempt.Observe reads.
+func (b *Backend) LoadHeaderFormat() string { return b.loadFormat }
 
 // Pool is a named group of backends with their load signals, health and
 // admission queue. Start runs its scrapers and probes; Close stops them.
@@ -169,6 +198,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 		base := strings.TrimSuffix(bc.URL, "/")
 		b := &Backend{URL: u, Config: bc, pool: p, metricsURL: bc.MetricsURL, healthURL: base + cfg.Health.Path,
 			label: u.Host + strings.TrimSuffix(u.Path, "/")}
+		b.loadFormat = loadFormat(cfg.LoadHeaderFormat, bc.Dialect)
 		if b.metricsURL == "" {
 			b.metricsURL = base + "/metrics"
 		}

@@ -126,62 +126,159 @@ func parseGauges(data []byte, dialect string) (Sample, error) {
 }
 
 // Keys of the endpoint-load-metrics header, with or without the
-// "named_metrics." prefix.
+// "named_metrics." prefix. vLLM (v0.11, vllm/entrypoints/openai/
+// orca_metrics.py) reports kv_cache_usage_perc and num_requests_waiting
+// only; the others are the names SGLang and TGI give the same gauges, for
+// engines or sidecars that report them.
 var (
 	headerWaiting = []string{"num_requests_waiting", "num_queue_reqs", "queue_size"}
 	headerRunning = []string{"num_requests_running", "num_running_reqs", "batch_current_size"}
 	headerKV      = []string{"kv_cache_usage_perc", "kv_cache_utilization", "gpu_cache_usage_perc", "token_usage"}
 )
 
+// orcaJSON is the JSON form's body; fields start NaN so that absent ones
+// are told apart (JSON has no NaN).
+type orcaJSON struct {
+	NamedMetrics struct {
+		W0 float64 `json:"num_requests_waiting"`
+		W1 float64 `json:"num_queue_reqs"`
+		W2 float64 `json:"queue_size"`
+		R0 float64 `json:"num_requests_running"`
+		R1 float64 `json:"num_running_reqs"`
+		R2 float64 `json:"batch_current_size"`
+		K0 float64 `json:"kv_cache_usage_perc"`
+		K1 float64 `json:"kv_cache_utilization"`
+		K2 float64 `json:"gpu_cache_usage_perc"`
+		K3 float64 `json:"token_usage"`
+	} `json:"named_metrics"`
+}
+
 // parseLoadHeader reads an ORCA endpoint-load-metrics header in its TEXT
-// form ("TEXT named_metrics.num_requests_waiting=2, …") or JSON form
-// ("JSON {"named_metrics": {…}}"). Keys it does not know are ignored; the
-// waiting and running counts are required.
-func parseLoadHeader(v string) (Sample, bool) {
-	s := Sample{KVCache: -1, Source: SourceHeader}
-	var hasW, hasR bool
+// form ("TEXT named_metrics.num_requests_waiting=2.0, …") or JSON form
+// ("JSON {"named_metrics": {…}}"), the two forms vLLM v0.11 emits (the
+// format word in any case). Keys it does not know are ignored. A report may
+// be partial: Waiting and Running are negative when the header does not
+// carry them (vLLM sends no running count), KVCache likewise; it is
+// refused (ok false) when it carries neither count, or a known key's value
+// is not a finite non-negative number. The TEXT form allocates nothing.
+func parseLoadHeader(v string) (s Sample, ok bool) {
+	s = Sample{Waiting: -1, Running: -1, KVCache: -1, Source: SourceHeader}
 	set := func(key string, f float64) bool {
 		key = strings.TrimPrefix(key, "named_metrics.")
+		var dst *float64
+		switch {
+		case contains(headerWaiting, key):
+			dst = &s.Waiting
+		case contains(headerRunning, key):
+			dst = &s.Running
+		case contains(headerKV, key):
+			dst = &s.KVCache
+		default:
+			return true
+		}
 		if math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
 			return false
 		}
-		switch {
-		case contains(headerWaiting, key):
-			s.Waiting, hasW = f, true
-		case contains(headerRunning, key):
-			s.Running, hasR = f, true
-		case contains(headerKV, key):
-			s.KVCache = min(f, 1)
+		if dst == &s.KVCache {
+			f = min(f, 1)
 		}
+		*dst = f
 		return true
 	}
 	v = strings.TrimSpace(v)
-	switch {
-	case strings.HasPrefix(v, "TEXT "):
-		for _, kv := range strings.Split(v[len("TEXT "):], ",") {
+	if len(v) < 5 || v[4] != ' ' {
+		return Sample{}, false
+	}
+	switch body := v[5:]; {
+	case strings.EqualFold(v[:4], "TEXT"):
+		for body != "" {
+			var kv string
+			kv, body, _ = strings.Cut(body, ",")
 			key, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
 			if !ok {
 				return Sample{}, false
 			}
+			key = strings.TrimSpace(key)
 			f, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-			if err != nil || !set(strings.TrimSpace(key), f) {
+			if err != nil {
+				if known(key) {
+					return Sample{}, false
+				}
+				continue
+			}
+			if !set(key, f) {
 				return Sample{}, false
 			}
 		}
-	case strings.HasPrefix(v, "JSON "):
-		var body struct {
-			NamedMetrics map[string]float64 `json:"named_metrics"`
+	case strings.EqualFold(v[:4], "JSON"):
+		var j orcaJSON
+		nm := &j.NamedMetrics
+		vals := [...]*float64{&nm.W0, &nm.W1, &nm.W2, &nm.R0, &nm.R1, &nm.R2, &nm.K0, &nm.K1, &nm.K2, &nm.K3}
+		for _, p := range vals {
+			*p = math.NaN()
 		}
-		if json.Unmarshal([]byte(v[len("JSON "):]), &body) != nil {
+		if json.Unmarshal([]byte(body), &j) != nil {
 			return Sample{}, false
 		}
-		for k, f := range body.NamedMetrics {
-			if !set(k, f) {
+		keys := [...]string{"num_requests_waiting", "num_requests_waiting", "num_requests_waiting",
+			"num_requests_running", "num_requests_running", "num_requests_running",
+			"kv_cache_usage_perc", "kv_cache_usage_perc", "kv_cache_usage_perc", "kv_cache_usage_perc"}
+		for i, p := range vals {
+			if !math.IsNaN(*p) && !set(keys[i], *p) {
 				return Sample{}, false
 			}
 		}
 	default:
 		return Sample{}, false
 	}
-	return s, hasW && hasR
+	return s, s.Waiting >= 0 || s.Running >= 0
+}
+
+func known(key string) bool {
+	key = strings.TrimPrefix(key, "named_metrics.")
+	return contains(headerWaiting, key) || contains(headerRunning, key) || contains(headerKV, key)
+}
+
+// complete fills what a partial header report h, received at t with in
+// requests of this node in flight, does not carry, so that the stored
+// sample has both counts (the combination rule of docs/CONFIG.md):
+//   - KV-cache usage: the fresh scrape's, else unknown.
+//   - Waiting: the fresh scrape's, else 0.
+//   - Running: with max_batch known and a queue reported, max_batch (an
+//     engine queues only once its batch is full); otherwise the larger of
+//     the fresh scrape's running count moved by this node's dispatches
+//     since that scrape, and this node's in-flight requests less the queue
+//     (those of them not waiting run); at most max_batch when known.
+//
+// A scrape is fresh when younger than the pool's stale_after at t.
+func (b *Backend) complete(h *Sample, t time.Time, in int64) {
+	sc := b.scraped.Load()
+	if sc != nil && t.Sub(sc.At) > b.pool.cfg.StaleAfter {
+		sc = nil
+	}
+	if h.KVCache < 0 && sc != nil {
+		h.KVCache = sc.KVCache
+	}
+	if h.Waiting < 0 {
+		h.Waiting = 0
+		if sc != nil {
+			h.Waiting = sc.Waiting
+		}
+	}
+	if h.Running >= 0 {
+		return
+	}
+	slots := float64(b.Config.MaxBatch)
+	if slots > 0 && h.Waiting > 0 {
+		h.Running = slots
+		return
+	}
+	r := max(float64(in)-h.Waiting, 0)
+	if sc != nil {
+		r = max(r, sc.Running+float64(in-sc.inflight))
+	}
+	if slots > 0 {
+		r = min(r, slots)
+	}
+	h.Running = r
 }

@@ -59,10 +59,20 @@ type Config struct {
 	KVCacheTokens int `yaml:"kv_cache_tokens"`
 	// EmbeddingDim is the length of /v1/embeddings vectors. Default 64.
 	EmbeddingDim int `yaml:"embedding_dim"`
-	// LoadHeader, when true, adds an ORCA endpoint-load-metrics header
-	// (TEXT form, queue depth, running sequences, KV-cache usage) to every
-	// model-endpoint response. Default off.
+	// LoadHeader, when true, answers ORCA load-report requests as vLLM
+	// v0.11 does: a request carrying "endpoint-load-metrics-format: TEXT"
+	// (or JSON) gets an endpoint-load-metrics header with
+	// num_requests_waiting and kv_cache_usage_perc on its non-streamed
+	// successful chat or completions response; nothing else gets one.
+	// Ignored with SGLang or TGI metric names. Default off.
 	LoadHeader bool `yaml:"load_header"`
+	// MetricNames picks the engine whose load gauge names /metrics uses:
+	// "vllm" (default: vLLM v0.11, vllm:kv_cache_usage_perc),
+	// "vllm-v0" (vLLM v0.6, vllm:gpu_cache_usage_perc), "sglang"
+	// (sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage)
+	// or "tgi" (tgi_batch_current_size, tgi_queue_size). The histograms
+	// and counters keep vLLM's names.
+	MetricNames string `yaml:"metric_names"`
 
 	// Pace, when > 0, replaces the batch scheduler with a timer per
 	// request: token i (from 0) of a request is produced at its arrival +
@@ -125,6 +135,9 @@ func (c Config) WithDefaults() Config {
 	if c.EmbeddingDim == 0 {
 		c.EmbeddingDim = DefaultEmbeddingDim
 	}
+	if c.MetricNames == "" {
+		c.MetricNames = MetricsVLLM
+	}
 	return c
 }
 
@@ -183,6 +196,11 @@ func (c Config) Validate() error {
 	if c.Pace < 0 {
 		bad("pace: %v is negative", c.Pace)
 	}
+	switch c.MetricNames {
+	case "", MetricsVLLM, MetricsVLLMV0, MetricsSGLang, MetricsTGI:
+	default:
+		bad("metric_names: %q must be vllm, vllm-v0, sglang or tgi", c.MetricNames)
+	}
 	d := c.WithDefaults()
 	if d.KVCacheTokens > 0 && d.DefaultMaxTokens >= d.KVCacheTokens {
 		bad("default_max_tokens: %d does not fit in kv_cache_tokens %d", d.DefaultMaxTokens, d.KVCacheTokens)
@@ -207,8 +225,21 @@ func (c Config) sanitized() Config {
 	c.KVCacheTokens = max(c.KVCacheTokens, c.DefaultMaxTokens+1)
 	c.EmbeddingDim = max(c.EmbeddingDim, 1)
 	c.Pace = max(c.Pace, 0)
+	switch c.MetricNames {
+	case MetricsVLLM, MetricsVLLMV0, MetricsSGLang, MetricsTGI:
+	default:
+		c.MetricNames = MetricsVLLM
+	}
 	return c
 }
+
+// Engines whose load gauge names a Sim's /metrics uses (Config.MetricNames).
+const (
+	MetricsVLLM   = "vllm"
+	MetricsVLLMV0 = "vllm-v0"
+	MetricsSGLang = "sglang"
+	MetricsTGI    = "tgi"
+)
 
 // RegisterFlags defines one flag per field on fs, writing into c. It first
 // sets c to c.WithDefaults(), so the flag defaults printed by -help are the
@@ -231,7 +262,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SlowStart, "slow-start", c.SlowStart, "delay before the response headers")
 	fs.IntVar(&c.KVCacheTokens, "kv-cache-tokens", c.KVCacheTokens, "simulated KV-cache capacity in tokens")
 	fs.IntVar(&c.EmbeddingDim, "embedding-dim", c.EmbeddingDim, "length of embedding vectors")
-	fs.BoolVar(&c.LoadHeader, "load-header", c.LoadHeader, "send an ORCA endpoint-load-metrics response header")
+	fs.BoolVar(&c.LoadHeader, "load-header", c.LoadHeader, "answer endpoint-load-metrics-format requests with vLLM's endpoint-load-metrics header")
+	fs.StringVar(&c.MetricNames, "metric-names", c.MetricNames, "load gauge names in /metrics: vllm, vllm-v0, sglang or tgi")
 	fs.DurationVar(&c.Pace, "pace", c.Pace, "emit each request's tokens on its own timer, one every `interval` after the prefill,\ninstead of batch decode steps (0: batch scheduler)")
 	fs.BoolVar(&c.StampTokens, "stamp-tokens", c.StampTokens, `add "sluice_emit_ns" (Unix ns, taken just before the write) to every streamed chunk`)
 }

@@ -13,7 +13,7 @@ func TestConfigDefaults(t *testing.T) {
 	want := Config{
 		Model: "sim-small", MaxBatch: 8, StepBase: 20 * time.Millisecond, StepPerSeq: -1,
 		PrefillPerToken: time.Millisecond, PrefillBase: 100 * time.Millisecond,
-		DefaultMaxTokens: 64, Seed: 1, KVCacheTokens: 16384, EmbeddingDim: 64,
+		DefaultMaxTokens: 64, Seed: 1, KVCacheTokens: 16384, EmbeddingDim: 64, MetricNames: "vllm",
 	}
 	if got != want {
 		t.Errorf("WithDefaults:\n got %+v\nwant %+v", got, want)
@@ -66,7 +66,7 @@ func TestRegisterFlags(t *testing.T) {
 		"--model=m", "--max-batch=3", "--step-base=5ms", "--step-per-seq=-1ns", "--prefill-base=7ms",
 		"--prefill-per-token=0", "--default-max-tokens=9", "--seed=4", "--fail-before-first=0.25",
 		"--die-after-tokens=6", "--stall-after-tokens=2", "--stall-for=1s", "--slow-start=3ms",
-		"--kv-cache-tokens=999", "--embedding-dim=4", "--load-header", "--pace=10ms", "--stamp-tokens",
+		"--kv-cache-tokens=999", "--embedding-dim=4", "--load-header", "--metric-names=sglang", "--pace=10ms", "--stamp-tokens",
 	}
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
@@ -76,7 +76,7 @@ func TestRegisterFlags(t *testing.T) {
 		Model: "m", MaxBatch: 3, StepBase: 5 * time.Millisecond, StepPerSeq: -1,
 		PrefillBase: 7 * time.Millisecond, PrefillPerToken: time.Millisecond, DefaultMaxTokens: 9, Seed: 4,
 		FailBeforeFirst: 0.25, DieAfterTokens: 6, StallAfterTokens: 2, StallFor: time.Second,
-		SlowStart: 3 * time.Millisecond, KVCacheTokens: 999, EmbeddingDim: 4, LoadHeader: true,
+		SlowStart: 3 * time.Millisecond, KVCacheTokens: 999, EmbeddingDim: 4, LoadHeader: true, MetricNames: "sglang",
 		Pace: 10 * time.Millisecond, StampTokens: true,
 	}
 	if got != want {
@@ -84,7 +84,7 @@ func TestRegisterFlags(t *testing.T) {
 	}
 	n := 0
 	fs.VisitAll(func(*flag.Flag) { n++ })
-	if n != 18 {
-		t.Errorf("%d flags; want one per Config field (18)", n)
+	if n != 19 {
+		t.Errorf("%d flags; want one per Config field (19)", n)
 	}
 }

@@ -155,7 +155,6 @@ func (s *Sim) writeJSON(w http.ResponseWriter, v any) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	s.setLoadHeader(h)
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)
 }

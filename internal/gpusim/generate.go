@@ -2,7 +2,6 @@ package gpusim
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -136,7 +135,6 @@ func (s *Sim) stream(w http.ResponseWriter, r *http.Request, j *job, src source,
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
-	s.setLoadHeader(h)
 	w.WriteHeader(http.StatusOK)
 	st := &sseStream{s: s, w: w, rc: http.NewResponseController(w), rd: newRenderer(s.cfg.Model, j, s.cfg.StampTokens),
 		ctx: r.Context(), f: f, roleDue: j.chat}
@@ -298,7 +296,7 @@ func (s *Sim) respond(w http.ResponseWriter, r *http.Request, j *job, src source
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	s.setLoadHeader(h)
+	s.setLoadHeader(h, r)
 	w.WriteHeader(http.StatusOK)
 	if _, err := w.Write(body); err != nil {
 		s.cancelled.Add(1)
@@ -307,22 +305,9 @@ func (s *Sim) respond(w http.ResponseWriter, r *http.Request, j *job, src source
 	s.completed.Add(1)
 }
 
-// writeError answers e, with the load header when configured.
+// writeError answers e (vLLM sends no load header with errors).
 func (s *Sim) writeError(w http.ResponseWriter, e *apiError) {
-	s.setLoadHeader(w.Header())
 	writeError(w, e)
-}
-
-// setLoadHeader adds the ORCA endpoint-load-metrics header (TEXT form) when
-// Config.LoadHeader is set.
-func (s *Sim) setLoadHeader(h http.Header) {
-	if !s.cfg.LoadHeader {
-		return
-	}
-	h.Set("Endpoint-Load-Metrics", fmt.Sprintf(
-		"TEXT named_metrics.num_requests_waiting=%d, named_metrics.num_requests_running=%d, "+
-			"named_metrics.kv_cache_usage_perc=%.4f",
-		s.waiting.Load(), s.running.Load(), s.kvUsage()))
 }
 
 // newID returns a fresh response id, "chatcmpl-…" or "cmpl-…".
