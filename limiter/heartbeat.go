@@ -15,7 +15,7 @@ const renewBatch = 256
 // Run is the node's heartbeat: every Heartbeat it renews all live leases in
 // one pipeline (one renewal script per tenant scope, re-adding leases lost
 // in a Redis restart), retries failed settles and registers the node in the
-// live-node set. It returns when ctx is done, after leaving the node set.
+// live-node set. It returns when ctx is done, after Shutdown.
 func (r *Redis) Run(ctx context.Context) error {
 	tick := time.NewTicker(r.opt.Heartbeat)
 	defer tick.Stop()
@@ -23,11 +23,48 @@ func (r *Redis) Run(ctx context.Context) error {
 		_ = r.Beat(ctx)
 		select {
 		case <-ctx.Done():
-			r.leave()
+			r.Shutdown(context.Background())
 			return nil
 		case <-tick.C:
 		}
 	}
+}
+
+// shutdownTimeout bounds Shutdown's calls to Redis.
+const shutdownTimeout = 2 * time.Second
+
+// Shutdown leaves nothing of this node in Redis: it sends every queued
+// settle and abandon now (a timed-out admission's undo, a settle that
+// failed), settles the tickets still live at their charge (their leases are
+// released; a later Settle of such a ticket does nothing) and leaves the
+// live-node set. It is bounded by 2s; what Redis cannot take by then
+// expires on its own (leases within LeaseTTL).
+func (r *Redis) Shutdown(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	r.mu.Lock()
+	var live []*Ticket
+	for t := range r.live {
+		live = append(live, t)
+	}
+	r.mu.Unlock()
+	for _, t := range live {
+		r.settleLater(t, Usage{InputTokens: t.ChargedInput, OutputTokens: t.ChargedOutput})
+	}
+	r.mu.Lock()
+	pending := r.pending
+	r.pending = nil
+	r.mu.Unlock()
+	calls := make([]*scriptCall, 0, len(pending)+1)
+	for _, ps := range pending {
+		calls = append(calls, r.settleCall(ps))
+	}
+	for len(calls) > 0 && ctx.Err() == nil {
+		n := min(len(calls), 1000)
+		_ = runPipeline(ctx, r.client, calls[:n])
+		calls = calls[n:]
+	}
+	r.leave(ctx)
 }
 
 // Close does nothing; the caller owns the Redis client. Stop Run by
@@ -140,9 +177,7 @@ func pipelineErr(err error) error {
 }
 
 // leave removes this node from the live-node set (best effort).
-func (r *Redis) leave() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
+func (r *Redis) leave(ctx context.Context) {
 	pipe := r.client.Pipeline()
 	pipe.ZRem(ctx, nodesKey, r.opt.NodeID)
 	_, _ = pipe.Exec(ctx)

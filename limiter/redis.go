@@ -17,6 +17,10 @@ import (
 // abandoned (its caller timed out and took a local decision).
 var ErrAbandoned = errors.New("limiter: admission abandoned after a timeout")
 
+// ErrExpired is returned by Redis.Admit when Redis ran the admission after
+// its deadline (the caller had given up): nothing was written.
+var ErrExpired = errors.New("limiter: admission reached Redis after its deadline")
+
 // maxPending bounds the settles queued for the heartbeat.
 const maxPending = 100000
 
@@ -75,7 +79,11 @@ type Redis struct {
 
 	mu      sync.Mutex
 	live    map[*Ticket]struct{} // tickets whose leases Run renews
+	held    map[string]int64     // live tickets per scope prefix
 	pending []pendingSettle      // settles to retry on the next beat
+
+	clock   atomic.Pointer[clockSample] // Redis TIME − local time
+	clockMu sync.Mutex                  // one clock sync at a time
 
 	nodes atomic.Int64 // live edge nodes seen at the last beat (0: unknown)
 }
@@ -84,7 +92,103 @@ var _ Limiter = (*Redis)(nil)
 
 // NewRedis returns a Redis limiter on client.
 func NewRedis(client Client, opt RedisOptions) *Redis {
-	return &Redis{client: client, opt: opt.withDefaults(), live: make(map[*Ticket]struct{})}
+	return &Redis{client: client, opt: opt.withDefaults(), live: make(map[*Ticket]struct{}),
+		held: make(map[string]int64)}
+}
+
+// clockSample is one measure of Redis' clock against ours: Redis TIME was
+// offset ± err after local time, measured at at.
+type clockSample struct {
+	offset, err time.Duration
+	at          time.Time
+}
+
+// observeClock records a reply's Redis TIME (µs) read between local times
+// t0 and t1. A sample replaces the kept one when it is at least as precise
+// or the kept one is older than a minute.
+func (r *Redis) observeClock(t0, t1 time.Time, redisMicros int64) {
+	if redisMicros <= 0 {
+		return
+	}
+	mid := t0.Add(t1.Sub(t0) / 2)
+	s := &clockSample{offset: time.UnixMicro(redisMicros).Sub(mid), err: t1.Sub(t0)/2 + time.Microsecond, at: t1}
+	for {
+		old := r.clock.Load()
+		if old != nil && s.err > old.err && t1.Sub(old.at) < time.Minute {
+			return
+		}
+		if r.clock.CompareAndSwap(old, s) {
+			return
+		}
+	}
+}
+
+// syncClock reads Redis TIME once if no clock sample is known yet.
+func (r *Redis) syncClock(ctx context.Context) {
+	r.clockMu.Lock()
+	defer r.clockMu.Unlock()
+	if r.clock.Load() != nil {
+		return
+	}
+	pipe := r.client.Pipeline()
+	t0 := time.Now()
+	cmd := pipe.Time(ctx)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return
+	}
+	t1 := time.Now()
+	if v, err := cmd.Result(); err == nil {
+		r.observeClock(t0, t1, v.UnixMicro())
+	}
+}
+
+// redisDeadline converts a local deadline to Redis TIME µs, early by the
+// clock sample's error and 1ms, so that the script never runs an admission
+// its caller has given up on. Zero (no deadline) when none is known.
+func (r *Redis) redisDeadline(ctx context.Context) int64 {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return 0
+	}
+	if r.clock.Load() == nil {
+		r.syncClock(ctx)
+	}
+	s := r.clock.Load()
+	if s == nil {
+		return 0
+	}
+	return dl.Add(s.offset - s.err - time.Millisecond).UnixMicro()
+}
+
+// heldIn is the number of this node's live leases in Redis in the scope of
+// req (what the degraded fallback adds to its own count).
+func (r *Redis) heldIn(req Request, p plan) int64 {
+	pre := scopePrefix(req.Tenant, req.Model, p.scoped)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.held[pre]
+}
+
+// track adds t to the live set (renewed by Run, counted by heldIn).
+func (r *Redis) track(t *Ticket) {
+	pre := scopePrefix(t.Tenant, t.Model, t.plan.scoped)
+	r.mu.Lock()
+	r.live[t] = struct{}{}
+	r.held[pre]++
+	r.mu.Unlock()
+}
+
+// untrack removes t from the live set.
+func (r *Redis) untrack(t *Ticket) {
+	pre := scopePrefix(t.Tenant, t.Model, t.plan.scoped)
+	r.mu.Lock()
+	if _, ok := r.live[t]; ok {
+		delete(r.live, t)
+		if r.held[pre]--; r.held[pre] <= 0 {
+			delete(r.held, pre)
+		}
+	}
+	r.mu.Unlock()
 }
 
 // Options returns the options in force (defaults applied).
@@ -107,19 +211,25 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 	pre := scopePrefix(req.Tenant, req.Model, p.scoped)
 	keys := []string{pre + ":c", pre + ":r", pre + ":k", pre + ":i", pre + ":o",
 		recordKey(req.Tenant, req.ID)}
+	dl := r.redisDeadline(ctx)
+	t0 := time.Now()
 	vals, err := admitScript.Run(ctx, r.client, keys,
 		req.ID, r.opt.LeaseTTL.Microseconds(), r.recordTTL().Milliseconds(), p.maxConc,
 		p.req.rate, p.req.burst, p.tok.rate, p.tok.burst,
 		p.in.rate, p.in.burst, p.out.rate, p.out.burst,
-		p.costIn, p.costOut, boolArg(p.enforce)).Int64Slice()
+		p.costIn, p.costOut, boolArg(p.enforce), dl).Int64Slice()
 	if err != nil {
 		return Decision{}, fmt.Errorf("admission script: %w", err)
 	}
 	if len(vals) != 11 {
 		return Decision{}, fmt.Errorf("admission script: %d values, want 11", len(vals))
 	}
-	if vals[0] == 4 {
+	r.observeClock(t0, time.Now(), vals[4])
+	switch vals[0] {
+	case 4:
 		return Decision{}, ErrAbandoned
+	case 5:
+		return Decision{}, ErrExpired
 	}
 	return r.decision(req, p, vals), nil
 }
@@ -157,9 +267,7 @@ func (r *Redis) decision(req Request, p plan, v []int64) Decision {
 		p.costIn, p.costOut = v[9], v[10] // a retried id keeps its first charge
 		d.Ticket = &Ticket{ID: req.ID, Tenant: req.Tenant, Model: req.Model,
 			ChargedInput: p.costIn, ChargedOutput: p.costOut, plan: p, impl: r}
-		r.mu.Lock()
-		r.live[d.Ticket] = struct{}{}
-		r.mu.Unlock()
+		r.track(d.Ticket)
 	}
 	return d
 }
@@ -185,9 +293,7 @@ func (r *Redis) Settle(ctx context.Context, t *Ticket, u Usage) error {
 	if !t.settled.CompareAndSwap(false, true) {
 		return nil
 	}
-	r.mu.Lock()
-	delete(r.live, t)
-	r.mu.Unlock()
+	r.untrack(t)
 	ps := pendingSettle{t: t, u: u, since: time.Now()}
 	sc := r.settleCall(ps)
 	if err := sc.script.Run(ctx, r.client, sc.keys, sc.args...).Err(); err != nil {
@@ -203,9 +309,7 @@ func (r *Redis) settleLater(t *Ticket, u Usage) {
 	if t == nil || t.impl != r || !t.settled.CompareAndSwap(false, true) {
 		return
 	}
-	r.mu.Lock()
-	delete(r.live, t)
-	r.mu.Unlock()
+	r.untrack(t)
 	r.queue(pendingSettle{t: t, u: u, since: time.Now()})
 }
 

@@ -5,13 +5,16 @@
 -- ARGV: 1 id, 2 lease TTL us, 3 record TTL ms, 4 max concurrency (0 = none),
 --       5/6 requests rate per minute/burst, 7/8 tokens, 9/10 input tokens,
 --       11/12 output tokens (rate 0 = none), 13 charged input,
---       14 charged output, 15 enforce (1) or shadow (0).
+--       14 charged output, 15 enforce (1) or shadow (0), 16 deadline in
+--       Redis µs (0 = none): an admission that reaches Redis after it (its
+--       caller gave up and decided without it) writes nothing.
 -- Returns: {status, reason, wait us, in-flight, now us,
 --           requests TAT, tokens TAT, input TAT, output TAT,
 --           charged input, charged output}
 -- status: 0 refused, 1 admitted, 2 already admitted (retried id),
 --         3 admitted in shadow mode although the limits refused,
---         4 abandoned: the client gave up on this id (nothing written).
+--         4 abandoned: the client gave up on this id (nothing written),
+--         5 expired: Redis ran it after its deadline (nothing written).
 -- reason: 0 none, 1 concurrency, 2 requests, 3 tokens, 4 input, 5 output.
 -- A TAT at or before now (or 0) means a full bucket.
 
@@ -20,6 +23,10 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local id = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local maxc = tonumber(ARGV[4])
+local deadline = tonumber(ARGV[16] or '0')
+if deadline > 0 and now > deadline then
+  return {5, 0, 0, 0, now, 0, 0, 0, 0, 0, 0}
+end
 
 local function tat_of(key)
   return tonumber(redis.call('GET', key) or '0')
