@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,4 +124,141 @@ func TestFaultsBurstNoOvershoot(t *testing.T) {
 	}
 	t.Logf("%d bursts of %d on 3 nodes, limit %d: peak %d admitted, %d degraded decisions",
 		bursts, size, lim.MaxConcurrency, peak, deg)
+}
+
+// settleDone waits until Redis has processed what a resumed server had
+// queued: a command on a new connection is answered after the backlog.
+func settleDone(t testing.TB, srv *redistest.Server) {
+	t.Helper()
+	for i := 0; i < 3; i++ {
+		if _, err := srv.Do("PING"); err != nil {
+			t.Fatalf("PING: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestFaultsStallNoPhantomLease stalls Redis (SIGSTOP) while admissions are
+// on their way: their callers give up after AdmissionTimeout and decide
+// locally; when Redis resumes and runs the queued scripts, none takes a
+// lease or a request (the deadline check on Redis TIME), so the tenant's
+// full limit is available at once, before any heartbeat.
+func TestFaultsStallNoPhantomLease(t *testing.T) {
+	srv := startRedis(t)
+	lim := Limits{MaxConcurrency: 2, RequestsPerMinute: 10}
+	stalled := prodNode(t, srv.Addr(), RedisOptions{}, SharedOptions{Nodes: 2, AdmissionTimeout: 100 * time.Millisecond})
+	other := prodNode(t, srv.Addr(), RedisOptions{}, SharedOptions{Nodes: 2})
+	// Warm: a clock sample and connections.
+	d := admit(t, stalled, Request{Tenant: "warmup", Limits: lim})
+	settle(t, stalled, d.Ticket, Usage{})
+
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	var wg sync.WaitGroup
+	var timedOut atomic.Int64
+	var local []*Ticket
+	var mu sync.Mutex
+	for i := 0; i < 8; i++ {
+		wg.Go(func() {
+			d, err := stalled.Admit(context.Background(), Request{ID: nextID(), Tenant: "stall", Limits: lim})
+			if err != nil {
+				t.Errorf("Admit: %v", err)
+				return
+			}
+			if d.Degraded {
+				timedOut.Add(1)
+			}
+			if d.Allowed {
+				mu.Lock()
+				local = append(local, d.Ticket)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if timedOut.Load() == 0 {
+		t.Fatal("no admission went to the stalled store")
+	}
+	time.Sleep(200 * time.Millisecond) // the stall outlasts every deadline
+	srv.Resume()
+	resumed = true
+	settleDone(t, srv)
+	if n := leases(t, srv, "stall"); n != 0 {
+		t.Errorf("%d phantom leases after the stall (no heartbeat ran); want 0", n)
+	}
+	// The other node gets the full limit at once: no phantom lease or
+	// request stands in the way.
+	var got []*Ticket
+	for i := 0; i < 2; i++ {
+		d := admit(t, other, Request{Tenant: "stall", Limits: lim})
+		if !d.Allowed || d.Degraded {
+			t.Fatalf("admission %d after the stall: %+v; want a shared admission", i, d)
+		}
+		got = append(got, d.Ticket)
+	}
+	if d := admit(t, other, Request{Tenant: "stall", Limits: lim}); d.Allowed {
+		t.Error("a third stream admitted on a limit of 2")
+	}
+	for _, tk := range got {
+		settle(t, other, tk, Usage{})
+	}
+	for _, tk := range local {
+		settle(t, stalled, tk, Usage{})
+	}
+}
+
+// TestFaultsShutdownSettlesEverything: settles that failed during a stall,
+// undos of timed-out admissions and tickets still live are all sent when
+// the node's Run ends, so nothing of the node stays in Redis: no lease,
+// and every token charge is settled (the bucket is full again).
+func TestFaultsShutdownSettlesEverything(t *testing.T) {
+	srv := startRedis(t)
+	lim := Limits{MaxConcurrency: 10, TokensPerMinute: 6000}
+	// A long heartbeat: only the shutdown can send what is queued.
+	node := prodNode(t, srv.Addr(), RedisOptions{LeaseTTL: time.Hour},
+		SharedOptions{AdmissionTimeout: 100 * time.Millisecond, SettleTimeout: 100 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { _ = node.Run(ctx); close(ran) }()
+	req := Request{Tenant: "bye", Limits: lim, InputTokens: 100, OutputTokens: 100}
+	var tickets []*Ticket
+	for i := 0; i < 4; i++ {
+		d := admit(t, node, req)
+		if !d.Allowed || d.Degraded {
+			t.Fatalf("admission %d: %+v", i, d)
+		}
+		tickets = append(tickets, d.Ticket)
+	}
+	srv.Pause()
+	// Two settles fail during the stall (queued); one admission times out
+	// (its undo queued); two tickets stay live until the shutdown.
+	for _, tk := range tickets[:2] {
+		if err := node.Settle(context.Background(), tk, Usage{}); err == nil {
+			t.Error("settle succeeded on a paused Redis")
+		}
+	}
+	admit(t, node, req)
+	srv.Resume()
+	settleDone(t, srv)
+	cancel()
+	select {
+	case <-ran:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	if n := leases(t, srv, "bye"); n != 0 {
+		t.Errorf("%d leases left after the shutdown; want 0", n)
+	}
+	// Settled with no use, the first two tickets were refunded; the live two
+	// were settled at their charge (2 × 200 tokens stay spent).
+	st := snapshot(t, NewRedis(newClient(t, srv.Addr()), RedisOptions{}), "bye", lim)
+	if st.Tokens.Remaining < 6000-400 || st.Tokens.Remaining > 6000-400+refill(6000, time.Now().Add(-time.Minute)) {
+		t.Errorf("tokens remaining %d after the shutdown; want %d (two refunds settled, two charges kept)",
+			st.Tokens.Remaining, 6000-400)
+	}
 }
