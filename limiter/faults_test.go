@@ -126,6 +126,16 @@ func TestFaultsBurstNoOvershoot(t *testing.T) {
 		bursts, size, lim.MaxConcurrency, peak, deg)
 }
 
+// readyScope gives tenant's scope an epoch that is already ready, as
+// after its first admission: a test with a short AdmissionTimeout does not
+// want the new-scope wait (3×EpochPoll) in its first admission.
+func readyScope(t testing.TB, srv *redistest.Server, tenant string) {
+	t.Helper()
+	if _, err := srv.Do("SET", scopePrefix(tenant, "", false)+":e", "1"); err != nil {
+		t.Fatalf("SET: %v", err)
+	}
+}
+
 // settleDone waits until Redis has processed what a resumed server had
 // queued: a command on a new connection is answered after the backlog.
 func settleDone(t testing.TB, srv *redistest.Server) {
@@ -148,6 +158,8 @@ func TestFaultsStallNoPhantomLease(t *testing.T) {
 	lim := Limits{MaxConcurrency: 2, RequestsPerMinute: 10}
 	stalled := prodNode(t, srv.Addr(), RedisOptions{}, SharedOptions{Nodes: 2, AdmissionTimeout: 100 * time.Millisecond})
 	other := prodNode(t, srv.Addr(), RedisOptions{}, SharedOptions{Nodes: 2})
+	readyScope(t, srv, "warmup")
+	readyScope(t, srv, "stall")
 	// Warm: a clock sample and connections.
 	d := admit(t, stalled, Request{Tenant: "warmup", Limits: lim})
 	settle(t, stalled, d.Ticket, Usage{})
@@ -222,6 +234,7 @@ func TestFaultsShutdownSettlesEverything(t *testing.T) {
 	// A long heartbeat: only the shutdown can send what is queued.
 	node := prodNode(t, srv.Addr(), RedisOptions{LeaseTTL: time.Hour},
 		SharedOptions{AdmissionTimeout: 100 * time.Millisecond, SettleTimeout: 100 * time.Millisecond})
+	readyScope(t, srv, "bye")
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { _ = node.Run(ctx); close(ran) }()
@@ -260,5 +273,61 @@ func TestFaultsShutdownSettlesEverything(t *testing.T) {
 	if st.Tokens.Remaining < 6000-400 || st.Tokens.Remaining > 6000-400+refill(6000, time.Now().Add(-time.Minute)) {
 		t.Errorf("tokens remaining %d after the shutdown; want %d (two refunds settled, two charges kept)",
 			st.Tokens.Remaining, 6000-400)
+	}
+}
+
+// TestFaultsRestartReassertsLeases restarts Redis empty while node A holds
+// a limit-2 tenant's two streams. No heartbeat runs in the test's time (it
+// is 20 minutes): A's epoch poll sees the scope's epoch change and
+// re-asserts its leases within the new epoch's grace, during which no node
+// admits in the scope; so node B's shared decisions after the restart are
+// all refusals, and Redis holds A's two leases again.
+func TestFaultsRestartReassertsLeases(t *testing.T) {
+	srv := startRedis(t)
+	lim := Limits{MaxConcurrency: 2}
+	ropt := RedisOptions{LeaseTTL: time.Hour}
+	a := prodNode(t, srv.Addr(), ropt, SharedOptions{Nodes: 2})
+	b := prodNode(t, srv.Addr(), ropt, SharedOptions{Nodes: 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { _ = a.Run(ctx); close(ran) }()
+	defer func() { cancel(); <-ran }()
+	var held []*Ticket
+	for i := 0; i < 2; i++ {
+		d := admit(t, a, Request{Tenant: "restart", Limits: lim})
+		if !d.Allowed || d.Degraded {
+			t.Fatalf("admission %d: %+v", i, d)
+		}
+		held = append(held, d.Ticket)
+	}
+	if d := admit(t, b, Request{Tenant: "restart", Limits: lim}); d.Allowed {
+		t.Fatal("a third stream admitted before the restart")
+	}
+	srv.Restart()
+	restarted := time.Now()
+	var shared, admitted int
+	for time.Since(restarted) < 1500*time.Millisecond {
+		d := admit(t, b, Request{Tenant: "restart", Limits: lim})
+		if d.Degraded {
+			settle(t, b, d.Ticket, Usage{}) // degraded mode is not under test
+			continue
+		}
+		shared++
+		if d.Allowed {
+			admitted++
+			t.Errorf("shared admission %v after the restart while 2 of 2 streams run", time.Since(restarted))
+			settle(t, b, d.Ticket, Usage{})
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if shared == 0 {
+		t.Fatal("no shared decision after the restart")
+	}
+	if n := leases(t, srv, "restart"); n != 2 {
+		t.Errorf("%d leases in Redis after the restart; want A's 2 re-asserted", n)
+	}
+	t.Logf("after the restart: %d shared decisions, %d admitted", shared, admitted)
+	for _, tk := range held {
+		settle(t, a, tk, Usage{})
 	}
 }

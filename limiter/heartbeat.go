@@ -19,13 +19,20 @@ const renewBatch = 256
 func (r *Redis) Run(ctx context.Context) error {
 	tick := time.NewTicker(r.opt.Heartbeat)
 	defer tick.Stop()
+	poll := time.NewTicker(r.opt.EpochPoll)
+	defer poll.Stop()
+	_ = r.Beat(ctx)
 	for {
-		_ = r.Beat(ctx)
 		select {
 		case <-ctx.Done():
 			r.Shutdown(context.Background())
 			return nil
 		case <-tick.C:
+			_ = r.Beat(ctx)
+		case <-poll.C:
+			pctx, cancel := context.WithTimeout(ctx, r.opt.EpochPoll)
+			_ = r.pollEpochs(pctx)
+			cancel()
 		}
 	}
 }
@@ -77,6 +84,7 @@ type scriptCall struct {
 	keys   []string
 	args   []any
 	cmd    *redis.Cmd
+	scope  string // a renewal's scope prefix
 }
 
 // Beat performs one heartbeat now, bounded by Heartbeat. Run calls it; tests
@@ -97,6 +105,7 @@ func (r *Redis) Beat(ctx context.Context) error {
 		settles[i] = r.settleCall(ps)
 	}
 	err := runPipeline(ctx, r.client, append(calls, settles...))
+	r.noteRenewEpochs(calls)
 	if n, e := nodes.cmd.Int64(); e == nil {
 		r.nodes.Store(n)
 	}
@@ -129,11 +138,13 @@ func (r *Redis) renewCalls() []*scriptCall {
 	byScope := make(map[string]*scriptCall)
 	var calls []*scriptCall
 	ttl, rttl := r.opt.LeaseTTL.Microseconds(), r.recordTTL().Milliseconds()
+	grace, ettl := r.opt.epochGrace().Microseconds(), epochKeyTTL.Milliseconds()
 	for t := range r.live {
 		pre := scopePrefix(t.Tenant, t.Model, t.plan.scoped)
 		c := byScope[pre]
 		if c == nil || len(c.keys) > renewBatch {
-			c = &scriptCall{script: renewScript, keys: []string{pre + ":c"}, args: []any{ttl, rttl}}
+			c = &scriptCall{script: renewScript, keys: []string{pre + ":c", pre + ":e"},
+				args: []any{ttl, rttl, grace, ettl}, scope: pre}
 			byScope[pre] = c
 			calls = append(calls, c)
 		}

@@ -41,7 +41,21 @@ type RedisOptions struct {
 	// NodeID names this edge node in the live-node set. Empty means a
 	// random id.
 	NodeID string
+	// EpochPoll is how often Run checks, for every scope where this node
+	// holds leases, that Redis still has the scope's epoch (a Redis
+	// restarted empty has none): on a change the node re-asserts its
+	// leases at once. A scope whose epoch is new admits nothing for
+	// 3×EpochPoll, the time every node has to re-assert. Zero means 100ms.
+	EpochPoll time.Duration
 }
+
+// epochKeyTTL is the life of a scope's epoch key, renewed by every
+// heartbeat that renews leases in the scope: a scope unused for longer
+// waits 3×EpochPoll once on its next admission.
+const epochKeyTTL = 7 * 24 * time.Hour
+
+// epochGrace is how long a new epoch admits nothing.
+func (o RedisOptions) epochGrace() time.Duration { return 3 * o.EpochPoll }
 
 func (o RedisOptions) withDefaults() RedisOptions {
 	if o.LeaseTTL <= 0 {
@@ -52,6 +66,9 @@ func (o RedisOptions) withDefaults() RedisOptions {
 	}
 	if o.NodeID == "" {
 		o.NodeID = randomID()
+	}
+	if o.EpochPoll <= 0 {
+		o.EpochPoll = 100 * time.Millisecond
 	}
 	return o
 }
@@ -80,6 +97,7 @@ type Redis struct {
 	mu      sync.Mutex
 	live    map[*Ticket]struct{} // tickets whose leases Run renews
 	held    map[string]int64     // live tickets per scope prefix
+	epochs  map[string]int64     // last epoch seen per scope prefix
 	pending []pendingSettle      // settles to retry on the next beat
 
 	clock   atomic.Pointer[clockSample] // Redis TIME − local time
@@ -93,7 +111,7 @@ var _ Limiter = (*Redis)(nil)
 // NewRedis returns a Redis limiter on client.
 func NewRedis(client Client, opt RedisOptions) *Redis {
 	return &Redis{client: client, opt: opt.withDefaults(), live: make(map[*Ticket]struct{}),
-		held: make(map[string]int64)}
+		held: make(map[string]int64), epochs: make(map[string]int64)}
 }
 
 // clockSample is one measure of Redis' clock against ours: Redis TIME was
@@ -210,28 +228,129 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 	p := newPlan(req, 1)
 	pre := scopePrefix(req.Tenant, req.Model, p.scoped)
 	keys := []string{pre + ":c", pre + ":r", pre + ":k", pre + ":i", pre + ":o",
-		recordKey(req.Tenant, req.ID)}
+		recordKey(req.Tenant, req.ID), pre + ":e"}
 	dl := r.redisDeadline(ctx)
-	t0 := time.Now()
-	vals, err := admitScript.Run(ctx, r.client, keys,
-		req.ID, r.opt.LeaseTTL.Microseconds(), r.recordTTL().Milliseconds(), p.maxConc,
-		p.req.rate, p.req.burst, p.tok.rate, p.tok.burst,
-		p.in.rate, p.in.burst, p.out.rate, p.out.burst,
-		p.costIn, p.costOut, boolArg(p.enforce), dl).Int64Slice()
-	if err != nil {
-		return Decision{}, fmt.Errorf("admission script: %w", err)
+	for try := 0; ; try++ {
+		t0 := time.Now()
+		vals, err := admitScript.Run(ctx, r.client, keys,
+			req.ID, r.opt.LeaseTTL.Microseconds(), r.recordTTL().Milliseconds(), p.maxConc,
+			p.req.rate, p.req.burst, p.tok.rate, p.tok.burst,
+			p.in.rate, p.in.burst, p.out.rate, p.out.burst,
+			p.costIn, p.costOut, boolArg(p.enforce), dl,
+			r.opt.epochGrace().Microseconds(), epochKeyTTL.Milliseconds()).Int64Slice()
+		if err != nil {
+			return Decision{}, fmt.Errorf("admission script: %w", err)
+		}
+		if len(vals) != 12 {
+			return Decision{}, fmt.Errorf("admission script: %d values, want 12", len(vals))
+		}
+		r.observeClock(t0, time.Now(), vals[4])
+		switch vals[0] {
+		case 4:
+			return Decision{}, ErrAbandoned
+		case 5:
+			return Decision{}, ErrExpired
+		case 6:
+			// A new epoch: re-assert this node's leases (all scopes: a
+			// restart lost them all), then wait for the other nodes to do
+			// the same.
+			if try >= 3 {
+				return Decision{}, errors.New("admission script: scope epoch still not ready")
+			}
+			if err := r.reassert(ctx); err != nil {
+				return Decision{}, err
+			}
+			if err := sleepCtx(ctx, time.Duration(vals[2])*time.Microsecond+time.Millisecond); err != nil {
+				return Decision{}, fmt.Errorf("admission: waiting for a new epoch: %w", err)
+			}
+			continue
+		}
+		r.noteEpoch(pre, vals[11])
+		return r.decision(req, p, vals), nil
 	}
-	if len(vals) != 11 {
-		return Decision{}, fmt.Errorf("admission script: %d values, want 11", len(vals))
+}
+
+// sleepCtx sleeps for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-tm.C:
+		return nil
 	}
-	r.observeClock(t0, time.Now(), vals[4])
-	switch vals[0] {
-	case 4:
-		return Decision{}, ErrAbandoned
-	case 5:
-		return Decision{}, ErrExpired
+}
+
+// noteEpoch remembers the epoch seen in scope pre.
+func (r *Redis) noteEpoch(pre string, epoch int64) {
+	if epoch == 0 {
+		return
 	}
-	return r.decision(req, p, vals), nil
+	r.mu.Lock()
+	r.epochs[pre] = epoch
+	r.mu.Unlock()
+}
+
+// reassert renews (re-adds) every live lease of this node now, in one
+// pipeline, and notes each scope's epoch.
+func (r *Redis) reassert(ctx context.Context) error {
+	calls := r.renewCalls()
+	if len(calls) == 0 {
+		return nil
+	}
+	if err := runPipeline(ctx, r.client, calls); err != nil {
+		return fmt.Errorf("re-asserting leases: %w", err)
+	}
+	r.noteRenewEpochs(calls)
+	return nil
+}
+
+// noteRenewEpochs notes the epochs the renewal calls returned.
+func (r *Redis) noteRenewEpochs(calls []*scriptCall) {
+	for _, c := range calls {
+		if c.scope == "" || c.cmd == nil {
+			continue
+		}
+		if v, err := c.cmd.Int64Slice(); err == nil && len(v) == 2 {
+			r.noteEpoch(c.scope, v[1])
+		}
+	}
+}
+
+// pollEpochs reads the epoch of every scope where this node holds leases
+// and re-asserts the leases when one changed (Redis restarted empty, or the
+// key expired).
+func (r *Redis) pollEpochs(ctx context.Context) error {
+	r.mu.Lock()
+	scopes := make([]string, 0, len(r.held))
+	known := make([]int64, 0, len(r.held))
+	for pre := range r.held {
+		scopes = append(scopes, pre)
+		known = append(known, r.epochs[pre])
+	}
+	r.mu.Unlock()
+	if len(scopes) == 0 {
+		return nil
+	}
+	pipe := r.client.Pipeline()
+	cmds := make([]*redis.StringCmd, len(scopes))
+	for i, pre := range scopes {
+		cmds[i] = pipe.Get(ctx, pre+":e")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return fmt.Errorf("epoch poll: %w", err)
+	}
+	for i, c := range cmds {
+		v, err := c.Int64()
+		if err != nil && err != redis.Nil {
+			return fmt.Errorf("epoch poll: %w", err)
+		}
+		if v != known[i] {
+			return r.reassert(ctx)
+		}
+	}
+	return nil
 }
 
 func boolArg(b bool) int {
