@@ -148,6 +148,7 @@ func NewFromConfig(cfg RedisConfig, reg prometheus.Registerer, log *slog.Logger)
 	if log == nil {
 		log = slog.Default()
 	}
+	SetRedisLogger(log)
 	client := newUniversalClient(cfg)
 	s := NewShared(NewRedis(client, RedisOptions{LeaseTTL: cfg.LeaseTTL, Heartbeat: cfg.Heartbeat}),
 		SharedOptions{AdmissionTimeout: cfg.AdmissionTimeout, SettleTimeout: cfg.SettleTimeout, FailureThreshold: cfg.BreakerFailures,

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -330,4 +331,48 @@ func TestFaultsRestartReassertsLeases(t *testing.T) {
 	for _, tk := range held {
 		settle(t, a, tk, Usage{})
 	}
+}
+
+// TestRedisLogThroughSlog: go-redis' own log lines (here a failed dial
+// with MaxRetries, against a closed port) become slog records.
+func TestRedisLogThroughSlog(t *testing.T) {
+	var buf syncBuffer
+	SetRedisLogger(slog.New(slog.NewJSONHandler(&buf, nil)))
+	defer redis.SetLogger(discardLogger{})
+	srv := startRedis(t)
+	addr := srv.Addr()
+	srv.Stop()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer c.Close()
+	_ = c.Ping(context.Background()).Err()
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(buf.String(), `"msg":"redis client"`) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	out := buf.String()
+	if !strings.Contains(out, `"msg":"redis client"`) || !strings.Contains(out, `"detail":`) {
+		t.Fatalf("go-redis log lines not routed through slog: %q", out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if !strings.HasPrefix(line, "{") {
+			t.Errorf("unstructured log line %q", line)
+		}
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
