@@ -97,9 +97,7 @@ func BenchmarkRedis(b *testing.B) {
 			d, err := r.Admit(ctx, Request{ID: "a" + strconv.Itoa(i), Tenant: "bench-a", Limits: lim, InputTokens: 10, OutputTokens: 10})
 			if err == nil {
 				d.Ticket.settled.Store(true) // not settled: only the admission is measured
-				r.mu.Lock()
-				delete(r.live, d.Ticket)
-				r.mu.Unlock()
+				r.untrack(d.Ticket)
 			}
 			return err
 		})

@@ -34,7 +34,8 @@ type RedisConfig struct {
 	ReadTimeout  time.Duration `yaml:"read_timeout"`
 	WriteTimeout time.Duration `yaml:"write_timeout"`
 	// AdmissionTimeout bounds one admission in Redis before the
-	// store-failure policy decides. Zero means 20ms.
+	// store-failure policy decides (a slow Redis is waited for up to it;
+	// Redis drops an admission that reaches it later). Zero means 500ms.
 	AdmissionTimeout time.Duration `yaml:"admission_timeout"`
 	// SettleTimeout bounds one settle in Redis; a settle that fails or
 	// times out is retried by the heartbeat. Zero means 250ms.
@@ -72,7 +73,7 @@ func (c RedisConfig) WithDefaults() RedisConfig {
 	def(&c.DialTimeout, time.Second)
 	def(&c.ReadTimeout, 500*time.Millisecond)
 	def(&c.WriteTimeout, 500*time.Millisecond)
-	def(&c.AdmissionTimeout, 20*time.Millisecond)
+	def(&c.AdmissionTimeout, 500*time.Millisecond)
 	def(&c.SettleTimeout, 250*time.Millisecond)
 	def(&c.LeaseTTL, 30*time.Second)
 	def(&c.Heartbeat, c.LeaseTTL/3)
@@ -147,6 +148,7 @@ func NewFromConfig(cfg RedisConfig, reg prometheus.Registerer, log *slog.Logger)
 	if log == nil {
 		log = slog.Default()
 	}
+	SetRedisLogger(log)
 	client := newUniversalClient(cfg)
 	s := NewShared(NewRedis(client, RedisOptions{LeaseTTL: cfg.LeaseTTL, Heartbeat: cfg.Heartbeat}),
 		SharedOptions{AdmissionTimeout: cfg.AdmissionTimeout, SettleTimeout: cfg.SettleTimeout, FailureThreshold: cfg.BreakerFailures,

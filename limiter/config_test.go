@@ -13,7 +13,7 @@ import (
 
 func TestRedisConfigDefaults(t *testing.T) {
 	c := RedisConfig{Addrs: []string{"127.0.0.1:6379"}}.WithDefaults()
-	if c.AdmissionTimeout != 20*time.Millisecond || c.LeaseTTL != 30*time.Second ||
+	if c.AdmissionTimeout != 500*time.Millisecond || c.LeaseTTL != 30*time.Second ||
 		c.Heartbeat != 10*time.Second || c.BreakerFailures != 3 || c.BreakerCooldown != time.Second {
 		t.Errorf("defaults = %+v", c)
 	}

@@ -15,19 +15,63 @@ const renewBatch = 256
 // Run is the node's heartbeat: every Heartbeat it renews all live leases in
 // one pipeline (one renewal script per tenant scope, re-adding leases lost
 // in a Redis restart), retries failed settles and registers the node in the
-// live-node set. It returns when ctx is done, after leaving the node set.
+// live-node set. It returns when ctx is done, after Shutdown.
 func (r *Redis) Run(ctx context.Context) error {
 	tick := time.NewTicker(r.opt.Heartbeat)
 	defer tick.Stop()
+	poll := time.NewTicker(r.opt.EpochPoll)
+	defer poll.Stop()
+	_ = r.Beat(ctx)
 	for {
-		_ = r.Beat(ctx)
 		select {
 		case <-ctx.Done():
-			r.leave()
+			r.Shutdown(context.Background())
 			return nil
 		case <-tick.C:
+			_ = r.Beat(ctx)
+		case <-poll.C:
+			pctx, cancel := context.WithTimeout(ctx, r.opt.EpochPoll)
+			_ = r.pollEpochs(pctx)
+			cancel()
 		}
 	}
+}
+
+// shutdownTimeout bounds Shutdown's calls to Redis.
+const shutdownTimeout = 2 * time.Second
+
+// Shutdown leaves nothing of this node in Redis: it sends every queued
+// settle and abandon now (a timed-out admission's undo, a settle that
+// failed), settles the tickets still live at their charge (their leases are
+// released; a later Settle of such a ticket does nothing) and leaves the
+// live-node set. It is bounded by 2s; what Redis cannot take by then
+// expires on its own (leases within LeaseTTL).
+func (r *Redis) Shutdown(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	r.mu.Lock()
+	var live []*Ticket
+	for t := range r.live {
+		live = append(live, t)
+	}
+	r.mu.Unlock()
+	for _, t := range live {
+		r.settleLater(t, Usage{InputTokens: t.ChargedInput, OutputTokens: t.ChargedOutput})
+	}
+	r.mu.Lock()
+	pending := r.pending
+	r.pending = nil
+	r.mu.Unlock()
+	calls := make([]*scriptCall, 0, len(pending)+1)
+	for _, ps := range pending {
+		calls = append(calls, r.settleCall(ps))
+	}
+	for len(calls) > 0 && ctx.Err() == nil {
+		n := min(len(calls), 1000)
+		_ = runPipeline(ctx, r.client, calls[:n])
+		calls = calls[n:]
+	}
+	r.leave(ctx)
 }
 
 // Close does nothing; the caller owns the Redis client. Stop Run by
@@ -40,6 +84,7 @@ type scriptCall struct {
 	keys   []string
 	args   []any
 	cmd    *redis.Cmd
+	scope  string // a renewal's scope prefix
 }
 
 // Beat performs one heartbeat now, bounded by Heartbeat. Run calls it; tests
@@ -60,6 +105,7 @@ func (r *Redis) Beat(ctx context.Context) error {
 		settles[i] = r.settleCall(ps)
 	}
 	err := runPipeline(ctx, r.client, append(calls, settles...))
+	r.noteRenewEpochs(calls)
 	if n, e := nodes.cmd.Int64(); e == nil {
 		r.nodes.Store(n)
 	}
@@ -92,11 +138,13 @@ func (r *Redis) renewCalls() []*scriptCall {
 	byScope := make(map[string]*scriptCall)
 	var calls []*scriptCall
 	ttl, rttl := r.opt.LeaseTTL.Microseconds(), r.recordTTL().Milliseconds()
+	grace, ettl := r.opt.epochGrace().Microseconds(), epochKeyTTL.Milliseconds()
 	for t := range r.live {
 		pre := scopePrefix(t.Tenant, t.Model, t.plan.scoped)
 		c := byScope[pre]
 		if c == nil || len(c.keys) > renewBatch {
-			c = &scriptCall{script: renewScript, keys: []string{pre + ":c"}, args: []any{ttl, rttl}}
+			c = &scriptCall{script: renewScript, keys: []string{pre + ":c", pre + ":e"},
+				args: []any{ttl, rttl, grace, ettl}, scope: pre}
 			byScope[pre] = c
 			calls = append(calls, c)
 		}
@@ -140,9 +188,7 @@ func pipelineErr(err error) error {
 }
 
 // leave removes this node from the live-node set (best effort).
-func (r *Redis) leave() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
+func (r *Redis) leave(ctx context.Context) {
 	pipe := r.client.Pipeline()
 	pipe.ZRem(ctx, nodesKey, r.opt.NodeID)
 	_, _ = pipe.Exec(ctx)

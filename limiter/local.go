@@ -113,13 +113,19 @@ func (t *localTenant) scope(model string, scoped bool) *localScope {
 
 // AdmitAt decides at now. Only an admitted decision allocates (its Ticket).
 func (l *Local) AdmitAt(now time.Time, req Request) Decision {
+	return l.admitAt(now, req, 0)
+}
+
+// admitAt decides at now, counting held more streams in flight than its
+// own (Shared's fallback: this node's leases held in Redis).
+func (l *Local) admitAt(now time.Time, req Request, held int64) Decision {
 	p := newPlan(req, l.Share())
 	t := l.tenant(req.Tenant)
 	n := l.ns(now)
 	t.mu.Lock()
 	s := t.scope(req.Model, p.scoped)
 	var c check
-	if p.maxConc > 0 && s.inflight >= p.maxConc {
+	if p.maxConc > 0 && s.inflight+held >= p.maxConc {
 		c.refuse(ReasonConcurrency, concurrencyRetry)
 	}
 	req2, ok2, w := takeIf(p.req, s.req, n, 1)

@@ -17,6 +17,10 @@ import (
 // abandoned (its caller timed out and took a local decision).
 var ErrAbandoned = errors.New("limiter: admission abandoned after a timeout")
 
+// ErrExpired is returned by Redis.Admit when Redis ran the admission after
+// its deadline (the caller had given up): nothing was written.
+var ErrExpired = errors.New("limiter: admission reached Redis after its deadline")
+
 // maxPending bounds the settles queued for the heartbeat.
 const maxPending = 100000
 
@@ -37,7 +41,21 @@ type RedisOptions struct {
 	// NodeID names this edge node in the live-node set. Empty means a
 	// random id.
 	NodeID string
+	// EpochPoll is how often Run checks, for every scope where this node
+	// holds leases, that Redis still has the scope's epoch (a Redis
+	// restarted empty has none): on a change the node re-asserts its
+	// leases at once. A scope whose epoch is new admits nothing for
+	// 3×EpochPoll, the time every node has to re-assert. Zero means 100ms.
+	EpochPoll time.Duration
 }
+
+// epochKeyTTL is the life of a scope's epoch key, renewed by every
+// heartbeat that renews leases in the scope: a scope unused for longer
+// waits 3×EpochPoll once on its next admission.
+const epochKeyTTL = 7 * 24 * time.Hour
+
+// epochGrace is how long a new epoch admits nothing.
+func (o RedisOptions) epochGrace() time.Duration { return 3 * o.EpochPoll }
 
 func (o RedisOptions) withDefaults() RedisOptions {
 	if o.LeaseTTL <= 0 {
@@ -48,6 +66,9 @@ func (o RedisOptions) withDefaults() RedisOptions {
 	}
 	if o.NodeID == "" {
 		o.NodeID = randomID()
+	}
+	if o.EpochPoll <= 0 {
+		o.EpochPoll = 100 * time.Millisecond
 	}
 	return o
 }
@@ -75,7 +96,12 @@ type Redis struct {
 
 	mu      sync.Mutex
 	live    map[*Ticket]struct{} // tickets whose leases Run renews
+	held    map[string]int64     // live tickets per scope prefix
+	epochs  map[string]int64     // last epoch seen per scope prefix
 	pending []pendingSettle      // settles to retry on the next beat
+
+	clock   atomic.Pointer[clockSample] // Redis TIME − local time
+	clockMu sync.Mutex                  // one clock sync at a time
 
 	nodes atomic.Int64 // live edge nodes seen at the last beat (0: unknown)
 }
@@ -84,7 +110,103 @@ var _ Limiter = (*Redis)(nil)
 
 // NewRedis returns a Redis limiter on client.
 func NewRedis(client Client, opt RedisOptions) *Redis {
-	return &Redis{client: client, opt: opt.withDefaults(), live: make(map[*Ticket]struct{})}
+	return &Redis{client: client, opt: opt.withDefaults(), live: make(map[*Ticket]struct{}),
+		held: make(map[string]int64), epochs: make(map[string]int64)}
+}
+
+// clockSample is one measure of Redis' clock against ours: Redis TIME was
+// offset ± err after local time, measured at at.
+type clockSample struct {
+	offset, err time.Duration
+	at          time.Time
+}
+
+// observeClock records a reply's Redis TIME (µs) read between local times
+// t0 and t1. A sample replaces the kept one when it is at least as precise
+// or the kept one is older than a minute.
+func (r *Redis) observeClock(t0, t1 time.Time, redisMicros int64) {
+	if redisMicros <= 0 {
+		return
+	}
+	mid := t0.Add(t1.Sub(t0) / 2)
+	s := &clockSample{offset: time.UnixMicro(redisMicros).Sub(mid), err: t1.Sub(t0)/2 + time.Microsecond, at: t1}
+	for {
+		old := r.clock.Load()
+		if old != nil && s.err > old.err && t1.Sub(old.at) < time.Minute {
+			return
+		}
+		if r.clock.CompareAndSwap(old, s) {
+			return
+		}
+	}
+}
+
+// syncClock reads Redis TIME once if no clock sample is known yet.
+func (r *Redis) syncClock(ctx context.Context) {
+	r.clockMu.Lock()
+	defer r.clockMu.Unlock()
+	if r.clock.Load() != nil {
+		return
+	}
+	pipe := r.client.Pipeline()
+	t0 := time.Now()
+	cmd := pipe.Time(ctx)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return
+	}
+	t1 := time.Now()
+	if v, err := cmd.Result(); err == nil {
+		r.observeClock(t0, t1, v.UnixMicro())
+	}
+}
+
+// redisDeadline converts a local deadline to Redis TIME µs, early by the
+// clock sample's error and 1ms, so that the script never runs an admission
+// its caller has given up on. Zero (no deadline) when none is known.
+func (r *Redis) redisDeadline(ctx context.Context) int64 {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return 0
+	}
+	if r.clock.Load() == nil {
+		r.syncClock(ctx)
+	}
+	s := r.clock.Load()
+	if s == nil {
+		return 0
+	}
+	return dl.Add(s.offset - s.err - time.Millisecond).UnixMicro()
+}
+
+// heldIn is the number of this node's live leases in Redis in the scope of
+// req (what the degraded fallback adds to its own count).
+func (r *Redis) heldIn(req Request, p plan) int64 {
+	pre := scopePrefix(req.Tenant, req.Model, p.scoped)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.held[pre]
+}
+
+// track adds t to the live set (renewed by Run, counted by heldIn).
+func (r *Redis) track(t *Ticket) {
+	pre := scopePrefix(t.Tenant, t.Model, t.plan.scoped)
+	r.mu.Lock()
+	r.live[t] = struct{}{}
+	r.held[pre]++
+	r.mu.Unlock()
+}
+
+// untrack removes t from the live set.
+func (r *Redis) untrack(t *Ticket) {
+	pre := scopePrefix(t.Tenant, t.Model, t.plan.scoped)
+	r.mu.Lock()
+	if _, ok := r.live[t]; ok {
+		delete(r.live, t)
+		if r.held[pre]--; r.held[pre] <= 0 {
+			delete(r.held, pre)
+		}
+	}
+	r.mu.Unlock()
 }
 
 // Options returns the options in force (defaults applied).
@@ -106,22 +228,129 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 	p := newPlan(req, 1)
 	pre := scopePrefix(req.Tenant, req.Model, p.scoped)
 	keys := []string{pre + ":c", pre + ":r", pre + ":k", pre + ":i", pre + ":o",
-		recordKey(req.Tenant, req.ID)}
-	vals, err := admitScript.Run(ctx, r.client, keys,
-		req.ID, r.opt.LeaseTTL.Microseconds(), r.recordTTL().Milliseconds(), p.maxConc,
-		p.req.rate, p.req.burst, p.tok.rate, p.tok.burst,
-		p.in.rate, p.in.burst, p.out.rate, p.out.burst,
-		p.costIn, p.costOut, boolArg(p.enforce)).Int64Slice()
-	if err != nil {
-		return Decision{}, fmt.Errorf("admission script: %w", err)
+		recordKey(req.Tenant, req.ID), pre + ":e"}
+	dl := r.redisDeadline(ctx)
+	for try := 0; ; try++ {
+		t0 := time.Now()
+		vals, err := admitScript.Run(ctx, r.client, keys,
+			req.ID, r.opt.LeaseTTL.Microseconds(), r.recordTTL().Milliseconds(), p.maxConc,
+			p.req.rate, p.req.burst, p.tok.rate, p.tok.burst,
+			p.in.rate, p.in.burst, p.out.rate, p.out.burst,
+			p.costIn, p.costOut, boolArg(p.enforce), dl,
+			r.opt.epochGrace().Microseconds(), epochKeyTTL.Milliseconds()).Int64Slice()
+		if err != nil {
+			return Decision{}, fmt.Errorf("admission script: %w", err)
+		}
+		if len(vals) != 12 {
+			return Decision{}, fmt.Errorf("admission script: %d values, want 12", len(vals))
+		}
+		r.observeClock(t0, time.Now(), vals[4])
+		switch vals[0] {
+		case 4:
+			return Decision{}, ErrAbandoned
+		case 5:
+			return Decision{}, ErrExpired
+		case 6:
+			// A new epoch: re-assert this node's leases (all scopes: a
+			// restart lost them all), then wait for the other nodes to do
+			// the same.
+			if try >= 3 {
+				return Decision{}, errors.New("admission script: scope epoch still not ready")
+			}
+			if err := r.reassert(ctx); err != nil {
+				return Decision{}, err
+			}
+			if err := sleepCtx(ctx, time.Duration(vals[2])*time.Microsecond+time.Millisecond); err != nil {
+				return Decision{}, fmt.Errorf("admission: waiting for a new epoch: %w", err)
+			}
+			continue
+		}
+		r.noteEpoch(pre, vals[11])
+		return r.decision(req, p, vals), nil
 	}
-	if len(vals) != 11 {
-		return Decision{}, fmt.Errorf("admission script: %d values, want 11", len(vals))
+}
+
+// sleepCtx sleeps for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-tm.C:
+		return nil
 	}
-	if vals[0] == 4 {
-		return Decision{}, ErrAbandoned
+}
+
+// noteEpoch remembers the epoch seen in scope pre.
+func (r *Redis) noteEpoch(pre string, epoch int64) {
+	if epoch == 0 {
+		return
 	}
-	return r.decision(req, p, vals), nil
+	r.mu.Lock()
+	r.epochs[pre] = epoch
+	r.mu.Unlock()
+}
+
+// reassert renews (re-adds) every live lease of this node now, in one
+// pipeline, and notes each scope's epoch.
+func (r *Redis) reassert(ctx context.Context) error {
+	calls := r.renewCalls()
+	if len(calls) == 0 {
+		return nil
+	}
+	if err := runPipeline(ctx, r.client, calls); err != nil {
+		return fmt.Errorf("re-asserting leases: %w", err)
+	}
+	r.noteRenewEpochs(calls)
+	return nil
+}
+
+// noteRenewEpochs notes the epochs the renewal calls returned.
+func (r *Redis) noteRenewEpochs(calls []*scriptCall) {
+	for _, c := range calls {
+		if c.scope == "" || c.cmd == nil {
+			continue
+		}
+		if v, err := c.cmd.Int64Slice(); err == nil && len(v) == 2 {
+			r.noteEpoch(c.scope, v[1])
+		}
+	}
+}
+
+// pollEpochs reads the epoch of every scope where this node holds leases
+// and re-asserts the leases when one changed (Redis restarted empty, or the
+// key expired).
+func (r *Redis) pollEpochs(ctx context.Context) error {
+	r.mu.Lock()
+	scopes := make([]string, 0, len(r.held))
+	known := make([]int64, 0, len(r.held))
+	for pre := range r.held {
+		scopes = append(scopes, pre)
+		known = append(known, r.epochs[pre])
+	}
+	r.mu.Unlock()
+	if len(scopes) == 0 {
+		return nil
+	}
+	pipe := r.client.Pipeline()
+	cmds := make([]*redis.StringCmd, len(scopes))
+	for i, pre := range scopes {
+		cmds[i] = pipe.Get(ctx, pre+":e")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return fmt.Errorf("epoch poll: %w", err)
+	}
+	for i, c := range cmds {
+		v, err := c.Int64()
+		if err != nil && err != redis.Nil {
+			return fmt.Errorf("epoch poll: %w", err)
+		}
+		if v != known[i] {
+			return r.reassert(ctx)
+		}
+	}
+	return nil
 }
 
 func boolArg(b bool) int {
@@ -157,9 +386,7 @@ func (r *Redis) decision(req Request, p plan, v []int64) Decision {
 		p.costIn, p.costOut = v[9], v[10] // a retried id keeps its first charge
 		d.Ticket = &Ticket{ID: req.ID, Tenant: req.Tenant, Model: req.Model,
 			ChargedInput: p.costIn, ChargedOutput: p.costOut, plan: p, impl: r}
-		r.mu.Lock()
-		r.live[d.Ticket] = struct{}{}
-		r.mu.Unlock()
+		r.track(d.Ticket)
 	}
 	return d
 }
@@ -185,9 +412,7 @@ func (r *Redis) Settle(ctx context.Context, t *Ticket, u Usage) error {
 	if !t.settled.CompareAndSwap(false, true) {
 		return nil
 	}
-	r.mu.Lock()
-	delete(r.live, t)
-	r.mu.Unlock()
+	r.untrack(t)
 	ps := pendingSettle{t: t, u: u, since: time.Now()}
 	sc := r.settleCall(ps)
 	if err := sc.script.Run(ctx, r.client, sc.keys, sc.args...).Err(); err != nil {
@@ -203,9 +428,7 @@ func (r *Redis) settleLater(t *Ticket, u Usage) {
 	if t == nil || t.impl != r || !t.settled.CompareAndSwap(false, true) {
 		return
 	}
-	r.mu.Lock()
-	delete(r.live, t)
-	r.mu.Unlock()
+	r.untrack(t)
 	r.queue(pendingSettle{t: t, u: u, since: time.Now()})
 }
 

@@ -12,7 +12,12 @@ import (
 // SharedOptions configure a Shared limiter. Zero fields take the defaults
 // noted.
 type SharedOptions struct {
-	// AdmissionTimeout bounds one admission in Redis. Zero means 20ms.
+	// AdmissionTimeout bounds one admission in Redis: a slow store is
+	// waited for (a burst queues on the connection pool), and only an
+	// admission without an answer within it is decided by the
+	// store-failure policy. Redis refuses to run an admission that reaches
+	// it after this deadline (checked on Redis TIME), so a late one never
+	// takes a lease. Zero means 500ms.
 	AdmissionTimeout time.Duration
 	// SettleTimeout bounds one settle in Redis (a failed settle is retried
 	// by the heartbeat). Zero means 250ms.
@@ -35,7 +40,7 @@ type SharedOptions struct {
 
 func (o SharedOptions) withDefaults() SharedOptions {
 	if o.AdmissionTimeout <= 0 {
-		o.AdmissionTimeout = 20 * time.Millisecond
+		o.AdmissionTimeout = 500 * time.Millisecond
 	}
 	if o.SettleTimeout <= 0 {
 		o.SettleTimeout = 250 * time.Millisecond
@@ -58,10 +63,13 @@ func (o SharedOptions) withDefaults() SharedOptions {
 //     (a tenant refused by Redis until T is refused locally until T) and a
 //     local ceiling (a Local with the full limits counting only this node's
 //     requests: what this node alone exceeds, all nodes together exceed);
-//   - otherwise one admission script on Redis, bounded by AdmissionTimeout;
-//   - when Redis fails or is slow, and while the circuit breaker is open,
-//     the tenant's OnStoreFailure policy: "local" (a Local enforcing this
-//     node's share 1/N of every limit), "open" (admit) or "closed" (refuse
+//   - otherwise one admission script on Redis, bounded by AdmissionTimeout
+//     (a slow store is waited for, not bypassed: a fallback decision while
+//     Redis still grants leases would add to them);
+//   - when Redis fails or gives no answer in time, and while the circuit
+//     breaker is open, the tenant's OnStoreFailure policy: "local" (a Local
+//     enforcing this node's share 1/N of every limit, counting the leases
+//     this node still holds in Redis), "open" (admit) or "closed" (refuse
 //     with Reason "store"; the caller answers 503). Such decisions have
 //     Degraded set and are counted in sluice_limiter_degraded_total.
 //
@@ -190,7 +198,7 @@ func (s *Shared) degraded(req Request, p plan, ceiling *Ticket, now time.Time) D
 		return Decision{Reason: ReasonStore, Degraded: true, RetryAfter: s.opt.Cooldown}
 	}
 	s.fallback.SetShare(s.Share())
-	d := s.fallback.AdmitAt(now, req)
+	d := s.fallback.admitAt(now, req, s.store.heldIn(req, p))
 	d.Degraded = true
 	if !d.Allowed {
 		s.ceiling.undoAt(now, ceiling)
@@ -238,7 +246,7 @@ func (s *Shared) Settle(ctx context.Context, t *Ticket, u Usage) error {
 // it reports this node's own use (Degraded set).
 func (s *Shared) Snapshot(ctx context.Context, tenant string, l Limits) (Status, error) {
 	if !s.br.isOpen() {
-		sctx, cancel := context.WithTimeout(ctx, 10*s.opt.AdmissionTimeout)
+		sctx, cancel := context.WithTimeout(ctx, s.opt.AdmissionTimeout)
 		st, err := s.store.Snapshot(sctx, tenant, l)
 		cancel()
 		if err == nil {

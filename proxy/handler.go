@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -79,6 +80,7 @@ type Handler struct {
 	transport http.RoundTripper
 	started   time.Time
 	inflight  atomic.Int64
+	settling  sync.WaitGroup // settles still running after their response ended
 }
 
 // NewHandler builds a handler serving st.
@@ -137,7 +139,7 @@ func (h *Handler) Serve(r *http.Request, sink Sink, conn listen.ConnInfo) Outcom
 // whether the outcome carries the timing object.
 func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.ConnInfo, timing bool) (o Outcome) {
 	defer l.release()
-	x := &exchange{h: h, st: l.st, sink: sink, r: r, conn: conn, start: time.Now()}
+	x := &exchange{h: h, st: l.st, live: l, sink: sink, r: r, conn: conn, start: time.Now()}
 	x.id = RequestID(r.Header.Get("X-Request-Id"))
 	hdr := sink.Header()
 	hdr.Set("X-Request-Id", x.id)
@@ -160,6 +162,7 @@ func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.Co
 type exchange struct {
 	h    *Handler
 	st   *State
+	live *liveState // st's holder, kept acquired by a background settle
 	sink Sink
 	r    *http.Request
 	id   string
@@ -339,18 +342,53 @@ func (x *exchange) fail(err error) {
 // the outcome, with the timing object when timing is set.
 func (x *exchange) finish(timing bool) Outcome {
 	if x.ticket != nil {
-		// Settle even when the client is gone: use a fresh, short context.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), time.Second)
-		if err := x.st.Limiter.Settle(ctx, x.ticket, x.consumed()); err != nil {
-			x.h.log.Warn("settle failed", "request_id", x.id, "tenant", x.tenant.ID, "err", err)
-		}
-		cancel()
+		x.settle()
 	}
 	o := x.outcome(timing)
 	x.h.observe(x)
 	x.releaseITL()
 	return o
 }
+
+// settleWait is how long the end of a response waits for its settle. A
+// healthy store settles well within it, so the slot is free before the
+// client sees the end (a client's next request is never refused by its own
+// previous one); a stalled store does not hold the response open: the
+// settle goes on in the background, bounded by its own timeout.
+const settleWait = 20 * time.Millisecond
+
+// settle settles the ticket, waiting for it up to settleWait. Settle runs
+// even when the client is gone, with a fresh, short context; the state it
+// uses stays acquired until it returns, and Handler.WaitSettles waits for
+// it.
+func (x *exchange) settle() {
+	lim, t, u := x.st.Limiter, x.ticket, x.consumed()
+	id, tenant, log, l := x.id, x.tenant.ID, x.h.log, x.live
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), time.Second)
+	done := make(chan struct{})
+	l.refs.Add(1)
+	x.h.settling.Add(1)
+	go func() {
+		defer x.h.settling.Done()
+		defer l.release()
+		defer close(done)
+		defer cancel()
+		if err := lim.Settle(ctx, t, u); err != nil {
+			log.Warn("settle failed", "request_id", id, "tenant", tenant, "err", err)
+		}
+	}()
+	tm := time.NewTimer(settleWait)
+	select {
+	case <-done:
+	case <-tm.C:
+	}
+	tm.Stop()
+}
+
+// WaitSettles waits for the settles still running after their responses
+// ended (each is bounded by 1s). Call it after the listeners have shut
+// down and before the limiter stops.
+func (h *Handler) WaitSettles() { h.settling.Wait() }
 
 // outcome is what the exchange reports to Serve's caller.
 func (x *exchange) outcome(timing bool) Outcome {

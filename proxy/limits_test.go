@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,5 +176,47 @@ func TestShadowModeReportsButAdmits(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Fatalf("shadow mode refused request %d: %d", i, resp.StatusCode)
 		}
+	}
+}
+
+// TestSettleDoesNotDelayStreamEnd (issue 20): a stream that ends while
+// Redis is stalled (SIGSTOP) ends for the client at once; the settle goes
+// on in the background (settle_timeout 250ms here, as in production).
+func TestSettleDoesNotDelayStreamEnd(t *testing.T) {
+	cfg := fastSim()
+	cfg.StepBase = 20 * time.Millisecond
+	_, simURL := startSim(t, cfg)
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	defer client.Close()
+	s := limiter.NewShared(limiter.NewRedis(client, limiter.RedisOptions{}),
+		limiter.SharedOptions{AdmissionTimeout: 10 * time.Second, SettleTimeout: 250 * time.Millisecond})
+	e := startEdge(t, edgeOpts{pool: poolOf(simURL), limiter: s, limits: limiter.Limits{MaxConcurrency: 5}})
+	resp := post(t, h1Client(), e.http+"/v1/chat/completions",
+		`{"model":"sim-small","stream":true,"max_tokens":10,"messages":[{"role":"user","content":"x"}]}`)
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("stream: %d", resp.StatusCode)
+	}
+	srv.Pause()
+	defer srv.Resume()
+	buf := make([]byte, 4096)
+	var body []byte
+	var doneAt time.Time
+	for {
+		n, err := resp.Body.Read(buf)
+		body = append(body, buf[:n]...)
+		if doneAt.IsZero() && strings.Contains(string(body), "data: [DONE]") {
+			doneAt = time.Now()
+		}
+		if err != nil {
+			break
+		}
+	}
+	if doneAt.IsZero() {
+		t.Fatalf("no [DONE] in %q", body)
+	}
+	if d := time.Since(doneAt); d > 150*time.Millisecond {
+		t.Errorf("stream ended %v after [DONE] with Redis stalled; want at once (settle in the background)", d)
 	}
 }

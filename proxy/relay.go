@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/limiter"
+	"github.com/sluice-proxy/sluice/routing"
 )
 
 // MaxEventBytes bounds one SSE event from a backend; a longer one fails
@@ -56,7 +57,7 @@ func (x *exchange) relayOpenAI(l *leg) error {
 		ev, err = readEvent(l.br, (*l.bufp)[:0])
 		*l.bufp = ev[:0]
 		if err != nil {
-			return x.streamFailed(causeOf(l.ctx, err))
+			return x.streamFailed(l, causeOf(l.ctx, err))
 		}
 		now = time.Now()
 		l.wd.tick(idle)
@@ -125,11 +126,12 @@ func (x *exchange) drainAfterDone(br *bufio.Reader, wd *watchdog) {
 
 // streamFailed ends a committed stream whose backend failed with an error
 // event (unless the client is gone).
-func (x *exchange) streamFailed(err error) error {
+func (x *exchange) streamFailed(l *leg, err error) error {
 	if cause := context.Cause(x.r.Context()); cause != nil {
 		err = cause // the client went away, or the node is draining
 	} else {
 		x.logAttempt(x.backend, err)
+		l.outcome = routing.Failed // a mid-stream abort counts against the backend
 	}
 	if !errors.Is(err, context.Canceled) && !x.clientGone {
 		e := ErrorOf(err)
@@ -179,7 +181,7 @@ func (x *exchange) relayRaw(l *leg) error {
 			return nil
 		}
 		if err != nil {
-			return x.streamFailed(causeOf(l.ctx, err))
+			return x.streamFailed(l, causeOf(l.ctx, err))
 		}
 	}
 }

@@ -94,16 +94,13 @@ func (a *Attempt) Observe(h http.Header, t time.Time) {
 	}
 }
 
-// Progress records, at t, that the backend answered: the first call marks
-// the attempt a success for passive health (the backend's count of
-// consecutive failures starts again), later ones that the stream goes on.
-// Cheap enough to call on every event.
+// Progress records, at t, that the backend answered and that the stream
+// goes on. Cheap enough to call on every event. Passive health judges the
+// attempt at End: a stream the backend aborts mid-way is a failure, so a
+// backend that answers and then cuts every stream is ejected like one that
+// never answers.
 func (a *Attempt) Progress(t time.Time) {
-	if !a.answered {
-		a.answered = true
-		a.b.report(true, t)
-		return
-	}
+	a.answered = true
 	a.b.progress(t)
 }
 
@@ -116,8 +113,11 @@ func (a *Attempt) End(o Outcome) {
 		return
 	}
 	a.ended = true
-	if o == Failed {
+	switch {
+	case o == Failed:
 		a.b.report(false, time.Now())
+	case a.answered:
+		a.b.report(true, time.Now()) // the consecutive failures start again
 	}
 	a.b.end()
 }

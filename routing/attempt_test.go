@@ -155,3 +155,25 @@ func TestAttemptUnqueuedSkipsQueue(t *testing.T) {
 		t.Fatalf("unqueued attempt %v, err %v, waited %v; want ErrNoHealthyBackend at once", a, err, QueueWait(err))
 	}
 }
+
+// A backend that answers and then aborts every stream mid-way (issue 20)
+// is ejected like one that never answers: the first event no longer counts
+// as a success that resets the failures.
+func TestAttemptMidStreamFailuresEject(t *testing.T) {
+	pc := quiet("http://a:1", "http://b:1")
+	pc.EjectAfter = 3
+	p, _ := NewPool(pc)
+	a := p.Backends()[0]
+	for i := 0; i < 3; i++ {
+		at, err := p.Acquire(context.Background(), Want{Tried: p.Backends()[1:]})
+		if err != nil || at.Backend() != a {
+			t.Fatalf("acquire %d: %v; want backend a", i, err)
+		}
+		at.Progress(time.Now()) // headers and a few events, then the abort
+		at.Progress(time.Now())
+		at.End(Failed)
+	}
+	if a.Healthy(time.Now()) {
+		t.Fatal("not ejected after three streams aborted mid-way")
+	}
+}

@@ -1,17 +1,27 @@
 -- admit.lua: one admission, all-or-nothing, on Redis TIME.
 --
 -- KEYS: 1 leases (zset id -> expiry us), 2 requests TAT, 3 tokens TAT,
---       4 input-tokens TAT, 5 output-tokens TAT, 6 admission record.
+--       4 input-tokens TAT, 5 output-tokens TAT, 6 admission record,
+--       7 scope epoch (the time, Redis us, from which the scope admits).
 -- ARGV: 1 id, 2 lease TTL us, 3 record TTL ms, 4 max concurrency (0 = none),
 --       5/6 requests rate per minute/burst, 7/8 tokens, 9/10 input tokens,
 --       11/12 output tokens (rate 0 = none), 13 charged input,
---       14 charged output, 15 enforce (1) or shadow (0).
+--       14 charged output, 15 enforce (1) or shadow (0), 16 deadline in
+--       Redis µs (0 = none): an admission that reaches Redis after it (its
+--       caller gave up and decided without it) writes nothing,
+--       17 epoch grace us, 18 epoch key TTL ms.
 -- Returns: {status, reason, wait us, in-flight, now us,
 --           requests TAT, tokens TAT, input TAT, output TAT,
---           charged input, charged output}
+--           charged input, charged output, epoch}
 -- status: 0 refused, 1 admitted, 2 already admitted (retried id),
 --         3 admitted in shadow mode although the limits refused,
---         4 abandoned: the client gave up on this id (nothing written).
+--         4 abandoned: the client gave up on this id (nothing written),
+--         5 expired: Redis ran it after its deadline (nothing written),
+--         6 epoch not ready: the scope's epoch key was missing (a new scope,
+--           or Redis restarted empty): it now holds now + grace, and no
+--           admission is made before then, so that every node holding
+--           leases in the scope sees the new epoch and re-asserts them
+--           first. wait is the time left.
 -- reason: 0 none, 1 concurrency, 2 requests, 3 tokens, 4 input, 5 output.
 -- A TAT at or before now (or 0) means a full bucket.
 
@@ -20,6 +30,18 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local id = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local maxc = tonumber(ARGV[4])
+local deadline = tonumber(ARGV[16] or '0')
+if deadline > 0 and now > deadline then
+  return {5, 0, 0, 0, now, 0, 0, 0, 0, 0, 0, 0}
+end
+local epoch = tonumber(redis.call('GET', KEYS[7]) or '0')
+if epoch == 0 then
+  epoch = now + tonumber(ARGV[17])
+  redis.call('SET', KEYS[7], string.format('%.0f', epoch), 'PX', ARGV[18])
+end
+if now < epoch then
+  return {6, 0, epoch - now, 0, now, 0, 0, 0, 0, 0, 0, epoch}
+end
 
 local function tat_of(key)
   return tonumber(redis.call('GET', key) or '0')
@@ -50,14 +72,14 @@ end
 -- A retried admission of a live request is charged once.
 local rec = redis.call('GET', KEYS[6])
 if rec == 'x' then
-  return {4, 0, 0, 0, now, 0, 0, 0, 0, 0, 0}
+  return {4, 0, 0, 0, now, 0, 0, 0, 0, 0, 0, epoch}
 end
 if rec and rec ~= 's' then
   local ci, co = string.match(rec, '^(%-?%d+) (%-?%d+)$')
   redis.call('ZADD', KEYS[1], now + ttl, id)
   keep_leases()
   local n = redis.call('ZCOUNT', KEYS[1], string.format('(%.0f', now), '+inf')
-  return {2, 0, 0, n, now, tats[1], tats[2], tats[3], tats[4], tonumber(ci), tonumber(co)}
+  return {2, 0, 0, n, now, tats[1], tats[2], tats[3], tats[4], tonumber(ci), tonumber(co), epoch}
 end
 
 local ci, co = tonumber(ARGV[13]), tonumber(ARGV[14])
@@ -88,7 +110,7 @@ end
 local status = 1
 if reason ~= 0 then
   if ARGV[15] == '1' then
-    return {0, reason, math.ceil(wait), inflight, now, tats[1], tats[2], tats[3], tats[4], ci, co}
+    return {0, reason, math.ceil(wait), inflight, now, tats[1], tats[2], tats[3], tats[4], ci, co, epoch}
   end
   status = 3
 end
@@ -101,4 +123,4 @@ for i = 1, 4 do
 end
 redis.call('SET', KEYS[6], ci .. ' ' .. co, 'PX', ARGV[3])
 return {status, reason, math.ceil(wait), inflight + 1, now,
-  newtats[1], newtats[2], newtats[3], newtats[4], ci, co}
+  newtats[1], newtats[2], newtats[3], newtats[4], ci, co, epoch}
