@@ -303,7 +303,7 @@ func checkUsageOf(t *testing.T, data []byte) {
 func TestAskForUsage(t *testing.T) {
 	cases := []struct{ in, want string }{
 		{`{"stream":true}`, `{"stream_options":{"include_usage":true},"stream":true}`},
-		{` {"stream":true,"stream_options":{}}`, `{"stream":true,"stream_options":{"include_usage":true}}`},
+		{` {"stream":true,"stream_options":{}}`, ` {"stream":true,"stream_options":{"include_usage":true}}`},
 		{`{"stream":true,"stream_options":{"include_usage":false,"x":1}}`, `{"stream":true,"stream_options":{"include_usage":true,"x":1}}`},
 	}
 	for _, c := range cases {
