@@ -478,7 +478,7 @@ func (g *bodyGen) space() {
 }
 
 // BenchmarkParseOpenAI reads a request body with the scanner ("scan") and
-// with the former whole-body decoding ("decode").
+// with the test's reference decoder, a json.Decoder token walk ("decode").
 //
 //	go test -run '^$' -bench BenchmarkParseOpenAI -benchmem ./proxy/
 func BenchmarkParseOpenAI(b *testing.B) {
