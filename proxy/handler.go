@@ -261,7 +261,7 @@ func (x *exchange) intake(pre *routing.Route) error {
 	}
 	x.bodyRead = time.Now()
 	x.route = pre
-	if x.policy.Kind != KindOpenAI || r.Method != http.MethodPost || !isJSON(r) {
+	if x.policy.Kind != KindOpenAI || r.Method != http.MethodPost {
 		x.routed = x.bodyRead
 		return nil
 	}
@@ -270,6 +270,9 @@ func (x *exchange) intake(pre *routing.Route) error {
 		return err
 	}
 	x.meta, x.body = meta, body
+	// The body was read as JSON whatever the client declared: the backend
+	// is told so too (a form or vnd type could be read otherwise there).
+	r.Header.Set("Content-Type", "application/json")
 	route, err := x.st.Routes.Match(r.Host, r.URL.Path, meta.Model)
 	if err != nil {
 		return &APIError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
+	"strconv"
 )
 
 // requestMeta is what the pipeline needs from an OpenAI request body.
@@ -22,22 +22,13 @@ type requestMeta struct {
 	InputTokens int64
 	// OutputTokens is max_completion_tokens or max_tokens, zero if absent.
 	OutputTokens int64
+	// N is the number of choices asked for ("n"): 1 when absent or null,
+	// else 1..maxChoices.
+	N int64
 }
 
-type openAIBody struct {
-	Model         string `json:"model"`
-	Stream        bool   `json:"stream"`
-	StreamOptions *struct {
-		IncludeUsage *bool `json:"include_usage"`
-	} `json:"stream_options"`
-	MaxTokens           *int64 `json:"max_tokens"`
-	MaxCompletionTokens *int64 `json:"max_completion_tokens"`
-	Messages            []struct {
-		Content json.RawMessage `json:"content"`
-	} `json:"messages"`
-	Prompt json.RawMessage `json:"prompt"`
-	Input  json.RawMessage `json:"input"`
-}
+// maxChoices is the largest "n" accepted (vLLM and OpenAI take up to 128).
+const maxChoices = 128
 
 // readBody reads the request body, at most limit bytes (413 beyond).
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
@@ -62,30 +53,35 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	return buf.Bytes(), nil
 }
 
-// isJSON reports whether a request declares a JSON body (or none).
-func isJSON(r *http.Request) bool {
-	ct := r.Header.Get("Content-Type")
-	if ct == "" {
-		return true
-	}
-	mt, _, err := mime.ParseMediaType(ct)
-	return err == nil && (mt == "application/json" || mt == "text/plain")
-}
-
 // parseOpenAI reads the fields the pipeline needs and, for a stream whose
 // client did not ask for usage, returns a body that asks the backend for it.
-// The body is scanned once, without decoding it; what the scan leaves (an
-// invalid body, a field of the wrong type, a repeated messages array) is
-// decoded by encoding/json, whose result the scan matches (FuzzParseOpenAI)
-// and whose errors name the problem.
+// The body is read as the backends read it (vLLM and SGLang: Python's json
+// and pydantic; TGI: serde): member names match exactly, and a body that
+// spells one of the names the edge acts on twice, in any case or Unicode
+// fold (openAIUnique), is refused, since one decoder may take the first and
+// another the last. Any POST body of an OpenAI route is read so, whatever
+// its Content-Type.
 func parseOpenAI(body []byte) (requestMeta, []byte, error) {
 	var f openAIFields
 	if !f.scan(body) {
-		if err := f.decode(body); err != nil {
-			return requestMeta{}, nil, badRequest("invalid_json", "request body is not valid JSON: "+JSONProblem(err))
+		if !json.Valid(body) {
+			var v any
+			err := json.Unmarshal(body, &v)
+			msg := "request body is not valid JSON"
+			if err != nil {
+				msg += ": " + JSONProblem(err)
+			}
+			return requestMeta{}, nil, badRequest("invalid_json", msg)
 		}
+		if f.err != nil {
+			return requestMeta{}, nil, f.err
+		}
+		return requestMeta{}, nil, badRequest("invalid_json", "request body is not a JSON object")
 	}
-	m := requestMeta{Model: f.model, Stream: f.stream, ClientUsage: f.options && f.includeUsage}
+	m := requestMeta{Model: f.model, Stream: f.stream, ClientUsage: f.options && f.includeUsage, N: 1}
+	if f.hasN {
+		m.N = f.n
+	}
 	switch {
 	case f.hasMaxCompletion:
 		m.OutputTokens = max(f.maxCompletion, 0)
@@ -96,92 +92,113 @@ func parseOpenAI(body []byte) (requestMeta, []byte, error) {
 	if !m.Stream || m.ClientUsage {
 		return m, body, nil
 	}
-	out, err := askForUsage(body, !f.options)
-	if err != nil {
-		return requestMeta{}, nil, badRequest("invalid_json", "request body is not a JSON object")
-	}
-	return m, out, nil
+	return m, askForUsage(body, &f), nil
 }
 
-// openAIFields is what parseOpenAI uses of openAIBody, as json.Unmarshal
-// leaves it.
+// openAIFields is what parseOpenAI reads of a body.
 type openAIFields struct {
 	model  string
 	stream bool
-	// options is set when stream_options is an object (the pointer is
-	// not nil: null and absent are alike).
-	options      bool
-	includeUsage bool
-	maxTokens    int64
-	hasMaxTokens bool
+	// options is set when stream_options is an object (null and absent
+	// are alike); optStart and optEnd are its value's span (of null too),
+	// 0 when absent.
+	options          bool
+	optStart, optEnd int
+	includeUsage     bool
+	// incStart and incEnd are the span of include_usage's value, 0 when
+	// absent.
+	incStart, incEnd int
+	maxTokens        int64
+	hasMaxTokens     bool
 	// maxCompletion is max_completion_tokens.
 	maxCompletion    int64
 	hasMaxCompletion bool
-	// messages is the length of the messages slice; chars is the length
-	// of their raw contents plus 16 each (role and framing cost a few
-	// tokens).
-	messages int
-	chars    int
+	n                int64
+	hasN             bool
+	// chars is the length of the messages' raw contents plus 16 each
+	// (role and framing cost a few tokens).
+	chars int
 	// prompt and input are the lengths of the raw values.
 	prompt, input int
+	// err is why a valid JSON body is refused (a repeated or mistyped
+	// field).
+	err *APIError
 }
 
-// decode is json.Unmarshal into openAIBody.
-func (f *openAIFields) decode(body []byte) error {
-	var b openAIBody
-	if err := json.Unmarshal(body, &b); err != nil {
-		return err
-	}
-	*f = openAIFields{model: b.Model, stream: b.Stream, options: b.StreamOptions != nil,
-		messages: len(b.Messages), prompt: len(b.Prompt), input: len(b.Input)}
-	if b.StreamOptions != nil && b.StreamOptions.IncludeUsage != nil {
-		f.includeUsage = *b.StreamOptions.IncludeUsage
-	}
-	if b.MaxTokens != nil {
-		f.maxTokens, f.hasMaxTokens = *b.MaxTokens, true
-	}
-	if b.MaxCompletionTokens != nil {
-		f.maxCompletion, f.hasMaxCompletion = *b.MaxCompletionTokens, true
-	}
-	for _, msg := range b.Messages {
-		f.chars += len(msg.Content) + 16
-	}
-	return nil
-}
-
-// The members of openAIBody, in openAINames's order.
+// The members parseOpenAI reads, in openAINames's order. The first
+// openAIUnique are the ones the edge acts on: a body may not repeat them.
 const (
 	fieldModel = iota
 	fieldStream
 	fieldStreamOptions
 	fieldMaxTokens
 	fieldMaxCompletion
-	fieldMessages
+	fieldMaxOutput
+	fieldN
+	openAIUnique
+
+	fieldMessages = iota - 1
 	fieldPrompt
 	fieldInput
 )
 
-var openAINames = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "messages", "prompt", "input"}
+// openAINames is the table of the members parseOpenAI reads. To read a new
+// member, add its name here (before openAIUnique when the edge acts on
+// it) and a case to scan.
+var openAINames = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+	"max_output_tokens", "n", "messages", "prompt", "input"}
 
-// scan reads body in one pass, checking as it goes that it is valid JSON.
-// It sets f as json.Unmarshal into openAIBody would: names matched without
-// case, later members over earlier ones, null leaving a value (and
-// clearing a pointer or slice). It reports false when body is not valid,
-// when a field has the wrong type, and for a non-empty "messages" array
-// after another: encoding/json decodes that into the earlier elements,
-// keeping contents the new ones lack, which is left to decode.
+var (
+	includeUsageName = []string{"include_usage"}
+	contentName      = []string{"content"}
+)
+
+// guarded checks the member key that folds to name, one the edge acts on:
+// it must be spelled exactly (a decoder that folds case, as Go's does,
+// would take "MODEL" for "model", pydantic and serde would not) and come
+// once (decoders keep the first, the last, or refuse). exact is key's
+// index from fieldIndex, negative when not spelled exactly.
+func guarded(key []byte, exact int, seen bool, name string) *APIError {
+	switch {
+	case seen:
+		return badRequest("duplicate_field", "request body has the field "+strconv.Quote(name)+
+			" more than once (in some spelling); send it once")
+	case exact < 0:
+		if len(key) > 64 {
+			key = append(key[:64:64], `..."`...)
+		}
+		return badRequest("ambiguous_field", "request body has the field "+string(key)+
+			"; spell it exactly "+strconv.Quote(name))
+	}
+	return nil
+}
+
+// wrongType is the error for a member whose value has the wrong type.
+func wrongType(name, want string) *APIError {
+	return badRequest("invalid_type", "field "+strconv.Quote(name)+" must be "+want)
+}
+
+// scan reads body in one pass, checking as it goes that it is valid JSON
+// and an object. Names match exactly; a repeated name wins over earlier
+// ones (as in Python's json), except the openAIUnique names, which may
+// not repeat in any spelling. It reports false (with f.err when body is
+// valid JSON) when the body is refused.
 func (f *openAIFields) scan(body []byte) bool {
 	i := skipSpace(body, 0)
-	if i < len(body) && body[i] == 'n' { // null leaves the struct as is
-		end := literalEnd(body, i, "null")
-		return end > 0 && skipSpace(body, end) == len(body)
-	}
 	if i >= len(body) || body[i] != '{' {
-		return false // invalid, or not an object (a wrong type)
+		return false // invalid, or not an object
 	}
-	var model []byte // the last model string, as written
+	var model []byte // the model string, as written
+	var seen uint32  // bit k: a name that folds to openAINames[k] was read
 	end := scanObject(body, i, 1, func(key []byte, v int) int {
-		switch fieldIndex(key, openAINames) {
+		exact, fold := fieldIndex(key, openAINames)
+		if fold >= 0 && fold < openAIUnique {
+			if f.err = guarded(key, exact, seen&(1<<fold) != 0, openAINames[fold]); f.err != nil {
+				return -1
+			}
+			seen |= 1 << fold
+		}
+		switch exact {
 		case fieldModel:
 			switch body[v] {
 			case '"':
@@ -193,14 +210,25 @@ func (f *openAIFields) scan(body []byte) bool {
 			case 'n':
 				return literalEnd(body, v, "null")
 			}
+			f.err = wrongType("model", "a string")
 		case fieldStream:
-			return boolValue(body, v, &f.stream)
+			if end := boolValue(body, v, &f.stream); end >= 0 {
+				return end
+			}
+			f.err = wrongType("stream", "true or false")
 		case fieldStreamOptions:
 			return f.scanOptions(body, v)
 		case fieldMaxTokens:
-			return intValue(body, v, &f.maxTokens, &f.hasMaxTokens)
+			return f.intValue(body, v, "max_tokens", &f.maxTokens, &f.hasMaxTokens)
 		case fieldMaxCompletion:
-			return intValue(body, v, &f.maxCompletion, &f.hasMaxCompletion)
+			return f.intValue(body, v, "max_completion_tokens", &f.maxCompletion, &f.hasMaxCompletion)
+		case fieldN:
+			end := f.intValue(body, v, "n", &f.n, &f.hasN)
+			if end >= 0 && f.hasN && (f.n < 1 || f.n > maxChoices) {
+				f.err = badRequest("invalid_value", fmt.Sprintf("field \"n\" must be an integer from 1 to %d", maxChoices))
+				return -1
+			}
+			return end
 		case fieldMessages:
 			return f.scanMessages(body, v)
 		case fieldPrompt:
@@ -227,52 +255,53 @@ func (f *openAIFields) scan(body []byte) bool {
 
 // scanOptions reads the stream_options value at body[v].
 func (f *openAIFields) scanOptions(body []byte, v int) int {
+	f.optStart = v
 	switch body[v] {
 	case 'n':
-		f.options, f.includeUsage = false, false
-		return literalEnd(body, v, "null")
+		f.optEnd = literalEnd(body, v, "null")
+		return f.optEnd
 	case '{':
-		if !f.options { // a repeated object is decoded into the first
-			f.options, f.includeUsage = true, false
-		}
-		return scanObject(body, v, 2, func(key []byte, v int) int {
-			if fieldIndex(key, []string{"include_usage"}) < 0 {
+		f.options = true
+		seen := false
+		f.optEnd = scanObject(body, v, 2, func(key []byte, v int) int {
+			exact, fold := fieldIndex(key, includeUsageName)
+			if fold < 0 {
 				return skipValue(body, v, 2)
 			}
-			if body[v] == 'n' { // a nil *bool
-				f.includeUsage = false
-				return literalEnd(body, v, "null")
+			if f.err = guarded(key, exact, seen, "include_usage"); f.err != nil {
+				return -1
 			}
-			return boolValue(body, v, &f.includeUsage)
+			seen = true
+			end := boolValue(body, v, &f.includeUsage)
+			if end < 0 {
+				f.err = wrongType("stream_options.include_usage", "true or false")
+			}
+			f.incStart, f.incEnd = v, end
+			return end
 		})
+		return f.optEnd
 	}
+	f.err = wrongType("stream_options", "an object")
 	return -1
 }
 
 // scanMessages reads the messages value at body[v].
 func (f *openAIFields) scanMessages(body []byte, v int) int {
+	f.chars = 0
 	switch body[v] {
 	case 'n':
-		f.messages, f.chars = 0, 0
 		return literalEnd(body, v, "null")
 	case '[':
-		if f.messages > 0 {
-			if i := skipSpace(body, v+1); i >= len(body) || body[i] != ']' {
-				return -1 // merged into the earlier elements: see scan
-			}
-		}
-		f.messages, f.chars = 0, 0
 		return scanArray(body, v, 2, func(e int) int {
-			f.messages++
 			f.chars += 16
 			switch body[e] {
-			case 'n': // a new element stays zero
+			case 'n':
 				return literalEnd(body, e, "null")
 			case '{':
 				content := 0
 				end := scanObject(body, e, 3, func(key []byte, v int) int {
 					end := skipValue(body, v, 3)
-					if fieldIndex(key, []string{"content"}) == 0 {
+					if exact, _ := fieldIndex(key, contentName); exact == 0 {
 						content = end - v
 					}
 					return end
@@ -280,9 +309,11 @@ func (f *openAIFields) scanMessages(body []byte, v int) int {
 				f.chars += content
 				return end
 			}
+			f.err = wrongType("messages", "an array of objects")
 			return -1
 		})
 	}
+	f.err = wrongType("messages", "an array")
 	return -1
 }
 
@@ -301,9 +332,9 @@ func boolValue(body []byte, v int, b *bool) int {
 	return -1
 }
 
-// intValue reads an *int64 at body[v]: null clears it; a number must be an
-// integer in range, as encoding/json reads it (strconv.ParseInt).
-func intValue(body []byte, v int, n *int64, set *bool) int {
+// intValue reads an optional integer at body[v]: null clears it; a number
+// must be an integer in int64's range (no fraction, no exponent).
+func (f *openAIFields) intValue(body []byte, v int, name string, n *int64, set *bool) int {
 	if body[v] == 'n' {
 		*n, *set = 0, false
 		return literalEnd(body, v, "null")
@@ -311,6 +342,8 @@ func intValue(body []byte, v int, n *int64, set *bool) int {
 	x, end := intNumber(body, v)
 	if end >= 0 {
 		*n, *set = x, true
+	} else {
+		f.err = wrongType(name, "an integer")
 	}
 	return end
 }
@@ -329,33 +362,39 @@ func JSONProblem(err error) string {
 	return err.Error()
 }
 
-// askForUsage sets stream_options.include_usage to true. When the body has
-// no stream_options it splices the field in after the opening brace, which
-// keeps the client's body byte for byte otherwise.
-func askForUsage(body []byte, noOptions bool) ([]byte, error) {
-	const field = `"stream_options":{"include_usage":true},`
-	if noOptions {
-		i := bytes.IndexByte(body, '{')
-		if i < 0 {
-			return nil, errors.New("not an object")
+// askForUsage returns body with stream_options.include_usage set to true,
+// editing the client's own members (scanned into f) so that the body never
+// holds two of them, and keeping the client's bytes otherwise: the
+// include_usage value is replaced, or the member added to the client's
+// stream_options object, or the object replaces a null stream_options,
+// or the member is added after the body's opening brace.
+func askForUsage(body []byte, f *openAIFields) []byte {
+	var at, to int
+	var insert string
+	switch {
+	case f.incEnd > 0:
+		at, to, insert = f.incStart, f.incEnd, "true"
+	case f.options:
+		at = f.optStart + 1
+		to = at
+		insert = `"include_usage":true,`
+		if body[skipSpace(body, at)] == '}' {
+			insert = `"include_usage":true`
 		}
-		out := make([]byte, 0, len(body)+len(field))
-		out = append(out, body[:i+1]...)
-		out = append(out, field...)
-		return append(out, body[i+1:]...), nil
+	case f.optEnd > 0:
+		at, to, insert = f.optStart, f.optEnd, `{"include_usage":true}`
+	default:
+		at = bytes.IndexByte(body, '{') + 1
+		to = at
+		insert = `"stream_options":{"include_usage":true},`
+		if body[skipSpace(body, at)] == '}' {
+			insert = `"stream_options":{"include_usage":true}`
+		}
 	}
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(body, &obj); err != nil {
-		return nil, err
-	}
-	var opts map[string]json.RawMessage
-	if err := json.Unmarshal(obj["stream_options"], &opts); err != nil || opts == nil {
-		opts = map[string]json.RawMessage{}
-	}
-	opts["include_usage"] = json.RawMessage("true")
-	raw, _ := json.Marshal(opts)
-	obj["stream_options"] = raw
-	return json.Marshal(obj)
+	out := make([]byte, 0, len(body)-(to-at)+len(insert))
+	out = append(out, body[:at]...)
+	out = append(out, insert...)
+	return append(out, body[to:]...)
 }
 
 // discard drains at most n bytes so the connection can be reused.

@@ -5,40 +5,50 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
 // This file is the one JSON scanner of the package: the request intake
 // (parseOpenAI) and the relay's usage reading (usageOf) walk bodies with
 // these functions, under encoding/json's rules for structure (what is
-// valid, how deep it may nest) and for member names (fieldIndex). Each
+// valid, how deep it may nest). Each
 // function takes the data and an index and returns the index after what it
-// read, or -1 when the data is not valid JSON there.
+// read, or -1 when the data is not valid JSON there. Member names match
+// exactly, as the backends match them (fieldIndex).
 
-// fieldIndex returns the index in names of the member name key (quoted, as
-// written), or -1. Names match as encoding/json matches struct fields:
-// unescaped, then compared under Unicode case folding (so "\u212a", the
-// Kelvin sign, is a k). It is the package's one rule for member names:
-// every scan (parseOpenAI, usageOf) matches names with it, and only it.
-func fieldIndex(key []byte, names []string) int {
+// fieldIndex matches the member name key (quoted, as written) with names.
+// exact is the index of the name key is once unescaped, byte for byte, as
+// the backends' decoders match (Python's json and pydantic, Rust's serde),
+// or -1. fold is the index of the name key equals under Unicode case
+// folding (so "\u212a", the Kelvin sign, is a k), as encoding/json would
+// match it, or -1: the scans refuse a body that spells one name twice, in
+// any of these ways, since a decoder somewhere may take either.
+func fieldIndex(key []byte, names []string) (exact, fold int) {
 	k := key[1 : len(key)-1]
 	for _, c := range k {
 		if c == '\\' || c >= utf8.RuneSelf {
-			k = []byte(unquote(key))
+			u := unquote(key)
 			for i, n := range names {
-				if bytes.EqualFold(k, []byte(n)) {
-					return i
+				if strings.EqualFold(u, n) {
+					if u == n {
+						return i, i
+					}
+					return -1, i
 				}
 			}
-			return -1
+			return -1, -1
 		}
 	}
 	for i, n := range names {
 		if len(k) == len(n) && equalLower(k, n) {
-			return i
+			if string(k) == n {
+				return i, i
+			}
+			return -1, i
 		}
 	}
-	return -1
+	return -1, -1
 }
 
 // equalLower reports whether ASCII k equals the lower-case name n when

@@ -291,8 +291,10 @@ func EventData(ev []byte) []byte {
 	return out
 }
 
-// usageOf reads the usage of an OpenAI chunk or non-streamed body, as
-// json.Unmarshal reads it into
+// usageOf reads the usage of an OpenAI chunk or non-streamed body, with
+// names compared exactly and the last of a repeated name winning (as the
+// clients' JSON.parse and Python's json read it), the types as
+// json.Unmarshal reads them into
 //
 //	struct {
 //		Choices []json.RawMessage `json:"choices"`
@@ -341,7 +343,7 @@ func (f *usageFields) scan(data []byte) bool {
 		return false // null has no usage either
 	}
 	end := scanObject(data, i, 1, func(key []byte, v int) int {
-		switch fieldIndex(key, usageNames) {
+		switch exact, _ := fieldIndex(key, usageNames); exact {
 		case 0:
 			return f.scanChoices(data, v)
 		case 1:
@@ -367,20 +369,19 @@ func (f *usageFields) scanChoices(data []byte, v int) int {
 	return -1
 }
 
-// scanUsage reads the usage value at data[v]: null clears the pointer, a
-// repeated object is decoded into the first, null tokens keep their value.
+// scanUsage reads the usage value at data[v]: null clears it, a repeated
+// object replaces the first (as clients' JSON.parse and json.loads do),
+// null tokens keep their value.
 func (f *usageFields) scanUsage(data []byte, v int) int {
 	switch data[v] {
 	case 'n':
 		f.usage, f.in, f.out = false, 0, 0
 		return literalEnd(data, v, "null")
 	case '{':
-		if !f.usage {
-			f.usage, f.in, f.out = true, 0, 0
-		}
+		f.usage, f.in, f.out = true, 0, 0
 		return scanObject(data, v, 2, func(key []byte, v int) int {
 			n := &f.in
-			switch fieldIndex(key, tokenNames) {
+			switch exact, _ := fieldIndex(key, tokenNames); exact {
 			case 0:
 			case 1:
 				n = &f.out

@@ -138,14 +138,84 @@ type usageBody struct {
 	} `json:"usage"`
 }
 
-// usageOfDecoded is usageOf by json.Unmarshal into usageBody, behind the
-// same test for the bytes "usage":.
+// usageOfDecoded is usageOf by a json.Decoder token walk with exact names,
+// the last of a repeated name winning and types checked by json.Unmarshal
+// into usageBody's fields, behind the same test for the bytes "usage":.
 func usageOfDecoded(data []byte) (u *limiter.Usage, usageOnly bool) {
+	if !bytes.Contains(data, usageKey) || !json.Valid(data) {
+		return nil, false
+	}
+	top, ok := exactMembers(data)
+	if !ok {
+		return nil, false
+	}
 	var c usageBody
-	if !bytes.Contains(data, usageKey) || json.Unmarshal(data, &c) != nil || c.Usage == nil {
+	for _, m := range top {
+		switch m.name {
+		case "choices":
+			if json.Unmarshal(m.value, &c.Choices) != nil {
+				return nil, false
+			}
+		case "usage":
+			if m.value[0] == 'n' {
+				c.Usage = nil
+				continue
+			}
+			inner, ok := exactMembers(m.value)
+			if !ok {
+				return nil, false
+			}
+			c.Usage = &struct {
+				PromptTokens     int64 `json:"prompt_tokens"`
+				CompletionTokens int64 `json:"completion_tokens"`
+			}{}
+			for _, t := range inner {
+				var n *int64
+				switch t.name {
+				case "prompt_tokens", "completion_tokens":
+					if json.Unmarshal(t.value, &n) != nil {
+						return nil, false
+					}
+				}
+				if n == nil {
+					continue
+				}
+				if t.name == "prompt_tokens" {
+					c.Usage.PromptTokens = *n
+				} else {
+					c.Usage.CompletionTokens = *n
+				}
+			}
+		}
+	}
+	if c.Usage == nil {
 		return nil, false
 	}
 	return &limiter.Usage{InputTokens: c.Usage.PromptTokens, OutputTokens: c.Usage.CompletionTokens}, len(c.Choices) == 0
+}
+
+type member struct {
+	name  string
+	value json.RawMessage
+}
+
+// exactMembers lists the members of the valid JSON object data in order
+// (false when data is not an object).
+func exactMembers(data []byte) ([]member, bool) {
+	d := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
+		return nil, false
+	}
+	var out []member
+	for d.More() {
+		tok, _ := d.Token()
+		var v json.RawMessage
+		if d.Decode(&v) != nil {
+			return nil, false
+		}
+		out = append(out, member{tok.(string), v})
+	}
+	return out, true
 }
 
 // checkUsageOfDecoded compares usageOf with usageOfDecoded on any data:
@@ -172,11 +242,13 @@ var usageRules = []struct {
 	{"escaped names", `{"\u0075sage":{"prompt\u005ftokens":2,"completion_tokens":3},"choices":[],"x":"\"usage\":"}`, nil, false},
 	{"escaped names with the bytes", `{"x":{"usage":null},"\u0075sage":{"prompt\u005ftokens":2,"completion_tokens":3}}`, &limiter.Usage{InputTokens: 2, OutputTokens: 3}, true},
 	{"escaped choices", `{"usage":{"prompt_tokens":1,"completion_tokens":1},"c\u0068oices":[{}]}`, &limiter.Usage{InputTokens: 1, OutputTokens: 1}, false},
-	{"last usage wins", `{"usage":{"prompt_tokens":1,"completion_tokens":2},"Usage":{"prompt_tokens":5}}`, &limiter.Usage{InputTokens: 5, OutputTokens: 2}, true},
+	{"last usage wins", `{"usage":{"prompt_tokens":1,"completion_tokens":2},"usage":{"prompt_tokens":5}}`, &limiter.Usage{InputTokens: 5}, true},
+	{"names are exact", `{"usage":{"prompt_tokens":1,"completion_tokens":2},"Usage":{"prompt_tokens":5}}`, &limiter.Usage{InputTokens: 1, OutputTokens: 2}, true},
 	{"null usage clears", `{"usage":{"prompt_tokens":1,"completion_tokens":2},"usage":null,"usage":{"prompt_tokens":5}}`, &limiter.Usage{InputTokens: 5}, true},
 	{"last usage null", `{"usage":{"prompt_tokens":1,"completion_tokens":2},"usage":null}`, nil, false},
-	{"null tokens keep", `{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":null,"completion_tokens":4}}`, &limiter.Usage{InputTokens: 1, OutputTokens: 4}, true},
-	{"last tokens win", `{"usage":{"prompt_tokens":1,"PROMPT_TOKENS":6,"completion_tokens":2}}`, &limiter.Usage{InputTokens: 6, OutputTokens: 2}, true},
+	{"null tokens keep", `{"usage":{"prompt_tokens":1,"prompt_tokens":null,"completion_tokens":4}}`, &limiter.Usage{InputTokens: 1, OutputTokens: 4}, true},
+	{"token names are exact", `{"usage":{"prompt_tokens":1,"PROMPT_TOKENS":6,"completion_tokens":2}}`, &limiter.Usage{InputTokens: 1, OutputTokens: 2}, true},
+	{"last tokens win", `{"usage":{"prompt_tokens":1,"prompt_tokens":6,"completion_tokens":2}}`, &limiter.Usage{InputTokens: 6, OutputTokens: 2}, true},
 	{"last choices win", `{"choices":[{}],"usage":{"prompt_tokens":1,"completion_tokens":2},"choices":[]}`, &limiter.Usage{InputTokens: 1, OutputTokens: 2}, true},
 	{"null choices", `{"choices":[{}],"choices":null,"usage":{"prompt_tokens":1,"completion_tokens":2}}`, &limiter.Usage{InputTokens: 1, OutputTokens: 2}, true},
 	{"object choices", `{"choices":{},"usage":{"prompt_tokens":1,"completion_tokens":2}}`, nil, false},
@@ -215,8 +287,8 @@ func checkUsageOf(t *testing.T, data []byte) {
 	u, only := usageOf(data)
 	lower := bytes.ToLower(data)
 	for _, k := range []string{`"usage"`, `"choices"`, `"prompt_tokens"`, `"completion_tokens"`} {
-		if bytes.Count(lower, []byte(k)) > 1 {
-			return // duplicate names: encoding/json takes the last
+		if n := bytes.Count(lower, []byte(k)); n > 1 || n != bytes.Count(data, []byte(k)) {
+			return // duplicate names or other cases: encoding/json reads them otherwise
 		}
 	}
 	if !json.Valid(data) || bytes.Contains(data, []byte(`\u`)) || bytes.ContainsFunc(data, func(r rune) bool { return r > 0x7e }) {
@@ -231,7 +303,7 @@ func checkUsageOf(t *testing.T, data []byte) {
 func TestAskForUsage(t *testing.T) {
 	cases := []struct{ in, want string }{
 		{`{"stream":true}`, `{"stream_options":{"include_usage":true},"stream":true}`},
-		{` {"stream":true,"stream_options":{}}`, `{"stream":true,"stream_options":{"include_usage":true}}`},
+		{` {"stream":true,"stream_options":{}}`, ` {"stream":true,"stream_options":{"include_usage":true}}`},
 		{`{"stream":true,"stream_options":{"include_usage":false,"x":1}}`, `{"stream":true,"stream_options":{"include_usage":true,"x":1}}`},
 	}
 	for _, c := range cases {

@@ -268,7 +268,7 @@ func TestWSBridgeBadFrames(t *testing.T) {
 		{"no body", `{"type":"request","id":"y","path":"/v1/chat/completions"}`, "y", "invalid_frame", 400},
 		{"bad path", `{"type":"request","id":"z","path":"http://evil/","body":{}}`, "z", "invalid_frame", 400},
 		{"bridge path", `{"type":"request","id":"w","path":"/v1/ws","body":{}}`, "w", "invalid_frame", 400},
-		{"bad body json", `{"type":"request","id":"v","path":"/v1/chat/completions","body":{"model":5}}`, "v", "invalid_json", 400},
+		{"bad body json", `{"type":"request","id":"v","path":"/v1/chat/completions","body":{"model":5}}`, "v", "invalid_type", 400},
 		{"unknown model", `{"type":"request","id":"m","path":"/v1/chat/completions","body":{"model":"nope","messages":[]}}`, "m", "", 0},
 	}
 	for _, tc := range cases {
