@@ -187,3 +187,48 @@ func tooLarge(limit int64) *APIError {
 // BodyMemory is the request-body memory the node holds now (reserved from
 // body_memory_bytes).
 func (h *Handler) BodyMemory() int64 { return h.bodies.used.Load() }
+
+// readResponse reads a non-streamed backend response whole, at most max
+// bytes (errResponseTooLarge beyond), its buffer growing as bytes arrive
+// with every byte of capacity reserved from budget (limit bytes node-wide;
+// errResponseMemory when full). reserved is to be released by the caller.
+func readResponse(r io.Reader, declared, max, limit int64, budget *bodyBudget) (body []byte, reserved int64, err error) {
+	var buf []byte
+	var n int64
+	for {
+		if n == int64(len(buf)) {
+			if n > max {
+				return nil, reserved, errResponseTooLarge
+			}
+			size := int64(firstBodyChunk)
+			if len(buf) > 0 {
+				size = 2 * int64(len(buf))
+			} else if declared >= 0 && declared+1 < size {
+				size = declared + 1
+			}
+			if declared >= 0 && declared < max && size > declared+1 && int64(len(buf)) <= declared {
+				size = declared + 1
+			}
+			size = min(size, max+1)
+			if !budget.reserve(size-int64(len(buf)), limit) {
+				return nil, reserved, errResponseMemory
+			}
+			reserved += size - int64(len(buf))
+			nb := make([]byte, size)
+			copy(nb, buf[:n])
+			buf = nb
+		}
+		m, rerr := r.Read(buf[n:])
+		n += int64(m)
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return nil, reserved, rerr
+		}
+		if n > max {
+			return nil, reserved, errResponseTooLarge
+		}
+	}
+	return buf[:n:n], reserved, nil
+}

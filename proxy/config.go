@@ -42,6 +42,10 @@ type Config struct {
 	Retries *int `yaml:"retries"`
 	// MaxResponseBytes bounds a non-streamed backend response. Default 64MiB.
 	MaxResponseBytes units.Bytes `yaml:"max_response_bytes"`
+	// ResponseMemoryBytes bounds the non-streamed responses buffered at
+	// once on the node (each is read whole, so a failure can be retried);
+	// a response that would exceed it fails with 503. Default 512MiB.
+	ResponseMemoryBytes units.Bytes `yaml:"response_memory_bytes"`
 	// WebSocket tunes the WebSocket bridge and passthrough routes.
 	WebSocket ws.Config `yaml:"websocket"`
 	// SLO are the node's objectives, reported at /debug/stats and checked
@@ -85,6 +89,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxResponseBytes == 0 {
 		c.MaxResponseBytes = 64 << 20
+	}
+	if c.ResponseMemoryBytes <= 0 {
+		c.ResponseMemoryBytes = 512 << 20
 	}
 	c.WebSocket = c.WebSocket.WithDefaults(c.MaxBodyBytes)
 	return c

@@ -81,8 +81,9 @@ type Handler struct {
 	inflight  atomic.Int64
 	// bodies is the node's request-body memory in use; sending counts
 	// each tenant's bodies being received (see body.go).
-	bodies  bodyBudget
-	sending tenantBodies
+	bodies    bodyBudget
+	sending   tenantBodies
+	responses bodyBudget // non-streamed responses buffered (response_memory_bytes)
 }
 
 // NewHandler builds a handler serving st.
@@ -153,7 +154,7 @@ func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.Co
 	h.metrics.Inflight(1)
 	defer h.metrics.Inflight(-1)
 	defer func() { o = x.finish(timing) }() // also if serve panics
-	defer func() { h.bodies.release(x.bodyMem) }()
+	defer func() { h.bodies.release(x.bodyMem); h.responses.release(x.respMem.Load()) }()
 	if err := x.serve(); err != nil {
 		x.fail(err)
 	}
@@ -174,7 +175,8 @@ type exchange struct {
 	route    *routing.Route
 	policy   *RoutePolicy // the path's route's until intake matches the model, then route's
 	body     []byte
-	bodyMem  int64 // capacity reserved from h.bodies for body
+	bodyMem  int64        // capacity reserved from h.bodies for body
+	respMem  atomic.Int64 // reserved from h.responses by this request's legs
 	meta     requestMeta
 	ticket   *limiter.Ticket
 	decision limiter.Decision
