@@ -15,6 +15,19 @@ type Config struct {
 	// MaxBodyBytes bounds a request body; larger bodies get 413.
 	// Default 1MiB.
 	MaxBodyBytes units.Bytes `yaml:"max_body_bytes"`
+	// BodyReadTimeout bounds the time a request body may take to arrive;
+	// past it the request gets 408. Default 30s.
+	BodyReadTimeout time.Duration `yaml:"body_read_timeout"`
+	// BodyMinRate is the slowest a body may arrive, in bytes per second,
+	// once the first 5s have passed; slower bodies get 408. Default 4KiB.
+	BodyMinRate units.Bytes `yaml:"body_min_rate"`
+	// BodyMemoryBytes is the node-wide memory for request bodies being
+	// received or held; a body that would exceed it gets 503. Default
+	// 256MiB.
+	BodyMemoryBytes units.Bytes `yaml:"body_memory_bytes"`
+	// TenantBodiesInFlight is how many request bodies one tenant may be
+	// sending at once on this node; more get 429. Default 32.
+	TenantBodiesInFlight int `yaml:"tenant_bodies_in_flight"`
 	// DialTimeout bounds connecting to a backend. Default 5s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	// FirstTokenTimeout bounds the wait for a backend's first event (or
@@ -29,6 +42,10 @@ type Config struct {
 	Retries *int `yaml:"retries"`
 	// MaxResponseBytes bounds a non-streamed backend response. Default 64MiB.
 	MaxResponseBytes units.Bytes `yaml:"max_response_bytes"`
+	// ResponseMemoryBytes bounds the non-streamed responses buffered at
+	// once on the node (each is read whole, so a failure can be retried);
+	// a response that would exceed it fails with 503. Default 512MiB.
+	ResponseMemoryBytes units.Bytes `yaml:"response_memory_bytes"`
 	// WebSocket tunes the WebSocket bridge and passthrough routes.
 	WebSocket ws.Config `yaml:"websocket"`
 	// SLO are the node's objectives, reported at /debug/stats and checked
@@ -45,6 +62,18 @@ func (c Config) WithDefaults() Config {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 20
 	}
+	if c.BodyReadTimeout <= 0 {
+		c.BodyReadTimeout = 30 * time.Second
+	}
+	if c.BodyMinRate <= 0 {
+		c.BodyMinRate = 4 << 10
+	}
+	if c.BodyMemoryBytes <= 0 {
+		c.BodyMemoryBytes = 256 << 20
+	}
+	if c.TenantBodiesInFlight <= 0 {
+		c.TenantBodiesInFlight = 32
+	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 5 * time.Second
 	}
@@ -60,6 +89,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxResponseBytes == 0 {
 		c.MaxResponseBytes = 64 << 20
+	}
+	if c.ResponseMemoryBytes <= 0 {
+		c.ResponseMemoryBytes = 512 << 20
 	}
 	c.WebSocket = c.WebSocket.WithDefaults(c.MaxBodyBytes)
 	return c

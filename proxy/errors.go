@@ -20,6 +20,7 @@ var (
 	errStreamIdle        = errors.New("backend stream stalled")
 	errStreamCut         = errors.New("backend closed the stream before [DONE]")
 	errResponseTooLarge  = errors.New("backend response too large")
+	errResponseMemory    = errors.New("node's response memory exhausted")
 )
 
 // ErrEventTooLarge fails a stream with an event over MaxEventBytes;
@@ -97,6 +98,9 @@ func ErrorOf(err error) *APIError {
 	case errors.Is(err, errStreamCut), errors.Is(err, ErrEventTooLarge):
 		return &APIError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_stream_broken",
 			Message: "the backend stream broke before it finished: " + err.Error()}
+	case errors.Is(err, errResponseMemory):
+		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "response_memory_exhausted",
+			Message: "the node is buffering too many responses; retry", RetryAfter: 1}
 	case errors.Is(err, errResponseTooLarge):
 		return &APIError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_response_too_large",
 			Message: "the backend's response exceeded the configured maximum"}

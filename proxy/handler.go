@@ -81,6 +81,11 @@ type Handler struct {
 	started   time.Time
 	inflight  atomic.Int64
 	settling  sync.WaitGroup // settles still running after their response ended
+	// bodies is the node's request-body memory in use; sending counts
+	// each tenant's bodies being received (see body.go).
+	bodies    bodyBudget
+	sending   tenantBodies
+	responses bodyBudget // non-streamed responses buffered (response_memory_bytes)
 }
 
 // NewHandler builds a handler serving st.
@@ -151,6 +156,7 @@ func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.Co
 	h.metrics.Inflight(1)
 	defer h.metrics.Inflight(-1)
 	defer func() { o = x.finish(timing) }() // also if serve panics
+	defer func() { h.bodies.release(x.bodyMem); h.responses.release(x.respMem.Load()) }()
 	if err := x.serve(); err != nil {
 		x.fail(err)
 	}
@@ -172,6 +178,8 @@ type exchange struct {
 	route    *routing.Route
 	policy   *RoutePolicy // the path's route's until intake matches the model, then route's
 	body     []byte
+	bodyMem  int64        // capacity reserved from h.bodies for body
+	respMem  atomic.Int64 // reserved from h.responses by this request's legs
 	meta     requestMeta
 	ticket   *limiter.Ticket
 	decision limiter.Decision
@@ -253,7 +261,14 @@ func (x *exchange) serve() error {
 func (x *exchange) intake(pre *routing.Route) error {
 	r := x.r
 	if r.Body != nil && r.Body != http.NoBody {
-		body, err := readBody(x.responseWriter(), r, int64(x.st.Config.MaxBodyBytes))
+		sending := x.h.sending.counter(x.tenant.ID)
+		if sending.Add(1) > int64(x.st.Config.TenantBodiesInFlight) {
+			sending.Add(-1)
+			return errTenantBodies
+		}
+		body, reserved, err := readBody(x.responseWriter(), r, x.st.Config.bodyLimits(), &x.h.bodies)
+		sending.Add(-1)
+		x.bodyMem = reserved
 		if err != nil {
 			return err
 		}
@@ -325,7 +340,10 @@ func (x *exchange) fail(err error) {
 	if x.status != 0 {
 		return
 	}
-	if cause := context.Cause(x.r.Context()); cause != nil {
+	// A body read past its deadline cancels an HTTP/1.1 request's
+	// context (net/http cancels it on any connection read error): the
+	// client is still there to be told 408.
+	if cause := context.Cause(x.r.Context()); cause != nil && err != errBodySlow {
 		err = cause
 		x.err = err
 	}

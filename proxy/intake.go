@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"strconv"
 )
 
@@ -29,29 +28,6 @@ type requestMeta struct {
 
 // maxChoices is the largest "n" accepted (vLLM and OpenAI take up to 128).
 const maxChoices = 128
-
-// readBody reads the request body, at most limit bytes (413 beyond).
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	tooLarge := &APIError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
-		Code: "request_too_large", Message: fmt.Sprintf("request body exceeds %d bytes", limit)}
-	if r.ContentLength > limit {
-		return nil, tooLarge
-	}
-	var buf bytes.Buffer
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength))
-	}
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
-	var mbe *http.MaxBytesError
-	switch {
-	case errors.As(err, &mbe):
-		return nil, tooLarge
-	case err != nil:
-		return nil, &APIError{Status: http.StatusBadRequest, Type: "invalid_request_error",
-			Code: "body_read_error", Message: "could not read the request body"}
-	}
-	return buf.Bytes(), nil
-}
 
 // parseOpenAI reads the fields the pipeline needs and, for a stream whose
 // client did not ask for usage, returns a body that asks the backend for it.

@@ -123,7 +123,13 @@ func (l *leg) readFirstEvent() {
 // deadline, so that a failure can still be retried.
 func (l *leg) readBody() {
 	limit := int64(l.x.st.Config.MaxResponseBytes)
-	body, err := io.ReadAll(io.LimitReader(l.resp.Body, limit+1))
+	body, reserved, err := readResponse(l.resp.Body, l.resp.ContentLength, limit,
+		int64(l.x.st.Config.ResponseMemoryBytes), &l.x.h.responses)
+	l.x.respMem.Add(reserved)
+	if errors.Is(err, errResponseMemory) {
+		l.fail(err, false)
+		return
+	}
 	if err != nil {
 		l.fail(causeOf(l.ctx, err), true)
 		return

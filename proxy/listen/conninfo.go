@@ -50,6 +50,7 @@ type connState struct {
 	raw       syscall.RawConn
 	quic      *quic.Conn
 	rtt       func() time.Duration // bound once to estimateRTT
+	cap       *capConn             // TCP: the per-address cap's record
 
 	// The last TCP_INFO reading (nanoseconds) and when it was taken (unix
 	// nanoseconds; 0 for never).
@@ -131,10 +132,12 @@ func withConn(ctx context.Context, cs *connState) context.Context {
 func ConnContext(ctx context.Context, c net.Conn) context.Context {
 	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
 		if hc, ok := tc.NetConn().(*handshakenConn); ok {
+			hc.cs.cap = capConnOf(c)
 			return withConn(ctx, hc.cs)
 		}
 	}
 	cs := newConnState(protoUnknown)
+	cs.cap = capConnOf(c)
 	if sc, ok := c.(syscall.Conn); ok {
 		cs.raw, _ = sc.SyscallConn()
 	}
@@ -148,6 +151,9 @@ func noteRequest(r *http.Request) *http.Request {
 	cs, _ := r.Context().Value(connKey{}).(*connState)
 	if cs == nil {
 		return r
+	}
+	if cs.cap != nil {
+		cs.cap.request()
 	}
 	if cs.proto.Load() == protoUnknown {
 		p := protoH1

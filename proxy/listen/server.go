@@ -40,6 +40,14 @@ type Server struct {
 	// AdminAddr serves Admin. Empty: none.
 	AdminAddr string
 	Admin     http.Handler
+	// MaxConnsPerAddr caps the TCP connections one client IP address may
+	// hold on each proxy listener; more are closed at once. Zero means
+	// DefaultMaxConnsPerAddr.
+	MaxConnsPerAddr int
+	// FirstRequestTimeout closes a TCP connection (h1 or h2) that has
+	// not started a request this long after it was accepted. Zero means
+	// DefaultFirstRequestTimeout.
+	FirstRequestTimeout time.Duration
 	// Log receives server errors. Nil means slog.Default().
 	Log *slog.Logger
 
@@ -101,7 +109,7 @@ func (s *Server) listen() error {
 		if err != nil {
 			return fmt.Errorf("listening on %s (%s): %w", s.HTTPAddr, ListenerHTTP, err)
 		}
-		s.add(ListenerHTTP, ln, s.Handler)
+		s.add(ListenerHTTP, newCapListener(ln, s.MaxConnsPerAddr, s.FirstRequestTimeout), s.Handler)
 	}
 	if s.HTTPSAddr != "" {
 		if err := s.listenHTTPS(); err != nil {
@@ -147,7 +155,7 @@ func (s *Server) listenHTTPS() error {
 				s.Log.Warn("UDP buffers too small for QUIC", "hint", s.udpHint)
 			}
 		}
-		s.add(ListenerHTTPS, newTLSListener(ln, s.TLSConfig, handshakeTimeout, s.Log), s.Handler)
+		s.add(ListenerHTTPS, newTLSListener(newCapListener(ln, s.MaxConnsPerAddr, s.FirstRequestTimeout), s.TLSConfig, handshakeTimeout, s.Log), s.Handler)
 		return nil
 	}
 }

@@ -1,0 +1,127 @@
+package listen
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Connection bounds of the TCP listeners (HTTP/1.1, h2c, TLS and h2):
+// a client address may hold at most MaxConnsPerAddr connections, and a
+// connection that has not started a request within FirstRequestTimeout is
+// closed. Go's http.Server closes an idle h2 connection only after
+// IdleTimeout (2m), also before its first request; h1 has
+// ReadHeaderTimeout. This bound makes both ~10s.
+const (
+	DefaultMaxConnsPerAddr     = 1024
+	DefaultFirstRequestTimeout = 10 * time.Second
+)
+
+// capListener refuses connections past the per-address cap (closing them
+// at once) and arms each accepted connection's first-request timer.
+type capListener struct {
+	net.Listener
+	max   int
+	first time.Duration
+	mu    sync.Mutex
+	conns map[string]int // client IP -> open connections
+}
+
+func newCapListener(ln net.Listener, max int, first time.Duration) *capListener {
+	if max <= 0 {
+		max = DefaultMaxConnsPerAddr
+	}
+	if first <= 0 {
+		first = DefaultFirstRequestTimeout
+	}
+	return &capListener{Listener: ln, max: max, first: first, conns: map[string]int{}}
+}
+
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip := addrIP(c.RemoteAddr())
+		l.mu.Lock()
+		if l.conns[ip] >= l.max {
+			l.mu.Unlock()
+			c.Close() // over the cap: refused before any byte is read
+			continue
+		}
+		l.conns[ip]++
+		l.mu.Unlock()
+		cc := &capConn{Conn: c, l: l, ip: ip}
+		cc.timer = time.AfterFunc(l.first, func() {
+			if cc.served.CompareAndSwap(false, true) {
+				c.Close()
+			}
+		})
+		return cc, nil
+	}
+}
+
+func addrIP(a net.Addr) string {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return string(ta.IP.To16())
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	return host
+}
+
+// capConn is one accepted connection, counted against its address until
+// closed.
+type capConn struct {
+	net.Conn
+	l      *capListener
+	ip     string
+	timer  *time.Timer
+	served atomic.Bool // a request started (or the timer fired)
+	closed atomic.Bool
+}
+
+// request marks that a request started on the connection: the
+// first-request timer no longer applies.
+func (c *capConn) request() {
+	if !c.served.Load() && c.served.CompareAndSwap(false, true) {
+		c.timer.Stop()
+	}
+}
+
+func (c *capConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.timer.Stop()
+		c.l.mu.Lock()
+		if c.l.conns[c.ip]--; c.l.conns[c.ip] <= 0 {
+			delete(c.l.conns, c.ip)
+		}
+		c.l.mu.Unlock()
+	}
+	return c.Conn.Close()
+}
+
+// capConnOf finds the capConn under c (cleartext, or under TLS).
+func capConnOf(c net.Conn) *capConn {
+	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = tc.NetConn()
+	}
+	if hc, ok := c.(*handshakenConn); ok {
+		c = hc.Conn
+	}
+	cc, _ := c.(*capConn)
+	return cc
+}
+
+// SyscallConn exposes the socket (for TCP_INFO RTT readings).
+func (c *capConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, syscall.EINVAL
+}
