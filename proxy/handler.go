@@ -206,6 +206,9 @@ type exchange struct {
 
 func (x *exchange) serve() error {
 	r := x.r
+	if err := checkPath(r.URL); err != nil {
+		return err // before any route sees the path (all protocols and the bridge)
+	}
 	// The key may come from the query only on routes that allow it, so
 	// find the path's route first (without the model) to learn that.
 	pre, _ := x.st.Routes.Match(r.Host, r.URL.Path, "")
