@@ -75,6 +75,57 @@ type decoder struct {
 	errs    []error
 	pos     map[string]Pos
 	anchors map[string]ast.Node
+	nodes   int  // nodes decoded so far, aliases' targets counted each time
+	over    bool // the node budget was exceeded (reported once)
+}
+
+// Limits on a config or tenants file, checked before and while decoding so
+// that a small hostile file (deep nesting, an alias bomb) cannot take the
+// node's memory or CPU, on start or on reload (a reload over them is
+// refused whole, like any invalid file).
+const (
+	// MaxFileBytes is the largest config or tenants file accepted.
+	MaxFileBytes = 4 << 20
+	// MaxFlowDepth bounds the nesting of flow collections ([ { ) in a file.
+	MaxFlowDepth = 64
+	// MaxNodes bounds the values decoded, each alias expansion counted
+	// anew: the cost of an alias bomb, not its size on disk.
+	MaxNodes = 200_000
+)
+
+// precheck refuses data over MaxFileBytes or with flow collections nested
+// deeper than MaxFlowDepth, before the YAML parser sees it. The depth scan
+// skips quoted strings and comments.
+func precheck(data []byte) string {
+	if len(data) > MaxFileBytes {
+		return fmt.Sprintf("file is %d bytes; the limit is %d", len(data), MaxFileBytes)
+	}
+	depth := 0
+	var quote byte
+	comment := false
+	for i, c := range data {
+		switch {
+		case comment:
+			comment = c != '\n'
+		case quote != 0:
+			if c == quote && (quote == '\'' || i == 0 || data[i-1] != '\\') {
+				quote = 0
+			}
+		case c == '"' || c == '\'':
+			quote = c
+		case c == '#':
+			comment = true
+		case c == '[' || c == '{':
+			if depth++; depth > MaxFlowDepth {
+				return fmt.Sprintf("collections nested deeper than %d", MaxFlowDepth)
+			}
+		case c == ']' || c == '}':
+			if depth > 0 {
+				depth--
+			}
+		}
+	}
+	return ""
 }
 
 func newDecoder(file string) *decoder {
@@ -112,6 +163,10 @@ func (d *decoder) parse(data []byte, v any) {
 // parseFile parses data into a syntax tree with one document, or returns
 // nil: after a syntax error (recorded), or when the file is empty.
 func (d *decoder) parseFile(data []byte) *ast.File {
+	if msg := precheck(data); msg != "" {
+		d.errorf(Pos{1, 1}, "%s", msg)
+		return nil
+	}
 	f, err := parser.ParseBytes(data, 0)
 	if err != nil {
 		var se *yaml.SyntaxError
@@ -157,6 +212,13 @@ func (d *decoder) resolve(n ast.Node) ast.Node {
 }
 
 func (d *decoder) decode(n ast.Node, v reflect.Value, path string) {
+	if d.nodes++; d.nodes > MaxNodes {
+		if !d.over {
+			d.over = true
+			d.errorf(nodePos(n), "more than %d values (aliases counted each time they are used)", MaxNodes)
+		}
+		return
+	}
 	n = d.resolve(n)
 	if n == nil {
 		return

@@ -143,6 +143,7 @@ func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*ht
 	req.Header.Set("X-Forwarded-Proto", proto)
 	req.Header.Set("X-Forwarded-Host", r.Host)
 	req.Header.Set("X-Request-Id", x.id)
+	req.Header.Set("X-Sluice-Request-Id", x.ownID)
 	if f := b.LoadHeaderFormat(); f != "" {
 		req.Header["Endpoint-Load-Metrics-Format"] = loadFormatValue(f) // ask vLLM for its load report
 	}
@@ -176,12 +177,22 @@ var hopHeaders = map[string]bool{
 	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 }
 
-// clientOwned are request headers the edge sets itself or must not pass on.
+// clientOwned are request headers the edge sets itself or must not pass
+// on: credentials, framing, the forwarding headers Sluice sets, and the
+// headers some backends and frameworks trust for the client's address or
+// to rewrite the URL or method (X-Original-URL lets an IIS/Symfony backend
+// serve another path than the one Sluice routed; True-Client-IP and
+// X-Client-IP would let a client claim another address).
 var clientOwned = map[string]bool{
 	"Authorization": true, "X-Api-Key": true, "Accept-Encoding": true, "Content-Length": true,
 	"Host": true, "Forwarded": true, "X-Forwarded-For": true, "X-Forwarded-Proto": true,
 	"X-Forwarded-Host": true, "X-Real-Ip": true, "X-Request-Id": true, "Server-Timing": true,
 	"Endpoint-Load-Metrics-Format": true, // the edge asks for load reports, per pool
+	"X-Forwarded-Port":             true, "X-Forwarded-Prefix": true, "X-Forwarded-Server": true, "X-Forwarded-Scheme": true,
+	"X-Forwarded-Ssl": true, "X-Original-Url": true, "X-Rewrite-Url": true, "X-Original-Uri": true,
+	"True-Client-Ip": true, "X-Client-Ip": true, "X-Cluster-Client-Ip": true, "Cf-Connecting-Ip": true,
+	"Fastly-Client-Ip": true, "X-Original-Forwarded-For": true, "X-Host": true,
+	"X-Http-Method-Override": true, "X-Http-Method": true, "X-Method-Override": true,
 }
 
 // Shared values of the endpoint-load-metrics-format request header (never
@@ -200,20 +211,32 @@ func loadFormatValue(f string) []string {
 
 // backendOwned are response headers Sluice replaces or must not pass on:
 // a backend's Alt-Svc would advertise the backend, not the edge; its load
-// report is for the edge's picker, not for clients.
+// report is for the edge's picker, not for clients; its rate-limit fields
+// would overwrite the tenant's own (Sluice's limits are the ones a client
+// must see); its cookies would be set on the edge's origin, shared by
+// every tenant.
 var backendOwned = map[string]bool{
 	"Alt-Svc": true, "Content-Length": true, "X-Request-Id": true, "Server-Timing": true,
-	"Endpoint-Load-Metrics": true,
+	"Endpoint-Load-Metrics": true, "Set-Cookie": true, "Set-Cookie2": true,
+	"Ratelimit": true, "Ratelimit-Policy": true, "Ratelimit-Limit": true, "Ratelimit-Remaining": true,
+	"Ratelimit-Reset": true, "Retry-After-Ms": true,
 }
 
-func copyRequestHeader(dst, src http.Header)  { copyHeader(dst, src, clientOwned) }
-func copyResponseHeader(dst, src http.Header) { copyHeader(dst, src, backendOwned) }
+func copyRequestHeader(dst, src http.Header) { copyHeader(dst, src, clientOwned, "") }
+
+// copyResponseHeader also drops OpenAI-style X-Ratelimit-* fields: the
+// tenant's limits are Sluice's, never the backend's.
+func copyResponseHeader(dst, src http.Header) { copyHeader(dst, src, backendOwned, "X-Ratelimit-") }
 
 // copyHeader copies src to dst without hop-by-hop fields, the fields in
-// owned, Sluice's own X-Sluice-* fields and those src's Connection names.
-func copyHeader(dst, src http.Header, owned map[string]bool) {
+// owned or starting with ownedPrefix (canonical form; "" for none), Sluice's
+// own X-Sluice-* fields and those src's Connection names.
+func copyHeader(dst, src http.Header, owned map[string]bool, ownedPrefix string) {
 	for k, vv := range src {
 		if hopHeaders[k] || owned[k] || strings.HasPrefix(k, "X-Sluice-") {
+			continue
+		}
+		if ownedPrefix != "" && strings.HasPrefix(k, ownedPrefix) {
 			continue
 		}
 		dst[k] = vv

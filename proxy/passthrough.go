@@ -174,6 +174,7 @@ func (x *exchange) backendHeader() http.Header {
 	hdr.Set("X-Forwarded-Proto", proto)
 	hdr.Set("X-Forwarded-Host", r.Host)
 	hdr.Set("X-Request-Id", x.id)
+	hdr.Set("X-Sluice-Request-Id", x.ownID)
 	if key := x.route.Pool.Config().APIKey; key != "" {
 		hdr.Set("Authorization", "Bearer "+key)
 	}
