@@ -152,7 +152,10 @@ func (x *exchange) responseWriter() http.ResponseWriter {
 
 // sendError answers e through s in OpenAI's error shape, as WriteError
 // does on a ResponseWriter: nothing is sent for 499 (nobody listens).
-func sendError(s Sink, e *APIError) {
+func sendError(s Sink, e *APIError) { sendErrorBody(s, e, e.body()) }
+
+// sendErrorBody is sendError with the body in the request's dialect.
+func sendErrorBody(s Sink, e *APIError, body []byte) {
 	h := s.Header()
 	h.Set("Content-Type", "application/json")
 	h.Del("Content-Length")
@@ -162,7 +165,7 @@ func sendError(s Sink, e *APIError) {
 	if e.Status == 499 {
 		return
 	}
-	s.Error(e.Status, e.body())
+	s.Error(e.Status, body)
 }
 
 // answer sends a whole JSON body with status.
