@@ -27,11 +27,6 @@ type Config struct {
 	// Retries is how many other backends are tried when one fails before
 	// the first token. Nil means 1; routes may override it.
 	Retries *int `yaml:"retries"`
-	// DefaultMaxOutputTokens is the output a request reserves when it
-	// sets no bound (max_tokens, max_completion_tokens, max_output_tokens,
-	// whichever its API uses); settlement charges what was generated.
-	// Zero (the default) reserves nothing for such requests.
-	DefaultMaxOutputTokens int64 `yaml:"default_max_output_tokens"`
 	// MaxResponseBytes bounds a non-streamed backend response. Default 64MiB.
 	MaxResponseBytes units.Bytes `yaml:"max_response_bytes"`
 	// WebSocket tunes the WebSocket bridge and passthrough routes.

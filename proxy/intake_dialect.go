@@ -5,7 +5,8 @@ package proxy
 // instructions) and Messages (max_tokens, messages, system) with
 // parseNative, which leaves the body as the client sent it (these APIs
 // report usage in their streams: no stream_options to add). A request
-// without an output bound reserves Config.DefaultMaxOutputTokens.
+// without an output bound leaves OutputTokens zero: the limiter reserves
+// the tenant's default_max_tokens for it.
 func (x *exchange) parseRequest(body []byte) (requestMeta, []byte, error) {
 	var (
 		m   requestMeta
@@ -18,9 +19,6 @@ func (x *exchange) parseRequest(body []byte) (requestMeta, []byte, error) {
 		out = body
 	default:
 		m, out, err = parseOpenAI(body)
-	}
-	if err == nil && m.OutputTokens == 0 {
-		m.OutputTokens = int64(x.st.Config.DefaultMaxOutputTokens)
 	}
 	return m, out, err
 }
