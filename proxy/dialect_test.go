@@ -351,3 +351,41 @@ func TestResponsesCutStreamEndsWithErrorEvent(t *testing.T) {
 		t.Fatalf("bad JSON on /v1/responses: %d %s", resp.StatusCode, raw)
 	}
 }
+
+// TestDialectsThroughSim: the simulator serves Responses and Messages
+// streams and bodies; through the edge they end at their last event and
+// settle the simulator's usage (5 tokens out).
+func TestDialectsThroughSim(t *testing.T) {
+	_, simURL := startSim(t, fastSim())
+	lim := &settleRecorder{Local: limiter.NewLocal(1), settled: make(chan limiter.Usage, 1)}
+	e := startEdge(t, edgeOpts{pool: poolOf(simURL), limiter: lim, limits: limiter.Limits{TokensPerMinute: 100000}})
+	cases := []struct{ path, body, last string }{
+		{"/v1/responses", `{"model":"sim-small","stream":true,"max_output_tokens":5,"input":"hello there"}`, "response.incomplete"},
+		{"/v1/messages", `{"model":"sim-small","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hello there"}]}`, "message_stop"},
+		{"/v1/responses", `{"model":"sim-small","max_output_tokens":5,"input":"hello there"}`, ""},
+		{"/v1/messages", `{"model":"sim-small","max_tokens":5,"messages":[{"role":"user","content":"hello there"}]}`, ""},
+	}
+	for _, c := range cases {
+		resp := post(t, h2cClient(), e.http+c.path, c.body, "Authorization", "", "x-api-key", testKey)
+		if resp.StatusCode != 200 {
+			raw, _ := io.ReadAll(resp.Body)
+			t.Fatalf("%s: %d %s", c.path, resp.StatusCode, raw)
+		}
+		if c.last != "" {
+			if last := lastEvent(t, resp.Body); last != c.last {
+				t.Fatalf("%s: last event %q; want %q", c.path, last, c.last)
+			}
+		} else {
+			io.Copy(io.Discard, resp.Body)
+		}
+		resp.Body.Close()
+		select {
+		case u := <-lim.settled:
+			if u.OutputTokens != 5 || u.InputTokens < 1 {
+				t.Fatalf("%s %s: settled %+v; want the simulator's usage, 5 out", c.path, c.body, u)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%s: nothing settled", c.path)
+		}
+	}
+}

@@ -9,12 +9,18 @@ import (
 // renderer builds a stream's SSE events from fragments rendered once per
 // request, so a token costs a few appends to a reused buffer.
 type renderer struct {
-	chat   bool
-	seed   uint64
-	prefix []byte // `{"id":…,"object":…,"created":…,"model":…,`
-	head   []byte // `data: ` prefix `"choices":[{"index":0,"delta":` (chat) or `"text":`
-	usage  bool   // chunks carry "usage":null (stream_options.include_usage)
-	buf    []byte // pending events
+	api     api // Responses and Messages render in dialects.go
+	id      string
+	model   string
+	prompt  int
+	created int64
+	seq     int // the Responses stream's next sequence_number
+	chat    bool
+	seed    uint64
+	prefix  []byte // `{"id":…,"object":…,"created":…,"model":…,`
+	head    []byte // `data: ` prefix `"choices":[{"index":0,"delta":` (chat) or `"text":`
+	usage   bool   // chunks carry "usage":null (stream_options.include_usage)
+	buf     []byte // pending events
 
 	// With stamping on, head is split around the emit-time field:
 	// open is `data: ` prefix `"sluice_emit_ns":`, head[stampCut:] the
@@ -56,7 +62,11 @@ func newRenderer(model string, j *job, stamp bool) *renderer {
 	p = append(p, `,"model":`...)
 	p = append(p, mustJSON(model)...)
 	p = append(p, ',')
-	rd := &renderer{chat: j.chat, seed: j.seed, prefix: p, usage: j.includeUsage}
+	rd := &renderer{api: j.api, id: j.id, model: model, prompt: j.prompt, created: j.created,
+		chat: j.chat, seed: j.seed, prefix: p, usage: j.includeUsage}
+	if j.api >= apiResponses {
+		stamp = false // emit stamps are for chat and completion chunks
+	}
 	rd.head = append(append([]byte("data: "), p...), `"choices":[{"index":0,`...)
 	if j.chat {
 		rd.head = append(rd.head, `"delta":`...)
@@ -121,6 +131,10 @@ func (rd *renderer) tail() string {
 
 // role appends the chat stream's first chunk, which carries the role.
 func (rd *renderer) role() {
+	if rd.api >= apiResponses {
+		rd.nativeStart()
+		return
+	}
 	rd.begin()
 	rd.buf = append(rd.buf, `{"role":"assistant","content":""}`...)
 	rd.buf = append(rd.buf, rd.tail()...)
@@ -128,6 +142,10 @@ func (rd *renderer) role() {
 
 // token appends the chunk of token i.
 func (rd *renderer) token(i int) {
+	if rd.api >= apiResponses {
+		rd.nativeToken(i)
+		return
+	}
 	rd.begin()
 	if rd.chat {
 		rd.buf = append(rd.buf, `{"content":`...)
@@ -216,6 +234,9 @@ func responseBody(model string, j *job) []byte {
 		b.WriteString(tokenText(j.seed, i, j.chat))
 	}
 	text := b.String()
+	if j.api >= apiResponses {
+		return nativeBody(model, j, text)
+	}
 	c := choiceOut{FinishReason: j.finish}
 	out := responseOut{ID: j.id, Object: "text_completion", Created: j.created, Model: model,
 		Usage: usage{j.prompt, j.limit, j.prompt + j.limit}}
