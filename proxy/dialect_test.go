@@ -389,3 +389,37 @@ func TestDialectsThroughSim(t *testing.T) {
 		}
 	}
 }
+
+// TestSimToolCallsAndReasoningCounted: the simulator streams reasoning
+// deltas then a tool call's arguments (chat), reasoning_text deltas
+// (Responses) and thinking deltas (Messages); the edge counts every one of
+// them: the trailer's tokens is the whole output, and the chat stream
+// settles on its usage.
+func TestSimToolCallsAndReasoningCounted(t *testing.T) {
+	cfg := fastSim()
+	cfg.ReasoningTokens = 3
+	_, simURL := startSim(t, cfg)
+	e := startEdge(t, edgeOpts{pool: poolOf(simURL)})
+	for _, c := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"sim-small","stream":true,"max_tokens":8,"tools":[{"type":"function","function":{"name":"get_weather","parameters":{}}}],"messages":[{"role":"user","content":"weather?"}]}`},
+		{"/v1/responses", `{"model":"sim-small","stream":true,"max_output_tokens":8,"input":"weather?"}`},
+		{"/v1/messages", `{"model":"sim-small","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"weather?"}]}`},
+	} {
+		resp := post(t, h2Client(), e.https+c.path, c.body)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", c.path, resp.StatusCode, raw)
+		}
+		for _, want := range []string{`"reasoning_content":`, `response.reasoning_text.delta`, `"thinking_delta"`, `"tool_calls"`} {
+			if strings.Contains(string(raw), want) {
+				goto found
+			}
+		}
+		t.Fatalf("%s: no reasoning or tool-call deltas in %s", c.path, raw)
+	found:
+		if tr := resp.Trailer.Get("Server-Timing"); !strings.Contains(tr, "tokens;dur=8.000") {
+			t.Fatalf("%s: trailer %q; want tokens;dur=8 (3 reasoning + 5 output deltas)", c.path, tr)
+		}
+	}
+}

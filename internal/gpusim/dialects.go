@@ -67,6 +67,17 @@ func (rd *renderer) nativeStart() {
 // nativeToken appends token i's delta event.
 func (rd *renderer) nativeToken(i int) {
 	tok := tokenJSON(rd.seed, i, true)
+	if i < rd.reasoning {
+		if rd.api == apiResponses {
+			rd.responsesEvent("response.reasoning_text.delta", `"item_id":"rs_`+rd.id+
+				`","output_index":0,"content_index":0,"delta":`, tok)
+			return
+		}
+		rd.buf = append(rd.buf, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":"...)
+		rd.buf = append(rd.buf, tok...)
+		rd.buf = append(rd.buf, "}}\n\n"...)
+		return
+	}
 	if rd.api == apiResponses {
 		rd.responsesEvent("response.output_text.delta", `"item_id":"msg_`+rd.id+
 			`","output_index":0,"content_index":0,"logprobs":[],"delta":`, tok)

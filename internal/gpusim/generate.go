@@ -160,7 +160,11 @@ func (s *Sim) stream(w http.ResponseWriter, r *http.Request, j *job, src source,
 	if j.api >= apiResponses {
 		st.rd.nativeFinish(j.finish, j.prompt, j.limit)
 	} else {
-		st.rd.finish(j.finish)
+		finish := j.finish
+		if j.tool != "" {
+			finish = "tool_calls"
+		}
+		st.rd.finish(finish)
 		if j.includeUsage {
 			st.rd.usageChunk(j.prompt, j.limit)
 		}

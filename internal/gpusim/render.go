@@ -9,18 +9,20 @@ import (
 // renderer builds a stream's SSE events from fragments rendered once per
 // request, so a token costs a few appends to a reused buffer.
 type renderer struct {
-	api     api // Responses and Messages render in dialects.go
-	id      string
-	model   string
-	prompt  int
-	created int64
-	seq     int // the Responses stream's next sequence_number
-	chat    bool
-	seed    uint64
-	prefix  []byte // `{"id":…,"object":…,"created":…,"model":…,`
-	head    []byte // `data: ` prefix `"choices":[{"index":0,"delta":` (chat) or `"text":`
-	usage   bool   // chunks carry "usage":null (stream_options.include_usage)
-	buf     []byte // pending events
+	api       api // Responses and Messages render in dialects.go
+	id        string
+	model     string
+	prompt    int
+	created   int64
+	seq       int    // the Responses stream's next sequence_number
+	tool      string // chat: stream tool_calls arguments (vLLM v0.11 tool parsers' shape)
+	reasoning int    // the first tokens are reasoning deltas
+	chat      bool
+	seed      uint64
+	prefix    []byte // `{"id":…,"object":…,"created":…,"model":…,`
+	head      []byte // `data: ` prefix `"choices":[{"index":0,"delta":` (chat) or `"text":`
+	usage     bool   // chunks carry "usage":null (stream_options.include_usage)
+	buf       []byte // pending events
 
 	// With stamping on, head is split around the emit-time field:
 	// open is `data: ` prefix `"sluice_emit_ns":`, head[stampCut:] the
@@ -63,7 +65,7 @@ func newRenderer(model string, j *job, stamp bool) *renderer {
 	p = append(p, mustJSON(model)...)
 	p = append(p, ',')
 	rd := &renderer{api: j.api, id: j.id, model: model, prompt: j.prompt, created: j.created,
-		chat: j.chat, seed: j.seed, prefix: p, usage: j.includeUsage}
+		chat: j.chat, seed: j.seed, prefix: p, usage: j.includeUsage, tool: j.tool, reasoning: j.reasoning}
 	if j.api >= apiResponses {
 		stamp = false // emit stamps are for chat and completion chunks
 	}
@@ -136,6 +138,15 @@ func (rd *renderer) role() {
 		return
 	}
 	rd.begin()
+	if rd.tool != "" && rd.reasoning == 0 {
+		rd.buf = append(rd.buf, `{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_`...)
+		rd.buf = append(rd.buf, rd.id...)
+		rd.buf = append(rd.buf, `","type":"function","function":{"name":`...)
+		rd.buf = append(rd.buf, mustJSON(rd.tool)...)
+		rd.buf = append(rd.buf, `,"arguments":""}}]}`...)
+		rd.buf = append(rd.buf, rd.tail()...)
+		return
+	}
 	rd.buf = append(rd.buf, `{"role":"assistant","content":""}`...)
 	rd.buf = append(rd.buf, rd.tail()...)
 }
@@ -147,6 +158,32 @@ func (rd *renderer) token(i int) {
 		return
 	}
 	rd.begin()
+	switch {
+	case rd.chat && i < rd.reasoning:
+		rd.buf = append(rd.buf, `{"reasoning_content":`...)
+		rd.buf = append(rd.buf, tokenJSON(rd.seed, i, true)...)
+		rd.buf = append(rd.buf, '}')
+		rd.buf = append(rd.buf, rd.tail()...)
+		return
+	case rd.chat && rd.tool != "":
+		rd.buf = append(rd.buf, `{"tool_calls":[{"index":0,`...)
+		if i == rd.reasoning && rd.reasoning > 0 { // the call's first delta names it
+			rd.buf = append(rd.buf, `"id":"call_`...)
+			rd.buf = append(rd.buf, rd.id...)
+			rd.buf = append(rd.buf, `","type":"function",`...)
+		}
+		rd.buf = append(rd.buf, `"function":{`...)
+		if i == rd.reasoning && rd.reasoning > 0 {
+			rd.buf = append(rd.buf, `"name":`...)
+			rd.buf = append(rd.buf, mustJSON(rd.tool)...)
+			rd.buf = append(rd.buf, ',')
+		}
+		rd.buf = append(rd.buf, `"arguments":`...)
+		rd.buf = append(rd.buf, tokenJSON(rd.seed, i, true)...)
+		rd.buf = append(rd.buf, `}}]}`...)
+		rd.buf = append(rd.buf, rd.tail()...)
+		return
+	}
 	if rd.chat {
 		rd.buf = append(rd.buf, `{"content":`...)
 		rd.buf = append(rd.buf, tokenJSON(rd.seed, i, true)...)

@@ -25,6 +25,14 @@ type genRequest struct {
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Stop                json.RawMessage `json:"stop"`
 	N                   *int            `json:"n"`
+	// Tools: a chat request naming tools gets its output as a call of the
+	// first one, streamed as tool_calls[0].function.arguments deltas.
+	Tools []struct {
+		Name     string `json:"name"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	} `json:"tools"`
 	// Responses API
 	Input           json.RawMessage `json:"input"`
 	Instructions    json.RawMessage `json:"instructions"`
@@ -52,6 +60,8 @@ type job struct {
 	seed         uint64 // token stream seed
 	id           string
 	created      int64
+	tool         string // chat: the tool called (tool_calls deltas), or ""
+	reasoning    int    // the first tokens sent as reasoning
 }
 
 // readJSON reads a bounded request body into v.
@@ -95,6 +105,15 @@ func (s *Sim) parseGenerate(w http.ResponseWriter, r *http.Request, a api) (*job
 		return nil, e
 	}
 	j := &job{api: a, chat: chat, stream: req.Stream, prompt: prompt}
+	if a != apiCompletion {
+		j.reasoning = s.cfg.ReasoningTokens
+		if a == apiChat && len(req.Tools) > 0 {
+			j.tool = req.Tools[0].Function.Name
+			if j.tool == "" {
+				j.tool = "tool"
+			}
+		}
+	}
 	j.includeUsage = req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	kind := "completion"
 	if chat {
