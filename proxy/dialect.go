@@ -76,7 +76,6 @@ var (
 	deltaKey        = [][]byte{[]byte(`"delta"`)}
 	messageDeltaKey = [][]byte{[]byte(`"text"`), []byte(`"partial_json"`), []byte(`"thinking"`)}
 	eventPrefix     = []byte("event:")
-	usageName       = []byte(`"usage"`)
 )
 
 // classify reads one event of a committed stream. The rule for tokens: an
@@ -199,28 +198,35 @@ func hasString(data []byte, keys [][]byte) bool {
 
 var usageTokenNames = []string{"input_tokens", "output_tokens", "prompt_tokens", "completion_tokens"}
 
-// readUsage reads the last "usage" object of a Responses or Messages
-// event into x.usage: input_tokens and output_tokens (a Messages stream's
-// message_start gives the input, message_delta the cumulative output).
+var (
+	responsePath = []string{"response"}
+	messagePath  = []string{"message"}
+)
+
+// readUsage reads the usage object of a Responses or Messages event into
+// x.usage: response.usage (response.completed and the like), message.usage
+// (message_start: the input), or the top-level usage (message_delta: the
+// cumulative output). It walks the event's members rather than searching
+// for the bytes "usage": a request's echoed tools, schema or metadata must
+// not pass for the backend's report. Once or twice a stream.
 func (x *exchange) readUsage(data []byte) bool {
-	i := bytes.LastIndex(data, usageName)
-	if i < 0 {
-		return false
+	v := memberAt(data, skipSpace(data, 0), responsePath, 1)
+	if v < 0 {
+		v = memberAt(data, skipSpace(data, 0), messagePath, 1)
 	}
-	v := skipSpace(data, i+len(usageName))
-	if v >= len(data) || data[v] != ':' {
-		return false
+	if v < 0 {
+		v = skipSpace(data, 0)
 	}
-	v = skipSpace(data, v+1)
-	if v >= len(data) || data[v] != '{' {
+	u := memberAt(data, v, []string{"usage"}, 2)
+	if u < 0 || data[u] != '{' {
 		return false
 	}
 	var in, out int64
 	var hasIn, hasOut bool
-	end := scanObject(data, v, 2, func(key []byte, v int) int {
+	end := scanObject(data, u, 3, func(key []byte, v int) int {
 		idx := fieldIndex(key, usageTokenNames)
 		if idx < 0 || data[v] == 'n' {
-			return skipValue(data, v, 2)
+			return skipValue(data, v, 3)
 		}
 		n, end := intNumber(data, v)
 		if idx%2 == 0 {
@@ -243,6 +249,25 @@ func (x *exchange) readUsage(data []byte) bool {
 		x.usage.OutputTokens = out
 	}
 	return true
+}
+
+// memberAt returns the index of the value of the object at data[i]'s
+// member named name[0] (the last one when repeated), or -1.
+func memberAt(data []byte, i int, name []string, depth int) int {
+	if i >= len(data) || data[i] != '{' {
+		return -1
+	}
+	at := -1
+	end := scanObject(data, i, depth, func(key []byte, v int) int {
+		if fieldIndex(key, name) == 0 {
+			at = v
+		}
+		return skipValue(data, v, depth)
+	})
+	if end < 0 {
+		return -1
+	}
+	return at
 }
 
 // errorBody is e as the dialect's non-streamed error body.

@@ -68,3 +68,18 @@ func BenchmarkRelayClassify(b *testing.B) {
 		})
 	}
 }
+
+// TestReadUsageIgnoresEchoedFields: a request's tools, schema or metadata
+// echoed in response.completed cannot pass for the backend's usage.
+func TestReadUsageIgnoresEchoedFields(t *testing.T) {
+	x := &exchange{dialect: dialectResponses}
+	ev := []byte("event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"tools\":[{\"parameters\":{\"usage\":{\"input_tokens\":0,\"output_tokens\":0}}}],\"usage\":{\"input_tokens\":7,\"output_tokens\":9},\"metadata\":{\"usage\":{\"output_tokens\":1}}}}\n\n")
+	if k := x.classify(ev, EventData(ev)); k != eventEnd || x.usage == nil || x.usage.InputTokens != 7 || x.usage.OutputTokens != 9 {
+		t.Fatalf("kind %d usage %+v; want end with 7 in, 9 out", k, x.usage)
+	}
+	x = &exchange{dialect: dialectResponses}
+	ev = []byte("event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"tools\":[{\"parameters\":{\"usage\":{\"input_tokens\":0,\"output_tokens\":0}}}],\"usage\":null}}\n\n")
+	if x.classify(ev, EventData(ev)); x.usage != nil {
+		t.Fatalf("usage %+v from an echoed tool schema; want none (the counted deltas settle)", x.usage)
+	}
+}
