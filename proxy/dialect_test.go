@@ -423,3 +423,28 @@ func TestSimToolCallsAndReasoningCounted(t *testing.T) {
 		}
 	}
 }
+
+// TestWSBridgeDialects: Responses and Messages requests over the WebSocket
+// bridge end with done carrying the backend's usage, after the API's last
+// event.
+func TestWSBridgeDialects(t *testing.T) {
+	_, simURL := startSim(t, fastSim())
+	e := startEdge(t, edgeOpts{pool: poolOf(simURL)})
+	c := dialWS(t, wsURL(e), keyHeader())
+	for _, r := range []struct{ path, body, last string }{
+		{"/v1/responses", `{"model":"sim-small","stream":true,"max_output_tokens":5,"input":"hi"}`, `"type":"response.incomplete"`},
+		{"/v1/messages", `{"model":"sim-small","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, `"type":"message_stop"`},
+	} {
+		sendJSON(t, c, map[string]any{"type": "request", "id": r.path, "path": r.path, "body": json.RawMessage(r.body)})
+		frames := readUntilTerminal(t, c, 1)
+		if len(frames) < 2 {
+			t.Fatalf("%s: frames %+v", r.path, frames)
+		}
+		if last := frames[len(frames)-2]; last.Type != "chunk" || !strings.Contains(string(last.Data), r.last) {
+			t.Fatalf("%s: last chunk %s; want %s", r.path, last.Data, r.last)
+		}
+		if d := frames[len(frames)-1]; d.Type != "done" || d.Usage == nil || d.Usage.CompletionTokens != 5 {
+			t.Fatalf("%s: terminal %+v; want done with the backend's usage (5)", r.path, d)
+		}
+	}
+}

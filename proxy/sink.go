@@ -45,7 +45,9 @@ type Sink interface {
 	// Body delivers a whole non-streamed answer after Start.
 	Body(b []byte) (n int, err error)
 	// Error ends the response with an error: body is the error object in
-	// OpenAI's shape (JSON, no trailing newline). Before Start it is the
+	// the request's API shape (OpenAI's, or Anthropic's on /v1/messages; a
+	// started Responses stream gets its error event's data; JSON, no
+	// trailing newline). Before Start it is the
 	// whole response with status; after a stream started it is the
 	// stream's last event.
 	Error(status int, body []byte) (n int, err error)
