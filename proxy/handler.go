@@ -183,6 +183,7 @@ type exchange struct {
 	err   error
 
 	tenant   *Tenant
+	dialect  dialect // the API the path speaks (openai routes): see dialect.go
 	route    *routing.Route
 	policy   *RoutePolicy // the path's route's until intake matches the model, then route's
 	body     []byte
@@ -232,6 +233,9 @@ func (x *exchange) serve() error {
 	// find the path's route first (without the model) to learn that.
 	pre, _ := x.st.Routes.Match(r.Host, r.URL.Path, "")
 	x.policy = x.st.policy(pre)
+	if pre == nil || x.policy.Kind == KindOpenAI {
+		x.dialect = dialectOf(r.URL.Path)
+	}
 	allowQuery := pre != nil && x.policy.AllowQueryKey
 	key := apiKey(r, allowQuery)
 	if key == "" && pre != nil && x.policy.Kind == KindWebSocket {
@@ -241,7 +245,7 @@ func (x *exchange) serve() error {
 	x.authDone = time.Now()
 	if x.tenant == nil {
 		return &APIError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
-			Message: "missing or unknown API key (send Authorization: Bearer <key>)"}
+			Message: "missing or unknown API key (send Authorization: Bearer <key>, or x-api-key: <key>)"}
 	}
 	if r.URL.Path == "/v1/usage" && r.Method == http.MethodGet {
 		return x.serveUsage()
@@ -291,7 +295,7 @@ func (x *exchange) intake(pre *routing.Route) error {
 		x.routed = x.bodyRead
 		return nil
 	}
-	meta, body, err := parseOpenAI(x.body)
+	meta, body, err := x.parseRequest(x.body)
 	if err != nil {
 		return err
 	}
@@ -334,6 +338,9 @@ func (x *exchange) admit() error {
 			Message: "the rate limiter could not decide; retry", RetryAfter: 1}
 	}
 	limiter.SetHeaders(x.sink.Header(), d)
+	if x.dialect == dialectMessages {
+		setAnthropicHeaders(x.sink.Header(), d, time.Now())
+	}
 	if d.WouldRefuse {
 		x.sink.Header().Set("X-Sluice-Would-Refuse", d.Reason)
 	}
@@ -362,12 +369,12 @@ func (x *exchange) fail(err error) {
 		x.sink.Header().Set("Server-Timing", st)
 	}
 	if rf, ok := err.(*refusal); ok {
-		x.status = rf.write(x.sink)
+		x.status = rf.write(x.sink, x.refusalBody(rf.d))
 		return
 	}
 	ae := ErrorOf(err)
 	x.status = ae.Status
-	sendError(x.sink, ae)
+	sendErrorBody(x.sink, ae, x.errorBody(ae))
 }
 
 // finish settles the request's tokens, writes the access log and reports
@@ -484,10 +491,10 @@ type refusal struct{ d limiter.Decision }
 
 func (r *refusal) Error() string { return "refused by limit " + r.d.Reason }
 
-func (r *refusal) write(s Sink) int {
+func (r *refusal) write(s Sink, body []byte) int {
 	status := limiter.StatusCode(r.d)
 	s.Header().Set("Content-Type", "application/json")
-	s.Error(status, limiter.ErrorBody(r.d))
+	s.Error(status, body)
 	return status
 }
 

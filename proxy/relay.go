@@ -70,9 +70,20 @@ func (x *exchange) relayOpenAI(l *leg) error {
 // asked for it). done is true after [DONE] or when the client is gone.
 func (x *exchange) relayEvent(l *leg, ev []byte, now time.Time) (done bool, err error) {
 	data := EventData(ev)
-	switch {
-	case data == nil: // comment, retry or id only: pass on
-	case bytes.Equal(data, doneMarker):
+	if data == nil { // comment, retry or id only: pass on
+		return !x.send(ev, nil), nil
+	}
+	switch x.classify(ev, data) {
+	case eventToken:
+		x.tokens++
+		x.tokenAt(now)
+		x.lastToken = now
+	case eventUsageDrop:
+		return false, nil
+	case eventEnd, eventFailed:
+		// The stream's last event ([DONE], response.completed, message_stop,
+		// or the backend's own error event): the timing comment goes before
+		// it (a client may stop reading at it), then the trailer.
 		if x.wantsTimingComment() && !x.send(x.timingComment(), nil) {
 			return true, context.Canceled
 		}
@@ -81,18 +92,10 @@ func (x *exchange) relayEvent(l *leg, ev []byte, now time.Time) (done bool, err 
 		}
 		x.setTrailer()
 		x.drainAfterDone(l.br, l.wd)
-		return true, nil
-	default:
-		if u, usageOnly := usageOf(data); u != nil {
-			x.usage = u
-			if usageOnly && !x.meta.ClientUsage {
-				return false, nil
-			}
-		} else if isToken(data) {
-			x.tokens++
-			x.tokenAt(now)
+		if x.lastToken.IsZero() {
 			x.lastToken = now
 		}
+		return true, nil
 	}
 	if !x.send(ev, data) {
 		return true, context.Canceled
@@ -135,7 +138,7 @@ func (x *exchange) streamFailed(l *leg, err error) error {
 	}
 	if !errors.Is(err, context.Canceled) && !x.clientGone {
 		e := ErrorOf(err)
-		x.sent(x.sink.Error(e.Status, e.body()))
+		x.sent(x.sink.Error(e.Status, x.streamErrorBody(e)))
 	}
 	return err
 }
@@ -190,7 +193,9 @@ func (x *exchange) relayRaw(l *leg) error {
 func (x *exchange) relayBody(l *leg) error {
 	x.firstToken = l.first
 	if l.resp.StatusCode < 400 {
-		if u, _ := usageOf(l.body); u != nil {
+		if x.dialect == dialectResponses || x.dialect == dialectMessages {
+			x.readUsage(l.body)
+		} else if u, _ := usageOf(l.body); u != nil {
 			x.usage = u
 		}
 	}
@@ -213,22 +218,8 @@ func (x *exchange) passThrough(resp *http.Response, body []byte) {
 var (
 	doneMarker = []byte("[DONE]")
 	dataPrefix = []byte("data:")
-	usageKey   = []byte(`"usage":`)
-	contentKey = []byte(`"content":"`)
-	textKey    = []byte(`"text":"`)
+	usageKey   = []byte(`"usage"`) // a backend may write `"usage": {`
 )
-
-// isToken reports whether a chunk carries generated text (a chat delta's
-// content or a completion's text), as opposed to the role chunk, the finish
-// chunk or the usage chunk.
-func isToken(data []byte) bool {
-	for _, key := range [][]byte{contentKey, textKey} {
-		if i := bytes.Index(data, key); i >= 0 && i+len(key) < len(data) && data[i+len(key)] != '"' {
-			return true
-		}
-	}
-	return false
-}
 
 // readEvent appends the next SSE event to buf: its lines up to and including
 // the blank line that ends it. A stream that ends (before [DONE], which the
@@ -308,7 +299,7 @@ func EventData(ev []byte) []byte {
 // when a field has the wrong type, or when its last "usage" is null or
 // absent. usageOnly tells that the chunk carries no choices (the last
 // "choices" is null, empty or absent: the include_usage chunk). Chunks
-// without the bytes "usage": are not read (most of a stream's).
+// without the bytes "usage" are not read (most of a stream's).
 func usageOf(data []byte) (u *limiter.Usage, usageOnly bool) {
 	if !bytes.Contains(data, usageKey) {
 		return nil, false

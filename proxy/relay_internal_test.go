@@ -69,12 +69,7 @@ func TestUsageAndTokens(t *testing.T) {
 
 // usageOfReference is the former usageOf: the whole chunk decoded.
 func usageOfReference(data []byte) (u *limiter.Usage, usageOnly bool) {
-	i := bytes.Index(data, usageKey)
-	if i < 0 {
-		return nil, false
-	}
-	rest := bytes.TrimLeft(data[i+len(usageKey):], " ")
-	if len(rest) == 0 || rest[0] != '{' {
+	if !bytes.Contains(data, usageKey) { // the gate: the bytes "usage"
 		return nil, false
 	}
 	var c struct {
@@ -266,11 +261,12 @@ var usageRules = []struct {
 	{"too deep", `{"x":` + strings.Repeat("[", maxJSONDepth) + strings.Repeat("]", maxJSONDepth) + `,"usage":{"prompt_tokens":1,"completion_tokens":2}}`, nil, false},
 	{"deepest", `{"x":` + strings.Repeat("[", maxJSONDepth-1) + strings.Repeat("]", maxJSONDepth-1) + `,"usage":{"prompt_tokens":1,"completion_tokens":2}}`, &limiter.Usage{InputTokens: 1, OutputTokens: 2}, true},
 	{"newline after colon", "{\"usage\":\n{\"prompt_tokens\":1,\"completion_tokens\":2}}", &limiter.Usage{InputTokens: 1, OutputTokens: 2}, true},
-	{"space before colon", `{"usage" :{"prompt_tokens":1,"completion_tokens":2}}`, nil, false},
+	{"space before colon", `{"usage" :{"prompt_tokens":1,"completion_tokens":2}}`, &limiter.Usage{InputTokens: 1, OutputTokens: 2}, true},
+	{"spaces around colon", `{"choices":[], "usage" : {"prompt_tokens" : 1, "completion_tokens" : 2}}`, &limiter.Usage{InputTokens: 1, OutputTokens: 2}, true},
 }
 
 // TestUsageOfRules pins usageOf on the inputs where its former scanner
-// disagreed with encoding/json, and on the bytes "usage": that gate it.
+// disagreed with encoding/json, and on the bytes "usage" that gate it.
 func TestUsageOfRules(t *testing.T) {
 	for _, c := range usageRules {
 		t.Run(c.name, func(t *testing.T) {

@@ -45,7 +45,9 @@ type Sink interface {
 	// Body delivers a whole non-streamed answer after Start.
 	Body(b []byte) (n int, err error)
 	// Error ends the response with an error: body is the error object in
-	// OpenAI's shape (JSON, no trailing newline). Before Start it is the
+	// the request's API shape (OpenAI's, or Anthropic's on /v1/messages; a
+	// started Responses stream gets its error event's data; JSON, no
+	// trailing newline). Before Start it is the
 	// whole response with status; after a stream started it is the
 	// stream's last event.
 	Error(status int, body []byte) (n int, err error)
@@ -152,7 +154,10 @@ func (x *exchange) responseWriter() http.ResponseWriter {
 
 // sendError answers e through s in OpenAI's error shape, as WriteError
 // does on a ResponseWriter: nothing is sent for 499 (nobody listens).
-func sendError(s Sink, e *APIError) {
+func sendError(s Sink, e *APIError) { sendErrorBody(s, e, e.body()) }
+
+// sendErrorBody is sendError with the body in the request's dialect.
+func sendErrorBody(s Sink, e *APIError, body []byte) {
 	h := s.Header()
 	h.Set("Content-Type", "application/json")
 	h.Del("Content-Length")
@@ -162,7 +167,7 @@ func sendError(s Sink, e *APIError) {
 	if e.Status == 499 {
 		return
 	}
-	s.Error(e.Status, e.body())
+	s.Error(e.Status, body)
 }
 
 // answer sends a whole JSON body with status.

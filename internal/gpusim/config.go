@@ -33,6 +33,11 @@ type Config struct {
 	// "stop" (the simulated end-of-sequence), one that reaches its own
 	// max_tokens with "length".
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
+	// ReasoningTokens is how many of a chat stream's first tokens come as
+	// reasoning deltas ("reasoning_content", as vLLM's reasoning parsers
+	// send them; "reasoning_delta" on /v1/responses, "thinking_delta" on
+	// /v1/messages) instead of content. Default 0.
+	ReasoningTokens int `yaml:"reasoning_tokens"`
 	// Seed makes the generated text deterministic. Default 1.
 	Seed int64 `yaml:"seed"`
 	// FailBeforeFirst is the probability that a request fails with a 500

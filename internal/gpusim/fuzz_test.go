@@ -22,7 +22,11 @@ func FuzzParseGenerate(f *testing.F) {
 	defer s.Close()
 	f.Fuzz(func(t *testing.T, body string, chat bool) {
 		req := httptest.NewRequest("POST", "/v1/completions", strings.NewReader(body))
-		j, e := s.parseGenerate(httptest.NewRecorder(), req, chat)
+		a := apiCompletion
+		if chat {
+			a = apiChat
+		}
+		j, e := s.parseGenerate(httptest.NewRecorder(), req, a)
 		if (j == nil) == (e == nil) {
 			t.Fatalf("job %v and error %v", j, e)
 		}

@@ -7,15 +7,17 @@ import (
 	"time"
 )
 
-func (s *Sim) serveChat(w http.ResponseWriter, r *http.Request)       { s.serveGenerate(w, r, true) }
-func (s *Sim) serveCompletion(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, false) }
+func (s *Sim) serveChat(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, apiChat) }
+func (s *Sim) serveCompletion(w http.ResponseWriter, r *http.Request) {
+	s.serveGenerate(w, r, apiCompletion)
+}
 
 // serveGenerate answers a chat or completion request: validate, apply the
 // request's faults, queue its sequence in the engine, then stream or
 // return the tokens as the scheduler produces them.
-func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, a api) {
 	s.total.Add(1)
-	j, e := s.parseGenerate(w, r, chat)
+	j, e := s.parseGenerate(w, r, a)
 	var f faults
 	if e == nil {
 		f, e = s.faultsFor(r)
@@ -48,7 +50,7 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 		defer s.release(q)
 		src = seqSource{s, q}
 	}
-	j.id = s.newID(chat)
+	j.id = s.newID(j.chat)
 	j.created = time.Now().Unix()
 	if j.stream {
 		s.stream(w, r, j, src, f)
@@ -137,7 +139,7 @@ func (s *Sim) stream(w http.ResponseWriter, r *http.Request, j *job, src source,
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	st := &sseStream{s: s, w: w, rc: http.NewResponseController(w), rd: newRenderer(s.cfg.Model, j, s.cfg.StampTokens),
-		ctx: r.Context(), f: f, roleDue: j.chat}
+		ctx: r.Context(), f: f, roleDue: j.chat || j.api >= apiResponses}
 	if !st.flush() {
 		return
 	}
@@ -153,11 +155,19 @@ func (s *Sim) stream(w http.ResponseWriter, r *http.Request, j *job, src source,
 			return
 		}
 	}
-	st.rd.finish(j.finish)
-	if j.includeUsage {
-		st.rd.usageChunk(j.prompt, j.limit)
+	if j.api >= apiResponses {
+		st.rd.nativeFinish(j.finish, j.prompt, j.limit)
+	} else {
+		finish := j.finish
+		if j.tool != "" {
+			finish = "tool_calls"
+		}
+		st.rd.finish(finish)
+		if j.includeUsage {
+			st.rd.usageChunk(j.prompt, j.limit)
+		}
+		st.rd.buf = append(st.rd.buf, doneEvent...)
 	}
-	st.rd.buf = append(st.rd.buf, doneEvent...)
 	if st.flush() {
 		s.completed.Add(1)
 	}

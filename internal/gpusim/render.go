@@ -9,12 +9,20 @@ import (
 // renderer builds a stream's SSE events from fragments rendered once per
 // request, so a token costs a few appends to a reused buffer.
 type renderer struct {
-	chat   bool
-	seed   uint64
-	prefix []byte // `{"id":…,"object":…,"created":…,"model":…,`
-	head   []byte // `data: ` prefix `"choices":[{"index":0,"delta":` (chat) or `"text":`
-	usage  bool   // chunks carry "usage":null (stream_options.include_usage)
-	buf    []byte // pending events
+	api       api // Responses and Messages render in dialects.go
+	id        string
+	model     string
+	prompt    int
+	created   int64
+	seq       int    // the Responses stream's next sequence_number
+	tool      string // chat: stream tool_calls arguments (vLLM v0.11 tool parsers' shape)
+	reasoning int    // the first tokens are reasoning deltas
+	chat      bool
+	seed      uint64
+	prefix    []byte // `{"id":…,"object":…,"created":…,"model":…,`
+	head      []byte // `data: ` prefix `"choices":[{"index":0,"delta":` (chat) or `"text":`
+	usage     bool   // chunks carry "usage":null (stream_options.include_usage)
+	buf       []byte // pending events
 
 	// With stamping on, head is split around the emit-time field:
 	// open is `data: ` prefix `"sluice_emit_ns":`, head[stampCut:] the
@@ -56,7 +64,11 @@ func newRenderer(model string, j *job, stamp bool) *renderer {
 	p = append(p, `,"model":`...)
 	p = append(p, mustJSON(model)...)
 	p = append(p, ',')
-	rd := &renderer{chat: j.chat, seed: j.seed, prefix: p, usage: j.includeUsage}
+	rd := &renderer{api: j.api, id: j.id, model: model, prompt: j.prompt, created: j.created,
+		chat: j.chat, seed: j.seed, prefix: p, usage: j.includeUsage, tool: j.tool, reasoning: j.reasoning}
+	if j.api >= apiResponses {
+		stamp = false // emit stamps are for chat and completion chunks
+	}
 	rd.head = append(append([]byte("data: "), p...), `"choices":[{"index":0,`...)
 	if j.chat {
 		rd.head = append(rd.head, `"delta":`...)
@@ -121,14 +133,57 @@ func (rd *renderer) tail() string {
 
 // role appends the chat stream's first chunk, which carries the role.
 func (rd *renderer) role() {
+	if rd.api >= apiResponses {
+		rd.nativeStart()
+		return
+	}
 	rd.begin()
+	if rd.tool != "" && rd.reasoning == 0 {
+		rd.buf = append(rd.buf, `{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_`...)
+		rd.buf = append(rd.buf, rd.id...)
+		rd.buf = append(rd.buf, `","type":"function","function":{"name":`...)
+		rd.buf = append(rd.buf, mustJSON(rd.tool)...)
+		rd.buf = append(rd.buf, `,"arguments":""}}]}`...)
+		rd.buf = append(rd.buf, rd.tail()...)
+		return
+	}
 	rd.buf = append(rd.buf, `{"role":"assistant","content":""}`...)
 	rd.buf = append(rd.buf, rd.tail()...)
 }
 
 // token appends the chunk of token i.
 func (rd *renderer) token(i int) {
+	if rd.api >= apiResponses {
+		rd.nativeToken(i)
+		return
+	}
 	rd.begin()
+	switch {
+	case rd.chat && i < rd.reasoning:
+		rd.buf = append(rd.buf, `{"reasoning_content":`...)
+		rd.buf = append(rd.buf, tokenJSON(rd.seed, i, true)...)
+		rd.buf = append(rd.buf, '}')
+		rd.buf = append(rd.buf, rd.tail()...)
+		return
+	case rd.chat && rd.tool != "":
+		rd.buf = append(rd.buf, `{"tool_calls":[{"index":0,`...)
+		if i == rd.reasoning && rd.reasoning > 0 { // the call's first delta names it
+			rd.buf = append(rd.buf, `"id":"call_`...)
+			rd.buf = append(rd.buf, rd.id...)
+			rd.buf = append(rd.buf, `","type":"function",`...)
+		}
+		rd.buf = append(rd.buf, `"function":{`...)
+		if i == rd.reasoning && rd.reasoning > 0 {
+			rd.buf = append(rd.buf, `"name":`...)
+			rd.buf = append(rd.buf, mustJSON(rd.tool)...)
+			rd.buf = append(rd.buf, ',')
+		}
+		rd.buf = append(rd.buf, `"arguments":`...)
+		rd.buf = append(rd.buf, tokenJSON(rd.seed, i, true)...)
+		rd.buf = append(rd.buf, `}}]}`...)
+		rd.buf = append(rd.buf, rd.tail()...)
+		return
+	}
 	if rd.chat {
 		rd.buf = append(rd.buf, `{"content":`...)
 		rd.buf = append(rd.buf, tokenJSON(rd.seed, i, true)...)
@@ -216,6 +271,9 @@ func responseBody(model string, j *job) []byte {
 		b.WriteString(tokenText(j.seed, i, j.chat))
 	}
 	text := b.String()
+	if j.api >= apiResponses {
+		return nativeBody(model, j, text)
+	}
 	c := choiceOut{FinishReason: j.finish}
 	out := responseOut{ID: j.id, Object: "text_completion", Created: j.created, Model: model,
 		Usage: usage{j.prompt, j.limit, j.prompt + j.limit}}

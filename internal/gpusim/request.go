@@ -25,6 +25,18 @@ type genRequest struct {
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Stop                json.RawMessage `json:"stop"`
 	N                   *int            `json:"n"`
+	// Tools: a chat request naming tools gets its output as a call of the
+	// first one, streamed as tool_calls[0].function.arguments deltas.
+	Tools []struct {
+		Name     string `json:"name"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	} `json:"tools"`
+	// Responses API
+	Input           json.RawMessage `json:"input"`
+	Instructions    json.RawMessage `json:"instructions"`
+	MaxOutputTokens *int            `json:"max_output_tokens"`
 }
 
 type streamOptions struct {
@@ -38,7 +50,8 @@ type chatMessage struct {
 
 // job is a validated generation request.
 type job struct {
-	chat         bool
+	api          api
+	chat         bool // chat completions or Messages: the prompt is messages
 	stream       bool
 	includeUsage bool
 	prompt       int    // prompt tokens
@@ -47,6 +60,8 @@ type job struct {
 	seed         uint64 // token stream seed
 	id           string
 	created      int64
+	tool         string // chat: the tool called (tool_calls deltas), or ""
+	reasoning    int    // the first tokens sent as reasoning
 }
 
 // readJSON reads a bounded request body into v.
@@ -66,7 +81,8 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) *apiError {
 
 // parseGenerate reads and validates a chat (chat true) or completion
 // request.
-func (s *Sim) parseGenerate(w http.ResponseWriter, r *http.Request, chat bool) (*job, *apiError) {
+func (s *Sim) parseGenerate(w http.ResponseWriter, r *http.Request, a api) (*job, *apiError) {
+	chat := a == apiChat || a == apiMessages
 	var req genRequest
 	if e := readJSON(w, r, &req); e != nil {
 		return nil, e
@@ -78,6 +94,9 @@ func (s *Sim) parseGenerate(w http.ResponseWriter, r *http.Request, chat bool) (
 		return nil, badRequest("invalid_value", "n must be 1 (the simulator returns one choice)")
 	}
 	text, prompt, e := promptOf(&req, chat)
+	if a == apiResponses {
+		text, prompt, e = nativePrompt(&req)
+	}
 	if e != nil {
 		return nil, e
 	}
@@ -85,11 +104,23 @@ func (s *Sim) parseGenerate(w http.ResponseWriter, r *http.Request, chat bool) (
 	if e != nil {
 		return nil, e
 	}
-	j := &job{chat: chat, stream: req.Stream, prompt: prompt}
+	j := &job{api: a, chat: chat, stream: req.Stream, prompt: prompt}
+	if a != apiCompletion {
+		j.reasoning = s.cfg.ReasoningTokens
+		if a == apiChat && len(req.Tools) > 0 {
+			j.tool = req.Tools[0].Function.Name
+			if j.tool == "" {
+				j.tool = "tool"
+			}
+		}
+	}
 	j.includeUsage = req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	kind := "completion"
 	if chat {
 		kind = "chat"
+	}
+	if a >= apiResponses {
+		j.includeUsage = false // these streams always end with usage
 	}
 	j.seed = textSeed(s.cfg.Seed, kind, text)
 	if e := s.setLength(j, &req, stops); e != nil {
@@ -102,6 +133,9 @@ func (s *Sim) parseGenerate(w http.ResponseWriter, r *http.Request, chat bool) (
 func (s *Sim) setLength(j *job, req *genRequest, stops []string) *apiError {
 	j.limit, j.finish = s.cfg.DefaultMaxTokens, "stop" // simulated end of sequence
 	named := req.MaxCompletionTokens
+	if named == nil {
+		named = req.MaxOutputTokens
+	}
 	if named == nil {
 		named = req.MaxTokens
 	}

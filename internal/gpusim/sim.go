@@ -112,6 +112,10 @@ func (s *Sim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.serveModel(w, r, http.MethodPost, s.serveCompletion)
 	case "/v1/embeddings":
 		s.serveModel(w, r, http.MethodPost, s.serveEmbeddings)
+	case "/v1/responses":
+		s.serveModel(w, r, http.MethodPost, s.serveResponses)
+	case "/v1/messages":
+		s.serveModel(w, r, http.MethodPost, s.serveMessages)
 	case "/v1/models":
 		s.serveModel(w, r, http.MethodGet, s.serveModels)
 	case "/health":
