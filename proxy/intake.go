@@ -22,6 +22,8 @@ type requestMeta struct {
 	InputTokens int64
 	// OutputTokens is max_completion_tokens or max_tokens, zero if absent.
 	OutputTokens int64
+	// N is the number of choices asked for (n), 1 when absent.
+	N int64
 }
 
 type openAIBody struct {
