@@ -19,6 +19,9 @@ import (
 // max_output_tokens.
 var capFields = [...]string{"max_completion_tokens", "max_tokens", "max_output_tokens"}
 
+// capKeys are capFields as quoted JSON keys.
+var capKeys = [...][]byte{[]byte(`"max_completion_tokens"`), []byte(`"max_tokens"`), []byte(`"max_output_tokens"`)}
+
 // errTooManyChoices refuses an n the limiter cannot reserve for.
 var errTooManyChoices = badRequest("invalid_n", "n must be an integer from 1 to 128")
 
@@ -26,22 +29,39 @@ var errTooManyChoices = badRequest("invalid_n", "n must be an integer from 1 to 
 // completions is 128).
 const maxChoices = 128
 
-// choicesOf reads the request's n (the number of choices): 1 when absent
-// or null. It decodes the body only when it names "n" at all.
+// choicesOf reads how many sequences the request makes the backend
+// generate: its n (the choices returned), or best_of when larger (legacy
+// completions: vLLM generates best_of sequences and returns the n best);
+// 1 when both are absent or null. It decodes the body only when it could
+// name either (a key may be written with \u escapes).
 func choicesOf(body []byte) (int64, error) {
-	if !bytes.Contains(body, []byte(`"n"`)) {
+	if !bytes.Contains(body, []byte(`"n"`)) && !bytes.Contains(body, []byte(`"best_of"`)) &&
+		!bytes.Contains(body, []byte(`\u`)) {
 		return 1, nil
 	}
 	var v struct {
-		N json.RawMessage `json:"n"`
+		N      json.RawMessage `json:"n"`
+		BestOf json.RawMessage `json:"best_of"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
 		return 0, errTooManyChoices
 	}
-	if v.N == nil || string(v.N) == "null" {
+	n, err := choiceCount(v.N)
+	if err != nil {
+		return 0, err
+	}
+	b, err := choiceCount(v.BestOf)
+	if err != nil {
+		return 0, badRequest("invalid_best_of", "best_of must be an integer from 1 to 128")
+	}
+	return max(n, b), nil
+}
+
+func choiceCount(raw json.RawMessage) (int64, error) {
+	if raw == nil || string(raw) == "null" {
 		return 1, nil
 	}
-	n, err := strconv.ParseInt(string(v.N), 10, 64)
+	n, err := strconv.ParseInt(string(raw), 10, 64)
 	if err != nil || n < 1 || n > maxChoices {
 		return 0, errTooManyChoices
 	}
@@ -59,7 +79,10 @@ func (x *exchange) maxTokensCeiling(l limiter.Limits) error {
 	if ceiling <= 0 {
 		ceiling = x.st.Config.MaxTokens
 	}
-	if ceiling <= 0 || !x.parsed || x.meta.OutputTokens > 0 && x.meta.OutputTokens <= ceiling {
+	if ceiling <= 0 || !x.parsed {
+		return nil
+	}
+	if x.meta.OutputTokens > 0 && x.meta.OutputTokens <= ceiling && capFieldsIn(x.body) <= 1 {
 		return nil
 	}
 	if x.meta.OutputTokens > ceiling && l.MaxTokensPolicy != limiter.MaxTokensClamp {
@@ -73,6 +96,22 @@ func (x *exchange) maxTokensCeiling(l limiter.Limits) error {
 	}
 	x.body, x.meta.OutputTokens = body, ceiling
 	return nil
+}
+
+// capFieldsIn counts the output-cap fields body may name. With more than
+// one, engines disagree on which wins (vLLM prefers max_completion_tokens,
+// TGI reads max_tokens), so each is brought under the ceiling.
+func capFieldsIn(body []byte) int {
+	n := 0
+	for _, k := range capKeys {
+		if bytes.Contains(body, k) {
+			n++
+		}
+	}
+	if bytes.Contains(body, []byte(`\u`)) {
+		n++ // an escaped key could hide one
+	}
+	return n
 }
 
 // capOutput lowers every output-cap field of body above ceiling to it, or,
@@ -95,7 +134,9 @@ func capOutput(body []byte, path string, ceiling int64) ([]byte, error) {
 			continue
 		}
 		found = true
-		if v, err := strconv.ParseInt(string(raw), 10, 64); err != nil || v > ceiling {
+		// 0 or junk is no cap to some engines (vLLM reads
+		// max_completion_tokens or max_tokens): the ceiling replaces it.
+		if v, err := strconv.ParseInt(string(raw), 10, 64); err != nil || v > ceiling || v <= 0 {
 			obj[f] = c
 		}
 	}

@@ -52,7 +52,7 @@ func readAPIError(t *testing.T, resp *http.Response) openAIError {
 	resp.Body.Close()
 	var eb openAIError
 	if err := json.Unmarshal(raw, &eb); err != nil {
-		t.Fatalf("error body %q: %v", raw, err)
+		t.Fatalf("status %d, error body %.120q: %v", resp.StatusCode, raw, err)
 	}
 	return eb
 }
@@ -149,6 +149,17 @@ func TestAttackNChoices(t *testing.T) {
 				t.Fatalf("n=3 × 300: remaining %q after admission; want at most 1100 (900 output reserved)",
 					resp.Header.Get("x-ratelimit-remaining-tokens"))
 			}
+			// A key spelled with an escape is the same key to the backend.
+			resp = post(t, h1Client(), e.http+"/v1/chat/completions",
+				`{"model":"sim-small","\u006e":4,"max_tokens":600,"messages":[{"role":"user","content":"go"}]}`)
+			if eb := readAPIError(t, resp); resp.StatusCode != 413 {
+				t.Fatalf(`"\u006e":4 × 600: %d %q; want 413`, resp.StatusCode, code(eb))
+			}
+			resp = post(t, h1Client(), e.http+"/v1/completions",
+				`{"model":"sim-small","best_of":4,"max_tokens":600,"prompt":"go"}`)
+			if eb := readAPIError(t, resp); resp.StatusCode != 413 {
+				t.Fatalf("best_of 4 × 600: %d %q; want 413", resp.StatusCode, code(eb))
+			}
 			for _, n := range []string{"0", "-1", "129", "1.5", `"2"`} {
 				resp = post(t, h1Client(), e.http+"/v1/chat/completions",
 					`{"model":"sim-small","n":`+n+`,"max_tokens":3,"messages":[{"role":"user","content":"go"}]}`)
@@ -212,6 +223,12 @@ func TestAttackMaxTokensCeiling(t *testing.T) {
 		// No cap named: the ceiling is written in (20, not the backend's 16).
 		if st, n := streamUsage(t, e, chat("")); st != 200 || n != 20 {
 			t.Fatalf("no max_tokens: %d, %d tokens; want 200 and 20 (the ceiling)", st, n)
+		}
+		// A cap of 0 is no cap to vLLM (max_completion_tokens or max_tokens):
+		// the ceiling replaces it.
+		b := strings.Replace(chat(""), `"stream":true`, `"stream":true,"max_completion_tokens":0`, 1)
+		if st, n := streamUsage(t, e, b); st != 200 || n != 20 {
+			t.Fatalf("max_completion_tokens 0: %d, %d tokens; want 200 and 20 (the ceiling)", st, n)
 		}
 	})
 	t.Run("clamp", func(t *testing.T) {
