@@ -127,3 +127,17 @@ func TestLimitsValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestLimitsValidateCharges(t *testing.T) {
+	ok := Limits{MaxTokens: 4096, MaxTokensPolicy: MaxTokensClamp, ChargePrefill: PrefillFirstToken}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("Validate(%+v) = %v", ok, err)
+	}
+	bad := Limits{MaxTokens: -1, MaxTokensPolicy: "trim", Models: map[string]Limits{"m": {ChargePrefill: "later"}}}
+	err := bad.Validate()
+	for _, want := range []string{"max_tokens: must not be negative", "max_tokens_policy", "models.m.charge_prefill"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate(bad) = %v; want it to name %q", err, want)
+		}
+	}
+}

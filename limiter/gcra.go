@@ -37,15 +37,23 @@ func (b bucket) force(tat, now float64, n int64) float64 {
 	return math.Max(tat, now) + float64(n)*b.interval()
 }
 
-// adjust applies a settle delta d: a positive delta is debt (the TAT moves
-// into the future without bound); a negative one refunds, but never to a
-// TAT before now, i.e. never beyond a full bucket.
+// maxDebt is how far a settle may push a bucket into debt, in bursts: a
+// tenant whose actual use exceeds its reservation ends at most one burst
+// below empty (its TAT at most now + 2·tau), so it waits at most two
+// bursts' worth of time before it is full again. The reservation (Reserve)
+// covers max_tokens × n + input, so only an input estimate below the
+// backend's count, or retried prefills, can run past it.
+const maxDebt = 1
+
+// adjust applies a settle delta d: a positive delta is debt, bounded by
+// maxDebt bursts below empty (a TAT already beyond that, from shadow mode,
+// is left alone); a negative one refunds, but never to a TAT before now,
+// i.e. never beyond a full bucket.
 func (b bucket) adjust(tat, now float64, d int64) float64 {
 	T := b.interval()
 	if d > 0 {
-		// Unbounded in principle; capped ~115 days ahead like the Lua script,
-		// so the TAT stays representable.
-		return math.Min(math.Max(tat, now)+float64(d)*T, now+maxAhead)
+		limit := math.Min(now+(1+maxDebt)*b.burst*T, now+maxAhead)
+		return math.Min(math.Max(tat, now)+float64(d)*T, math.Max(tat, limit))
 	}
 	return math.Max(tat+float64(d)*T, now)
 }

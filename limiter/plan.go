@@ -26,6 +26,15 @@ const (
 	ReasonStore        = "store"
 )
 
+// Max-tokens policies (Limits.MaxTokensPolicy) and prefill charging
+// (Limits.ChargePrefill).
+const (
+	MaxTokensRefuse   = "refuse"
+	MaxTokensClamp    = "clamp"
+	PrefillAccepted   = "accepted"
+	PrefillFirstToken = "first_token"
+)
+
 // Store-failure policies (Limits.OnStoreFailure).
 const (
 	PolicyLocal  = "local"
@@ -54,6 +63,13 @@ func (l Limits) Effective(model string) (Limits, bool) {
 	setIf(&e.RequestsPerMinute, o.RequestsPerMinute)
 	setIf(&e.Burst, o.Burst)
 	setIf(&e.DefaultMaxTokens, o.DefaultMaxTokens)
+	setIf(&e.MaxTokens, o.MaxTokens)
+	if o.MaxTokensPolicy != "" {
+		e.MaxTokensPolicy = o.MaxTokensPolicy
+	}
+	if o.ChargePrefill != "" {
+		e.ChargePrefill = o.ChargePrefill
+	}
 	if o.OnStoreFailure != "" {
 		e.OnStoreFailure = o.OnStoreFailure
 	}
@@ -88,8 +104,8 @@ type bucket struct {
 
 func (b bucket) on() bool { return b.rate > 0 }
 
-// halfBurst is the largest estimate charged to b at admission.
-func (b bucket) halfBurst() int64 { return max(1, int64(b.burst/2)) }
+// capacity is the largest charge b can ever admit: its burst.
+func (b bucket) capacity() int64 { return max(1, int64(b.burst)) }
 
 // plan is what one admission checks and charges: the effective limits
 // scaled by a share, and the estimate. It is kept by value in a Ticket, so
@@ -129,11 +145,12 @@ func scaled(rate, burst int64, share float64) bucket {
 	return bucket{rate: float64(rate) * share, burst: max(1, float64(burst)*share)}
 }
 
-// estimate is the charge at admission: input estimate + output (max_tokens
-// or the default), each capped at half its bucket's burst and the sum
-// capped at half the total bucket's burst (output is reduced first).
-func estimate(p plan, l Limits, req Request) (in, out int64) {
-	in = max(0, req.InputTokens)
+// Reserve is what an admission of req reserves before any cap: the input
+// estimate plus the output cap (max_tokens, else Limits.DefaultMaxTokens,
+// else DefaultOutputEstimate) times the number of choices, saturating at
+// maxUsage. l are the effective limits of req's model.
+func Reserve(l Limits, req Request) (in, out int64) {
+	in = min(max(0, req.InputTokens), maxUsage)
 	out = req.OutputTokens
 	if out <= 0 {
 		out = l.DefaultMaxTokens
@@ -141,14 +158,57 @@ func estimate(p plan, l Limits, req Request) (in, out int64) {
 	if out <= 0 {
 		out = DefaultOutputEstimate
 	}
+	n := max(req.N, 1)
+	if out > maxUsage/n {
+		return in, maxUsage
+	}
+	return in, out * n
+}
+
+// TooLarge is a request whose reservation exceeds a bucket's burst: no
+// admission can ever take it, so it is refused for good (not with 429).
+type TooLarge struct {
+	// Reason names the bucket: ReasonTokens, ReasonInputTokens or
+	// ReasonOutputTokens.
+	Reason string
+	// Need is the reservation; Burst the bucket's depth.
+	Need, Burst int64
+}
+
+// Oversize reports whether req's reservation can never fit the burst of
+// one of its token buckets (the tenant's whole limit, not a node's share),
+// and which; nil when it fits.
+func Oversize(req Request) *TooLarge {
+	p := newPlan(req, 1)
+	l, _ := req.Limits.Effective(req.Model)
+	in, out := Reserve(l, req)
+	switch {
+	case p.tok.on() && in+out > p.tok.capacity():
+		return &TooLarge{Reason: ReasonTokens, Need: in + out, Burst: p.tok.capacity()}
+	case p.in.on() && in > p.in.capacity():
+		return &TooLarge{Reason: ReasonInputTokens, Need: in, Burst: p.in.capacity()}
+	case p.out.on() && out > p.out.capacity():
+		return &TooLarge{Reason: ReasonOutputTokens, Need: out, Burst: p.out.capacity()}
+	}
+	return nil
+}
+
+// estimate is the charge at admission: the reservation (Reserve), each
+// direction capped at its bucket's burst and the sum at the total bucket's
+// burst (output reduced first). A request that fits the tenant's limit
+// (Oversize nil) is never capped under the shared store; the cap only
+// applies to a node's local share in degraded mode, where it keeps such a
+// request admissible (the settle charges what it really used).
+func estimate(p plan, l Limits, req Request) (in, out int64) {
+	in, out = Reserve(l, req)
 	if p.in.on() {
-		in = min(in, p.in.halfBurst())
+		in = min(in, p.in.capacity())
 	}
 	if p.out.on() {
-		out = min(out, p.out.halfBurst())
+		out = min(out, p.out.capacity())
 	}
 	if p.tok.on() {
-		c := p.tok.halfBurst()
+		c := p.tok.capacity()
 		in = min(in, c)
 		out = min(out, c-in)
 	}
@@ -198,6 +258,21 @@ func (l Limits) validate(prefix string) []error {
 	}
 	if err := ValidatePolicy(l.OnStoreFailure); err != nil {
 		errs = append(errs, fmt.Errorf("%s%w", prefix, err))
+	}
+	if l.MaxTokens < 0 {
+		errs = append(errs, fmt.Errorf("%smax_tokens: must not be negative, got %d", prefix, l.MaxTokens))
+	}
+	switch l.MaxTokensPolicy {
+	case "", MaxTokensRefuse, MaxTokensClamp:
+	default:
+		errs = append(errs, fmt.Errorf("%smax_tokens_policy: must be %q or %q, got %q", prefix,
+			MaxTokensRefuse, MaxTokensClamp, l.MaxTokensPolicy))
+	}
+	switch l.ChargePrefill {
+	case "", PrefillAccepted, PrefillFirstToken:
+	default:
+		errs = append(errs, fmt.Errorf("%scharge_prefill: must be %q or %q, got %q", prefix,
+			PrefillAccepted, PrefillFirstToken, l.ChargePrefill))
 	}
 	return errs
 }

@@ -451,7 +451,8 @@ func (r *Redis) settleCall(ps pendingSettle) *scriptCall {
 	return &scriptCall{script: settleScript,
 		keys: []string{pre + ":c", pre + ":k", pre + ":i", pre + ":o", recordKey(t.Tenant, t.ID), pre + ":r"},
 		args: []any{t.ID, r.opt.LeaseTTL.Milliseconds(), p.tok.rate, p.in.rate, p.out.rate,
-			in + out - p.total(), in - p.costIn, out - p.costOut, mode, p.req.rate}}
+			in + out - p.total(), in - p.costIn, out - p.costOut, mode, p.req.rate,
+			p.tok.burst, p.in.burst, p.out.burst}}
 }
 
 // abandonLater queues, for the next heartbeat, the undoing of an admission

@@ -66,25 +66,29 @@ var semanticsCases = []struct {
 		within(t, "RetryAfter", d.RetryAfter, 12*time.Second-time.Since(t0), 12*time.Second) // 200 tokens at 1000/min
 		within(t, "Tokens.Remaining", d.Tokens.Remaining, 0, refill(1000, t0))
 	}},
-	{"estimate capped at half the burst", func(t *testing.T, l snapshotter, tenant string) {
-		lim := Limits{TokensPerMinute: 1000, DefaultMaxTokens: 300}
-		d := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 2000})
-		if !d.Allowed || d.Ticket.ChargedInput != 500 || d.Ticket.ChargedOutput != 0 {
-			t.Fatalf("big prompt: %+v; want admitted, charged 500+0", d.Ticket)
+	{"reservation is input plus max_tokens times n", func(t *testing.T, l snapshotter, tenant string) {
+		lim := Limits{TokensPerMinute: 1000, DefaultMaxTokens: 100}
+		d := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 50, OutputTokens: 150, N: 3})
+		if !d.Allowed || d.Ticket.ChargedInput != 50 || d.Ticket.ChargedOutput != 450 {
+			t.Fatalf("n=3: %+v; want charged 50+450", d.Ticket)
 		}
-		d = admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 10})
-		if !d.Allowed || d.Ticket.ChargedInput != 10 || d.Ticket.ChargedOutput != 300 {
-			t.Fatalf("default output: %+v; want charged 10+300", d.Ticket)
+		d = admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 10, N: 2})
+		if !d.Allowed || d.Ticket.ChargedInput != 10 || d.Ticket.ChargedOutput != 200 {
+			t.Fatalf("default output, n=2: %+v; want charged 10+200", d.Ticket)
+		}
+		// 710 reserved: a third reservation of 300 no longer fits.
+		if d = admit(t, l, Request{Tenant: tenant, Limits: lim, OutputTokens: 300}); d.Allowed {
+			t.Fatalf("third admitted past the burst: %+v", d.Ticket)
 		}
 	}},
 	{"token refusal takes no lease and no request", func(t *testing.T, l snapshotter, tenant string) {
 		lim := Limits{TokensPerMinute: 1000, MaxConcurrency: 10, RequestsPerMinute: 60}
 		for i := 0; i < 2; i++ {
-			admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 500})
+			admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 400, OutputTokens: 100})
 		}
 		t0 := time.Now()
 		before := snapshot(t, l, tenant, lim)
-		d := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 500})
+		d := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 400, OutputTokens: 100})
 		if d.Allowed || d.Reason != ReasonTokens {
 			t.Fatalf("3rd: allowed %v reason %q; want tokens refusal", d.Allowed, d.Reason)
 		}
@@ -141,27 +145,32 @@ var semanticsCases = []struct {
 		if st.Tokens.Remaining != 6000 {
 			t.Errorf("remaining after refund into a full bucket = %d; want exactly the burst 6000", st.Tokens.Remaining)
 		}
-		// A full burst fits the half-burst cap twice, and no more.
+		// A full burst holds half a burst twice, and no more.
 		for i := 0; i < 2; i++ {
-			if d := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 3000}); !d.Allowed {
+			if d := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 2999, OutputTokens: 1}); !d.Allowed {
 				t.Fatalf("half-burst %d refused: %q", i, d.Reason)
 			}
 		}
-		if d := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 3000}); d.Allowed {
+		if d := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 2999, OutputTokens: 1}); d.Allowed {
 			t.Fatal("third half-burst admitted: the refund created credit beyond the burst")
 		}
 	}},
-	{"absurd usage stays representable", func(t *testing.T, l snapshotter, tenant string) {
-		lim := Limits{TokensPerMinute: 27}
-		d := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 1})
-		settle(t, l, d.Ticket, Usage{OutputTokens: 1 << 62})
-		d = admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 1})
-		if d.Allowed || d.RetryAfter < 24*time.Hour {
-			t.Errorf("after absurd usage: allowed %v retry %v; want a refusal for days", d.Allowed, d.RetryAfter)
+	{"debt is bounded at one burst", func(t *testing.T, l snapshotter, tenant string) {
+		lim := Limits{TokensPerMinute: 600} // 10 tokens/s, burst 600
+		t0 := time.Now()
+		d := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 50, OutputTokens: 50})
+		settle(t, l, d.Ticket, Usage{InputTokens: 50, OutputTokens: 1 << 62}) // absurd usage
+		d = admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 50, OutputTokens: 50})
+		if d.Allowed || d.Reason != ReasonTokens {
+			t.Fatalf("after absurd usage: allowed %v %q; want tokens refusal", d.Allowed, d.Reason)
 		}
-		if st := snapshot(t, l, tenant, lim); st.Tokens.Remaining != 0 || st.Tokens.Reset < 24*time.Hour {
-			t.Errorf("status %+v; want no tokens for days", st.Tokens)
+		// One burst of debt (TAT now + 1200 tokens) + 100 asked - 600 burst = 700 tokens = 70 s.
+		within(t, "RetryAfter", d.RetryAfter, 70*time.Second-time.Since(t0), 70*time.Second)
+		st := snapshot(t, l, tenant, lim)
+		if st.Tokens.Remaining != 0 {
+			t.Errorf("Tokens.Remaining = %d in debt; want 0", st.Tokens.Remaining)
 		}
+		within(t, "Tokens.Reset", st.Tokens.Reset, 120*time.Second-time.Since(t0), 120*time.Second)
 	}},
 	{"settle is idempotent", func(t *testing.T, l snapshotter, tenant string) {
 		lim := Limits{MaxConcurrency: 5, TokensPerMinute: 600}
@@ -208,9 +217,9 @@ var semanticsCases = []struct {
 	}},
 	{"input and output limits", func(t *testing.T, l snapshotter, tenant string) {
 		lim := Limits{InputTokensPerMinute: 1000, OutputTokensPerMinute: 100}
-		d := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 400, OutputTokens: 400})
+		d := admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 400, OutputTokens: 50})
 		if !d.Allowed || d.Ticket.ChargedInput != 400 || d.Ticket.ChargedOutput != 50 {
-			t.Fatalf("first: %+v; want charged 400 in, 50 out (half the output burst)", d.Ticket)
+			t.Fatalf("first: %+v; want charged 400 in, 50 out", d.Ticket)
 		}
 		settle(t, l, d.Ticket, Usage{InputTokens: 400, OutputTokens: 150}) // 100 output over
 		d = admit(t, l, Request{Tenant: tenant, Limits: lim, InputTokens: 10, OutputTokens: 10})
@@ -235,6 +244,32 @@ func TestSemantics(t *testing.T) {
 				t.Parallel()
 				c.run(t, mk(), t.Name())
 			})
+		}
+	}
+}
+
+func TestOversize(t *testing.T) {
+	lim := Limits{TokensPerMinute: 2000, OutputTokensPerMinute: 5000, Burst: 1000,
+		Models: map[string]Limits{"big": {Burst: 8000}}}
+	for _, c := range []struct {
+		req    Request
+		reason string
+		need   int64
+	}{
+		{Request{InputTokens: 100, OutputTokens: 900}, "", 0},
+		{Request{InputTokens: 100, OutputTokens: 901}, ReasonTokens, 1001},
+		{Request{InputTokens: 10, OutputTokens: 300, N: 4}, ReasonTokens, 1210},
+		{Request{InputTokens: 10, OutputTokens: 300, N: 4, Model: "big"}, "", 0},
+		{Request{OutputTokens: 1 << 40, N: 1 << 40, Model: "big"}, ReasonTokens, maxUsage},
+		{Request{InputTokens: 1000}, ReasonTokens, 1256}, // default output estimate counts
+	} {
+		c.req.Limits = lim
+		got := Oversize(c.req)
+		switch {
+		case c.reason == "" && got != nil:
+			t.Errorf("%+v: oversize %+v; want it to fit", c.req, got)
+		case c.reason != "" && (got == nil || got.Reason != c.reason || got.Need != c.need):
+			t.Errorf("%+v: oversize %+v; want %s need %d", c.req, got, c.reason, c.need)
 		}
 	}
 }

@@ -27,6 +27,22 @@ type Limits struct {
 	// DefaultMaxTokens is the output estimate charged at admission when the
 	// request names no max_tokens / max_completion_tokens. Zero means 256.
 	DefaultMaxTokens int64 `yaml:"default_max_tokens"`
+	// MaxTokens is the ceiling on a request's output cap (max_tokens,
+	// max_completion_tokens, max_output_tokens). Zero means the node's
+	// default (proxy max_tokens), and no ceiling when that is zero too.
+	// The proxy applies it; the limiter reserves what it is given.
+	MaxTokens int64 `yaml:"max_tokens"`
+	// MaxTokensPolicy is what happens to a request over MaxTokens:
+	// "refuse" (default: 400 max_tokens_too_large) or "clamp" (the
+	// request's cap is lowered to the ceiling).
+	MaxTokensPolicy string `yaml:"max_tokens_policy"`
+	// ChargePrefill is when a request's input tokens are charged although
+	// it produced nothing: "accepted" (default: every attempt whose whole
+	// request reached a backend that did not answer with an error status,
+	// so a cancelled or timed-out prefill and each retried attempt are
+	// charged once) or "first_token" (only an attempt that produced a
+	// first token is charged).
+	ChargePrefill string `yaml:"charge_prefill"`
 	// Models overrides limits per model name (a zero field in an override
 	// inherits the tenant's value).
 	Models map[string]Limits `yaml:"models"`
@@ -58,6 +74,9 @@ type Request struct {
 	// OutputTokens is max_tokens / max_completion_tokens from the request,
 	// or zero when the request names none (Limits.DefaultMaxTokens applies).
 	OutputTokens int64
+	// N is the number of choices the request asks for (OpenAI's n): the
+	// output reservation is N times OutputTokens. Zero means 1.
+	N int64
 }
 
 // Quota describes one limit for response headers.
@@ -109,7 +128,8 @@ type Ticket struct {
 	Tenant string
 	Model  string
 	// ChargedInput and ChargedOutput are the input and output tokens charged
-	// at admission (the estimate, after the cap at half the burst). Every
+	// at admission (the reservation, capped at this limiter's share of each
+	// burst). Every
 	// configured token bucket was charged their sum (tokens), ChargedInput
 	// (input tokens) or ChargedOutput (output tokens).
 	ChargedInput  int64

@@ -51,6 +51,10 @@ type Config struct {
 	// SLO are the node's objectives, reported at /debug/stats and checked
 	// by "sluice diagnose". Zero fields are not checked.
 	SLO observe.SLO `yaml:"slo"`
+	// MaxTokens is the node's default ceiling on a request's output cap
+	// (max_tokens and its kin), for tenants whose limits set none
+	// (limits.max_tokens). Zero means no ceiling.
+	MaxTokens int64 `yaml:"max_tokens"`
 	// TenantMetricLabels is how many distinct tenants get their own label
 	// value on request and token counters; the rest share "other". Zero
 	// means no per-tenant labels (bounded cardinality).

@@ -222,6 +222,17 @@ type exchange struct {
 	clientGone  bool
 	bytesToUser int64
 	trailer     http.Header // for End: set when a stream finished
+
+	// parsed is set when intake read the body as an OpenAI-style request
+	// (meta holds its fields).
+	parsed bool
+	// prefillOnAccept is set when the tenant's charge_prefill is
+	// "accepted": prefills counts the attempts whose backend accepted the
+	// request (leg.accepted; hedged legs run on their own goroutines), and
+	// winnerAccepted says whether the relayed one is among them.
+	prefillOnAccept bool
+	prefills        atomic.Int32
+	winnerAccepted  bool
 }
 
 func (x *exchange) serve() error {
@@ -299,10 +310,17 @@ func (x *exchange) intake(pre *routing.Route) error {
 	if err != nil {
 		return err
 	}
-	x.meta, x.body = meta, body
+	x.meta, x.body, x.parsed = meta, body, true
 	// The body was read as JSON whatever the client declared: the backend
 	// is told so too (a form or vnd type could be read otherwise there).
 	r.Header.Set("Content-Type", "application/json")
+	// best_of (legacy completions) generates that many sequences: reserve
+	// the larger of it and n.
+	choices, err := choicesOf(x.body)
+	if err != nil {
+		return err
+	}
+	x.meta.N = max(x.meta.N, choices)
 	route, err := x.st.Routes.Match(r.Host, r.URL.Path, meta.Model)
 	if err != nil {
 		return &APIError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
@@ -323,13 +341,28 @@ func (x *exchange) admit() error {
 		return nil
 	}
 	limits := x.tenant.Limits
-	if !x.policy.LimitsEnforced() {
+	enforced := x.policy.LimitsEnforced()
+	if !enforced {
 		limits = shadowed(limits)
 	}
-	d, err := lim.Admit(x.r.Context(), limiter.Request{
+	eff, _ := limits.Effective(x.meta.Model)
+	x.prefillOnAccept = eff.ChargePrefill != limiter.PrefillFirstToken
+	if enforced && eff.Enforced() {
+		if err := x.maxTokensCeiling(eff); err != nil {
+			return err
+		}
+	}
+	req := limiter.Request{
 		ID: newID(), Tenant: x.tenant.ID, Model: x.meta.Model, Limits: limits,
-		InputTokens: x.meta.InputTokens, OutputTokens: x.meta.OutputTokens,
-	})
+		InputTokens: x.meta.InputTokens, OutputTokens: x.meta.OutputTokens, N: x.meta.N,
+	}
+	if o := limiter.Oversize(req); o != nil {
+		if enforced && eff.Enforced() {
+			return tooLargeForLimit(o)
+		}
+		x.sink.Header().Set("X-Sluice-Would-Refuse", "request_too_large_for_limit")
+	}
+	d, err := lim.Admit(x.r.Context(), req)
 	if err != nil {
 		if x.r.Context().Err() != nil {
 			return context.Canceled
@@ -443,16 +476,30 @@ func (x *exchange) outcome(timing bool) Outcome {
 }
 
 // consumed is what the request actually used: the backend's usage report
-// when it sent one; else the prompt estimate plus the tokens relayed; and
-// nothing when no backend produced anything (a failed request is refunded).
+// when it sent one; else the prompt estimate plus the tokens relayed; and,
+// under charge_prefill "accepted", the prompt estimate once for every
+// other attempt a backend accepted (cancelled or timed out during the
+// prefill, retried, or a hedge that lost). Under "first_token" an attempt
+// that produced nothing is refunded in full.
 func (x *exchange) consumed() limiter.Usage {
+	var u limiter.Usage
+	charged := true
 	switch {
 	case x.usage != nil:
-		return *x.usage
-	case x.firstToken.IsZero():
-		return limiter.Usage{}
+		u = *x.usage
+	case !x.firstToken.IsZero():
+		u = limiter.Usage{InputTokens: x.meta.InputTokens, OutputTokens: x.tokens}
+	default:
+		charged = false
 	}
-	return limiter.Usage{InputTokens: x.meta.InputTokens, OutputTokens: x.tokens}
+	if x.prefillOnAccept {
+		n := int64(x.prefills.Load())
+		if charged && x.winnerAccepted {
+			n-- // its prefill is in u already
+		}
+		u.InputTokens += max(n, 0) * x.meta.InputTokens
+	}
+	return u
 }
 
 // RequestID returns in (a client's X-Request-Id) when it is a strict

@@ -49,6 +49,8 @@ type leg struct {
 
 	race  *race // nil unless hedging
 	hedge bool  // the second leg of a race
+
+	sent atomic.Bool // the whole request body was written (see accepted)
 }
 
 // newLeg starts a leg on attempt a in l's storage and arms the
@@ -73,6 +75,7 @@ func (l *leg) open() {
 		l.fail(err, false)
 		return
 	}
+	l.watchSent(req)
 	resp, err := x.transport().RoundTrip(req)
 	if err != nil {
 		l.fail(causeOf(l.ctx, err), true)
@@ -167,6 +170,9 @@ func (l *leg) close() {
 		return
 	}
 	l.closed = true
+	if l.accepted() {
+		l.x.prefills.Add(1)
+	}
 	if l.resp != nil {
 		l.resp.Body.Close()
 	}
@@ -189,6 +195,7 @@ func (l *leg) close() {
 func (x *exchange) relay(l *leg) error {
 	defer l.close()
 	x.backend, x.upstreamHeaders = l.b, l.headers
+	x.winnerAccepted = l.accepted()
 	switch l.mode {
 	case modeEvents:
 		return x.relayOpenAI(l)
