@@ -134,7 +134,9 @@ func (x *exchange) relayBody(l *leg) error {
 	out := bodyOut{x: x, flush: l.more}
 	// The one place a non-streamed body's writer may be wrapped (e.g. to
 	// restore an alias's model name): a wrapper that changes the bytes
-	// sets unchanged to false, so that Content-Length is dropped.
+	// sets unchanged to false, so that Content-Length is dropped; one that
+	// holds bytes between writes implements io.Closer, called once at the
+	// body's end (not when it was cut).
 	var w io.Writer = &out
 	unchanged := true
 
@@ -154,7 +156,9 @@ func (x *exchange) relayBody(l *leg) error {
 		h.Set("Server-Timing", x.serverTiming())
 		x.status = resp.StatusCode
 		x.sink.Start(resp.StatusCode, false)
-		w.Write(l.body)
+		if _, err := w.Write(l.body); err == nil {
+			closeBody(w)
+		}
 		return nil
 	}
 
@@ -196,6 +200,9 @@ func (x *exchange) relayBody(l *leg) error {
 			return x.bodyCut(l, causeOf(l.ctx, err))
 		}
 	}
+	if closeBody(w) != nil {
+		return &bodyCutError{context.Canceled}
+	}
 	x.lastToken = time.Now()
 	if scan {
 		if u, ok := sc.usage(); ok {
@@ -203,6 +210,14 @@ func (x *exchange) relayBody(l *leg) error {
 		}
 	}
 	x.setTrailer()
+	return nil
+}
+
+// closeBody closes a writer wrapper that holds bytes (see relayBody).
+func closeBody(w io.Writer) error {
+	if c, ok := w.(io.Closer); ok {
+		return c.Close()
+	}
 	return nil
 }
 

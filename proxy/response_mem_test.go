@@ -372,3 +372,50 @@ func TestNonStreamedLongHeaders(t *testing.T) {
 		})
 	}
 }
+
+// TestNonStreamedBackendErrorPassed: a backend's 4xx answer is passed on
+// with its status and error body as before: whole with its exact
+// Content-Length when short, streamed through intact when longer than the
+// window; no usage is read from it (the request settles as without usage).
+func TestNonStreamedBackendErrorPassed(t *testing.T) {
+	short := `{"error":{"message":"bad","type":"invalid_request_error","param":null,"code":"bad"},"usage":{"prompt_tokens":9,"completion_tokens":9}}`
+	long := `{"error":{"message":"` + strings.Repeat("x", 100<<10) + `","type":"invalid_request_error","param":null,"code":"bad"},"usage":{"prompt_tokens":9,"completion_tokens":9}}`
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(string(b), "long") {
+			w.Header().Set("Content-Length", strconv.Itoa(len(long)))
+		}
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		if strings.Contains(string(b), "long") {
+			io.WriteString(w, long)
+			return
+		}
+		io.WriteString(w, short)
+	}))
+	defer backend.Close()
+	for _, c := range []struct{ name, want string }{{"short", short}, {"long", long}} {
+		t.Run(c.name, func(t *testing.T) {
+			lim := &settleRecorder{Local: limiter.NewLocal(1), settled: make(chan limiter.Usage, 1)}
+			e := startEdge(t, edgeOpts{pool: poolOf(backend.URL), limiter: lim, limits: limiter.Limits{TokensPerMinute: 1 << 20}})
+			resp := post(t, h2Client(), e.https+"/v1/chat/completions",
+				`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"`+c.name+`"}]}`)
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusUnprocessableEntity || string(b) != c.want {
+				t.Fatalf("%d, %d bytes, %v; want 422 and the backend's error body", resp.StatusCode, len(b), err)
+			}
+			if resp.ContentLength != int64(len(c.want)) {
+				t.Errorf("Content-Length %d; want %d", resp.ContentLength, len(c.want))
+			}
+			select {
+			case u := <-lim.settled:
+				if u.OutputTokens != 0 || u.InputTokens == 9 {
+					t.Errorf("settled %+v; the error body's usage must not be read", u)
+				}
+			case <-time.After(3 * time.Second):
+				t.Fatal("nothing settled")
+			}
+		})
+	}
+}
