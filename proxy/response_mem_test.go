@@ -419,3 +419,34 @@ func TestNonStreamedBackendErrorPassed(t *testing.T) {
 		})
 	}
 }
+
+// TestNonStreamedCutBeforeWindowRetried: a backend that cuts a body
+// within its first 32KiB (the head read before the commit) is still
+// retried on another backend, and the client gets the other's whole body.
+func TestNonStreamedCutBeforeWindowRetried(t *testing.T) {
+	cutter := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Length", strconv.Itoa(1<<20))
+		io.WriteString(w, hugeHead+strings.Repeat("a", 10<<10))
+		http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	defer cutter.Close()
+	good := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		writeGenerated(w, 256<<10, true)
+	}))
+	defer good.Close()
+	pool := poolOf(cutter.URL, good.URL)
+	pool.Policy = routing.PolicyRoundRobin
+	pool.EjectAfter = 1000
+	e := startEdge(t, edgeOpts{pool: pool})
+	for i := 0; i < 4; i++ { // round robin: some start on the cutter
+		resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
+		n, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || err != nil || n != 256<<10 {
+			t.Fatalf("request %d: %d, %d bytes, %v; want the good backend's whole body after a retry", i, resp.StatusCode, n, err)
+		}
+	}
+}
