@@ -45,6 +45,7 @@ type leg struct {
 	body           []byte        // modeBody: the head read, in window
 	more           bool          // modeBody: the body goes on past the head
 	window         *[]byte       // modeBody: pooled, reserved from response_memory_bytes
+	out            bodyOut       // modeBody: the client's writer (in the leg: no allocation)
 	err            error
 	outcome        routing.Outcome // ended with, for the backend's health
 	closed         bool

@@ -44,10 +44,11 @@ func (e *bodyCutError) Error() string { return "non-streamed body cut: " + e.err
 func (e *bodyCutError) Unwrap() error { return e.err }
 
 // isBodyCut reports whether a request's outcome error is a non-streamed
-// body that was cut after it started.
+// body that was cut after it started (the relay's own error, as returned:
+// a type check, which allocates nothing on every request's path).
 func isBodyCut(err error) bool {
-	var bc *bodyCutError
-	return errors.As(err, &bc)
+	_, ok := err.(*bodyCutError)
+	return ok
 }
 
 // readHead reads the head of a non-streamed answer: up to respWindow bytes
@@ -131,13 +132,13 @@ func (x *exchange) relayBody(l *leg) error {
 	x.firstToken = l.first
 	resp := l.resp
 	scan := resp.StatusCode < 400
-	out := bodyOut{x: x, flush: l.more}
+	l.out = bodyOut{x: x, flush: l.more}
 	// The one place a non-streamed body's writer may be wrapped (e.g. to
 	// restore an alias's model name): a wrapper that changes the bytes
 	// sets unchanged to false, so that Content-Length is dropped; one that
 	// holds bytes between writes implements io.Closer, called once at the
 	// body's end (not when it was cut).
-	var w io.Writer = &out
+	var w io.Writer = &l.out
 	unchanged := true
 
 	h := x.sink.Header()
