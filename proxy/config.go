@@ -31,7 +31,9 @@ type Config struct {
 	// DialTimeout bounds connecting to a backend. Default 5s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	// FirstTokenTimeout bounds the wait for a backend's first event (or
-	// its whole non-streamed response). Past it the request is retried on
+	// a non-streamed response's first 32KiB, or all of a shorter one; the
+	// rest of a longer one is bounded by StreamIdleTimeout between
+	// pieces). Past it the request is retried on
 	// another backend, or answered 504. Default 60s.
 	FirstTokenTimeout time.Duration `yaml:"first_token_timeout"`
 	// StreamIdleTimeout bounds the gap between two events of a running
@@ -40,11 +42,14 @@ type Config struct {
 	// Retries is how many other backends are tried when one fails before
 	// the first token. Nil means 1; routes may override it.
 	Retries *int `yaml:"retries"`
-	// MaxResponseBytes bounds a non-streamed backend response. Default 64MiB.
+	// MaxResponseBytes bounds a non-streamed backend response, which is
+	// streamed through: one declaring more gets 502, one sending more is
+	// cut. Default 64MiB.
 	MaxResponseBytes units.Bytes `yaml:"max_response_bytes"`
-	// ResponseMemoryBytes bounds the non-streamed responses buffered at
-	// once on the node (each is read whole, so a failure can be retried);
-	// a response that would exceed it fails with 503. Default 512MiB.
+	// ResponseMemoryBytes bounds the windows of the non-streamed responses
+	// being read on the node: each holds one 32KiB window (its head, then
+	// its copy buffer; see respbody.go), so it bounds responses × 32KiB. A
+	// response that would exceed it fails with 503. Default 512MiB.
 	ResponseMemoryBytes units.Bytes `yaml:"response_memory_bytes"`
 	// WebSocket tunes the WebSocket bridge and passthrough routes.
 	WebSocket ws.Config `yaml:"websocket"`

@@ -85,7 +85,7 @@ type Handler struct {
 	// each tenant's bodies being received (see body.go).
 	bodies    bodyBudget
 	sending   tenantBodies
-	responses bodyBudget // non-streamed responses buffered (response_memory_bytes)
+	responses bodyBudget // windows of non-streamed responses being read (response_memory_bytes)
 }
 
 // NewHandler builds a handler serving st.
@@ -126,7 +126,7 @@ func (h *Handler) Region() string { return h.region }
 // proxy/bridge wraps the handler to do that.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	conn, _ := listen.ConnInfoFrom(r.Context())
-	h.serve(h.acquire(), r, newHTTPSink(w), conn, false)
+	abortIfCut(h.serve(h.acquire(), r, newHTTPSink(w), conn, false))
 }
 
 // Serve runs one request through the pipeline (auth, intake, admission,
@@ -161,7 +161,7 @@ func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.Co
 	h.metrics.Inflight(1)
 	defer h.metrics.Inflight(-1)
 	defer func() { o = x.finish(timing) }() // also if serve panics
-	defer func() { h.bodies.release(x.bodyMem); h.responses.release(x.respMem.Load()) }()
+	defer func() { h.bodies.release(x.bodyMem) }()
 	if err := x.serve(); err != nil {
 		x.fail(err)
 	}
@@ -187,8 +187,7 @@ type exchange struct {
 	route    *routing.Route
 	policy   *RoutePolicy // the path's route's until intake matches the model, then route's
 	body     []byte
-	bodyMem  int64        // capacity reserved from h.bodies for body
-	respMem  atomic.Int64 // reserved from h.responses by this request's legs
+	bodyMem  int64 // capacity reserved from h.bodies for body
 	meta     requestMeta
 	ticket   *limiter.Ticket
 	decision limiter.Decision

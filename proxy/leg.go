@@ -20,12 +20,12 @@ var errHedgeLost = errors.New("another backend answered first")
 const (
 	modeEvents = iota // an OpenAI event stream, first event held
 	modeRaw           // any event stream, relayed from its headers
-	modeBody          // a whole non-streamed body
+	modeBody          // a non-streamed body, its head read (see respbody.go)
 )
 
 // leg is one attempt on one backend, up to the point where it could be
 // committed to the client: response headers and, for an OpenAI stream, the
-// first event; for a non-streamed answer, the whole body. Nothing reaches
+// first event; for a non-streamed answer, its head (respbody.go). Nothing reaches
 // the client before a leg wins, so a failed leg can be retried and a hedged
 // one dropped. A leg is used by one goroutine at a time.
 type leg struct {
@@ -42,7 +42,10 @@ type leg struct {
 	br             *bufio.Reader // modeEvents: positioned after ev
 	bufp           *[]byte       // modeEvents: pooled buffer holding ev
 	ev             []byte        // modeEvents: the held first event
-	body           []byte        // modeBody
+	body           []byte        // modeBody: the head read, in window
+	more           bool          // modeBody: the body goes on past the head
+	window         *[]byte       // modeBody: pooled, reserved from response_memory_bytes
+	out            bodyOut       // modeBody: the client's writer (in the leg: no allocation)
 	err            error
 	outcome        routing.Outcome // ended with, for the backend's health
 	closed         bool
@@ -96,7 +99,7 @@ func (l *leg) open() {
 		l.att.Progress(l.headers)
 	default:
 		l.mode = modeBody
-		l.readBody()
+		l.readHead()
 	}
 }
 
@@ -119,31 +122,6 @@ func (l *leg) readFirstEvent() {
 			l.wd.tick(l.x.st.Config.StreamIdleTimeout)
 			return
 		}
-	}
-}
-
-// readBody reads a non-streamed answer whole, within the first-token
-// deadline, so that a failure can still be retried.
-func (l *leg) readBody() {
-	limit := int64(l.x.st.Config.MaxResponseBytes)
-	body, reserved, err := readResponse(l.resp.Body, l.resp.ContentLength, limit,
-		int64(l.x.st.Config.ResponseMemoryBytes), &l.x.h.responses)
-	l.x.respMem.Add(reserved)
-	if errors.Is(err, errResponseMemory) {
-		l.fail(err, false)
-		return
-	}
-	if err != nil {
-		l.fail(causeOf(l.ctx, err), true)
-		return
-	}
-	if int64(len(body)) > limit {
-		l.fail(errResponseTooLarge, false)
-		return
-	}
-	l.body, l.first = body, time.Now()
-	if l.resp.StatusCode < 400 {
-		l.att.Progress(l.first)
 	}
 }
 
@@ -187,6 +165,7 @@ func (l *leg) close() {
 		putEvent(l.bufp)
 		l.bufp, l.ev = nil, nil
 	}
+	l.releaseWindow()
 	l.att.End(l.outcome)
 }
 

@@ -189,21 +189,9 @@ func (x *exchange) relayRaw(l *leg) error {
 	}
 }
 
-// relayBody delivers a non-streamed answer, read whole by the leg.
-func (x *exchange) relayBody(l *leg) error {
-	x.firstToken = l.first
-	if l.resp.StatusCode < 400 {
-		if x.dialect == dialectResponses || x.dialect == dialectMessages {
-			x.readUsage(l.body)
-		} else if u, _ := usageOf(l.body); u != nil {
-			x.usage = u
-		}
-	}
-	x.passThrough(l.resp, l.body)
-	return nil
-}
-
-// passThrough answers with a backend's status, headers and whole body.
+// passThrough answers with a backend's status, headers and whole body
+// (the last attempt's 5xx, read up to 64KiB; see relayBody for the
+// non-streamed answers of the winning leg).
 func (x *exchange) passThrough(resp *http.Response, body []byte) {
 	h := x.sink.Header()
 	copyResponseHeader(h, resp.Header)

@@ -15,7 +15,7 @@ import (
 // over. The pipeline calls it from one goroutine, in this order:
 //
 //	Header (any time before Start or Error)
-//	Start, then Event… or Raw… (stream), or Body (whole answer)
+//	Start, then Event… or Raw… (stream), or Body… (non-streamed answer)
 //	Error (in place of Start, or as a started stream's last event)
 //	End (once, last, whatever happened)
 //
@@ -42,7 +42,8 @@ type Sink interface {
 	// pieces (an event may span calls). Raw(nil) sends the header at once:
 	// an idle EventSource must see it.
 	Raw(p []byte) (n int, err error)
-	// Body delivers a whole non-streamed answer after Start.
+	// Body delivers a non-streamed answer after Start: whole in one call
+	// when it is short, else in pieces as they arrive (respbody.go).
 	Body(b []byte) (n int, err error)
 	// Error ends the response with an error: body is the error object in
 	// the request's API shape (OpenAI's, or Anthropic's on /v1/messages; a
