@@ -11,7 +11,7 @@ import (
 //	POST /-/reload       reload the config now; JSON Result
 //	GET  /debug/config   the active config's version, load time and the last reload attempt (JSON);
 //	                     ?format=yaml the active config's text (secrets redacted),
-//	                     ?format=tenants the active tenants file's text
+//	                     ?format=tenants the active tenants file's text (comments removed)
 func (n *Node) adminRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /-/reload", func(w http.ResponseWriter, r *http.Request) {
 		res := n.Reload(TriggerAPI)
@@ -33,7 +33,7 @@ func (n *Node) adminRoutes(mux *http.ServeMux) {
 			}
 			w.Header().Set("Content-Type", "application/yaml; charset=utf-8")
 			w.Header().Set("X-Sluice-Config-Version", cfg.FileTenants.Version)
-			w.Write(cfg.FileTenants.Raw)
+			w.Write(cfg.FileTenants.RedactedText())
 		default:
 			http.Error(w, "format must be json, yaml or tenants", http.StatusBadRequest)
 		}

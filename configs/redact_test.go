@@ -1,0 +1,89 @@
+package configs
+
+import (
+	"strings"
+	"testing"
+)
+
+// The secrets of issue 16 item 12, each written in a style that the old
+// pattern-based redaction (rewrite the value's first line) left visible.
+const leakyConfig = `# operator note: the old redis password was hunter2-comment
+node: {name: leak, region: eu}
+listeners: {http: "127.0.0.1:8080", admin: "127.0.0.1:9090"}
+redis:
+  addrs: ["127.0.0.1:6379"]
+  password: &redispw "quoted-multi
+    line-secret"
+pools:
+  - name: block
+    api_key: |
+      block-literal-secret
+      second-line-secret
+    backends: [{url: "http://alice:url-password@127.0.0.1:8001"}]
+  - name: folded
+    api_key: >-
+      folded-secret
+      continues-here
+    backends:
+      - url: http://127.0.0.1:8002   # api_key was sk-in-a-comment
+  - {name: flow, api_key: flow-map-secret, backends: [{url: "http://bob:flow-url-pass@127.0.0.1:8003"}]}
+  - name: alias
+    api_key: *redispw
+    backends: [{url: "http://127.0.0.1:8004", metrics_url: "http://m:metrics-pass@127.0.0.1:9004/metrics"}]
+routes:
+  - pool: block
+`
+
+func TestAttackRedactionLeaksSecrets(t *testing.T) {
+	c, err := Parse("leak.yaml", []byte(leakyConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := string(c.RedactedText())
+	for _, secret := range []string{
+		"hunter2-comment", "quoted-multi", "line-secret", "block-literal-secret", "second-line-secret",
+		"folded-secret", "continues-here", "sk-in-a-comment", "flow-map-secret",
+		"alice", "url-password", "bob", "flow-url-pass", "metrics-pass", "#",
+	} {
+		if strings.Contains(out, secret) {
+			t.Errorf("%q still shown in:\n%s", secret, out)
+		}
+	}
+	r, err := Parse("leak.yaml", []byte(out))
+	if err != nil {
+		t.Fatalf("redacted text does not parse: %v\n%s", err, out)
+	}
+	if r.Redis.Password != Redacted {
+		t.Errorf("redis.password %q; want %q", r.Redis.Password, Redacted)
+	}
+	for i, p := range r.Pools {
+		if p.APIKey != Redacted {
+			t.Errorf("pools[%d].api_key %q; want %q", i, p.APIKey, Redacted)
+		}
+	}
+	if got, want := r.Pools[0].Backends[0].URL, "http://127.0.0.1:8001"; got != want {
+		t.Errorf("backend URL %q; want %q (user info removed, the rest kept)", got, want)
+	}
+	if got, want := r.Pools[3].Backends[0].MetricsURL, "http://127.0.0.1:9004/metrics"; got != want {
+		t.Errorf("metrics URL %q; want %q", got, want)
+	}
+	// Everything else survives: the text is the same config but for the
+	// secrets (Compare treats Redacted as unknown; URLs lost their user).
+	if r.Node.Name != "leak" || r.Listeners.Admin != "127.0.0.1:9090" || len(r.Pools) != 4 || len(r.Routes) != 1 {
+		t.Errorf("redacted config lost values: %+v", r.Node)
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"http://u:p@host:1/x?y=1", "http://host:1/x?y=1"},
+		{"https://token@host/", "https://host/"},
+		{"http://127.0.0.1:8000", "http://127.0.0.1:8000"},
+		{"user@example.com", "user@example.com"},
+		{"sim://gpu-a", "sim://gpu-a"},
+	} {
+		if got := RedactURL(tc.in); got != tc.want {
+			t.Errorf("RedactURL(%q) = %q; want %q", tc.in, got, tc.want)
+		}
+	}
+}
