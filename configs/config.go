@@ -37,6 +37,9 @@ type Config struct {
 	Routes      []Route              `yaml:"routes"`
 	Simulators  []Simulator          `yaml:"simulators"`
 
+	// Admin secures the admin listener (token, allowed host names).
+	Admin Admin `yaml:"admin"`
+
 	// File is the path the config was read from.
 	File string `yaml:"-"`
 	// Version identifies the file's content (see Version).

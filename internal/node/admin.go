@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
+
+	"github.com/sluice-proxy/sluice/configs"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 )
 
 // adminRoutes adds the config endpoints to the admin listener:
@@ -38,6 +41,24 @@ func (n *Node) adminRoutes(mux *http.ServeMux) {
 			http.Error(w, "format must be json, yaml or tenants", http.StatusBadRequest)
 		}
 	})
+}
+
+// guardAdmin puts the admin routes behind observe.AdminGuard, with the
+// active config's token file and host names (a reload changes both). It
+// fails when admin.token_file is set but holds no readable token.
+func (n *Node) guardAdmin(h http.Handler, cfg *configs.Config) (http.Handler, error) {
+	if _, err := cfg.AdminToken(); err != nil {
+		return nil, err
+	}
+	g := observe.AdminGuard{
+		Hosts: func() []string { return n.Config().Admin.Hosts },
+		Token: func() (string, error) { return n.Config().AdminToken() },
+	}
+	if cfg.AdminExposed() {
+		n.log.Warn("the admin listener binds a non-loopback address with no admin.token_file: anyone who reaches it can reload the config and read /debug",
+			"addr", cfg.Listeners.Admin)
+	}
+	return g.Wrap(h), nil
 }
 
 // reloadStatusCode is the HTTP status of POST /-/reload for a result.
