@@ -64,14 +64,10 @@ without admin.token_file.
 	if *against == "" {
 		return 0
 	}
-	token := ""
-	if *tokenFile != "" {
-		data, err := os.ReadFile(*tokenFile)
-		if err != nil {
-			fmt.Fprintf(stderr, "sluice check: %v\n", err)
-			return 2
-		}
-		token = strings.TrimSpace(string(data))
+	token, err := readTokenFile(*tokenFile)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice check: %v\n", err)
+		return 2
 	}
 	old, err := loadOld(*against, token)
 	if err != nil {
@@ -99,6 +95,20 @@ func loadOld(src, token string) (*configs.Config, error) {
 	return configs.ParseWith(src, data, func(string) ([]byte, error) { return fetch(base+"tenants", token) })
 }
 
+// readTokenFile reads an admin token (white space trimmed); "" for no
+// file.
+func readTokenFile(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(data)), nil
+}
+
+// fetch GETs url, with the admin token when there is one.
 func fetch(url, token string) ([]byte, error) {
 	c := &http.Client{Timeout: 30 * time.Second}
 	req, err := http.NewRequest(http.MethodGet, url, nil)

@@ -100,7 +100,8 @@ func TestAttackAdminExposedCheckWarns(t *testing.T) {
 	}
 }
 
-// check --diff reads a running node that requires an admin token.
+// check --diff and diagnose read a running node that requires an admin
+// token when given --admin-token-file.
 func TestCheckDiffAdminToken(t *testing.T) {
 	dir := t.TempDir()
 	tokenPath := filepath.Join(dir, "admin.token")
@@ -115,5 +116,12 @@ func TestCheckDiffAdminToken(t *testing.T) {
 	code, out, errs := runCmd(t, "", "check", "-c", path, "--diff", tn.admin, "--admin-token-file", tokenPath)
 	if code != 0 || !strings.Contains(out, "no changes") {
 		t.Fatalf("--diff with the token: code %d, %q %q", code, out, errs)
+	}
+	// sluice diagnose reads /debug/stats the same way.
+	if code, _, errs := runCmd(t, "", "diagnose", "--admin", tn.admin); code != 2 || !strings.Contains(errs, "401") {
+		t.Fatalf("diagnose without the token: code %d, %q", code, errs)
+	}
+	if code, out, errs := runCmd(t, "", "diagnose", "--admin", tn.admin, "--admin-token-file", tokenPath); code != 0 || !strings.Contains(out, "nothing to diagnose") {
+		t.Fatalf("diagnose with the token: code %d, %q %q", code, out, errs)
 	}
 }
