@@ -78,7 +78,9 @@ func TestAttackHostRouteWithoutItsSNI(t *testing.T) {
 		{"api.example.com", "internal.example.com", http.StatusMisdirectedRequest},
 		{"api.example.com", "INTERNAL.example.com:443", http.StatusMisdirectedRequest},
 		{"", "internal.example.com", http.StatusMisdirectedRequest}, // no SNI: no host route
-		{"internal.example.com", "api.example.com", http.StatusMisdirectedRequest},
+		{"internal.example.com", "api.example.com", http.StatusOK},  // no host route: open to any connection
+		{"internal.example.com", "127.0.0.1", http.StatusOK},
+		{"localhost", "internal.example.com", http.StatusMisdirectedRequest},
 		{"internal.example.com", "Internal.Example.com:443", http.StatusOK},
 		{"internal.example.com", "internal.example.com.", http.StatusOK},
 		{"api.example.com", "api.example.com", http.StatusOK},

@@ -93,31 +93,32 @@ func (p *RoutePolicy) shadowAllowed(t *Tenant, model string) error {
 }
 
 // checkAuthority refuses with 421 a request that arrived over TLS (h1,
-// h2, h3) with a Host (or :authority) its connection's SNI does not
-// allow, before any route or tenant is looked at:
-//
-//   - with SNI, Host must equal the SNI name (case-insensitive, port and
-//     a trailing dot ignored). A client that reuses a connection for
-//     another name (HTTP/2 coalescing) gets 421 and retries on a new
-//     connection (RFC 9110 section 15.5.20);
-//   - without SNI (the client dialled an IP address), Host must not name
-//     a host route: such a request is served only by routes without host.
+// h2, h3) with a Host (or :authority) that names a host route its
+// connection's SNI does not allow, before any route or tenant is looked
+// at. A Host that a host route matches (exact or wildcard, any path) must
+// equal the SNI name (case-insensitive, port and a trailing dot ignored);
+// a connection without SNI (the client dialled an IP address) reaches no
+// host route. A Host that no host route matches only reaches the routes
+// without host, which any connection may use, so it is not checked (a
+// client may dial 127.0.0.1 with another server name for verification).
+// A client that reuses a connection for another name (HTTP/2 coalescing)
+// gets 421 and retries on a new connection (RFC 9110 section 15.5.20).
 //
 // Cleartext requests (h1, h2c) are not checked: there the Host header is
 // all there is, so host routes that matter belong on the TLS listener.
 func (st *State) checkAuthority(r *http.Request) error {
-	if r.TLS == nil {
+	if r.TLS == nil || st.Routes == nil {
 		return nil
 	}
 	host := normalHost(r.Host)
-	if sni := r.TLS.ServerName; sni != "" {
-		if !strings.EqualFold(host, strings.TrimSuffix(sni, ".")) {
-			return misdirected(host, "the TLS server name (SNI) "+strconv.Quote(sni))
-		}
+	if !st.Routes.HostRouted(host) {
 		return nil
 	}
-	if st.Routes != nil && st.Routes.HostRouted(host) {
+	switch sni := r.TLS.ServerName; {
+	case sni == "":
 		return misdirected(host, "a connection without TLS server name (SNI)")
+	case !strings.EqualFold(host, strings.TrimSuffix(sni, ".")):
+		return misdirected(host, "a connection to "+strconv.Quote(sni)+" (TLS server name)")
 	}
 	return nil
 }
