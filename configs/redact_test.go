@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -84,6 +85,34 @@ func TestRedactURL(t *testing.T) {
 	} {
 		if got := RedactURL(tc.in); got != tc.want {
 			t.Errorf("RedactURL(%q) = %q; want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+// Every example config and the embedded default, shown redacted, parse
+// again to the same config (no change but for secrets).
+func TestRedactedExamplesRoundTrip(t *testing.T) {
+	files, _ := filepath.Glob("examples/*.yaml")
+	cfgs := []*Config{}
+	for _, f := range files {
+		c, err := Load(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfgs = append(cfgs, c)
+	}
+	def, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append(cfgs, def) {
+		out := c.RedactedText()
+		r, err := ParseWith(c.File, out, func(string) ([]byte, error) { return c.FileTenants.RedactedText(), nil })
+		if err != nil {
+			t.Fatalf("%s: redacted text does not parse: %v\n%s", c.File, err, out)
+		}
+		if d := Compare(c, r); !d.Empty() {
+			t.Errorf("%s: redacted text differs: %v", c.File, d.Lines())
 		}
 	}
 }
