@@ -9,7 +9,7 @@ import (
 // The secrets of issue 16 item 12, each written in a style that the old
 // pattern-based redaction (rewrite the value's first line) left visible.
 const leakyConfig = `# operator note: the old redis password was hunter2-comment
-node: {name: leak, region: eu}
+node: {name: leak, region: &region region-copied-secret}
 listeners: {http: "127.0.0.1:8080", admin: "127.0.0.1:9090"}
 redis:
   addrs: ["127.0.0.1:6379"]
@@ -28,6 +28,9 @@ pools:
     backends:
       - url: http://127.0.0.1:8002   # api_key was sk-in-a-comment
   - {name: flow, api_key: flow-map-secret, backends: [{url: "http://bob:flow-url-pass@127.0.0.1:8003"}]}
+  - name: copy
+    api_key: *region
+    backends: [{url: "http://127.0.0.1:8005"}]
   - name: alias
     api_key: *redispw
     backends: [{url: "http://127.0.0.1:8004", metrics_url: "http://m:metrics-pass@127.0.0.1:9004/metrics"}]
@@ -44,7 +47,7 @@ func TestAttackRedactionLeaksSecrets(t *testing.T) {
 	for _, secret := range []string{
 		"hunter2-comment", "quoted-multi", "line-secret", "block-literal-secret", "second-line-secret",
 		"folded-secret", "continues-here", "sk-in-a-comment", "flow-map-secret",
-		"alice", "url-password", "bob", "flow-url-pass", "metrics-pass", "#",
+		"alice", "url-password", "bob", "flow-url-pass", "metrics-pass", "#", "region-copied-secret",
 	} {
 		if strings.Contains(out, secret) {
 			t.Errorf("%q still shown in:\n%s", secret, out)
@@ -65,12 +68,12 @@ func TestAttackRedactionLeaksSecrets(t *testing.T) {
 	if got, want := r.Pools[0].Backends[0].URL, "http://127.0.0.1:8001"; got != want {
 		t.Errorf("backend URL %q; want %q (user info removed, the rest kept)", got, want)
 	}
-	if got, want := r.Pools[3].Backends[0].MetricsURL, "http://127.0.0.1:9004/metrics"; got != want {
+	if got, want := r.Pools[4].Backends[0].MetricsURL, "http://127.0.0.1:9004/metrics"; got != want {
 		t.Errorf("metrics URL %q; want %q", got, want)
 	}
 	// Everything else survives: the text is the same config but for the
 	// secrets (Compare treats Redacted as unknown; URLs lost their user).
-	if r.Node.Name != "leak" || r.Listeners.Admin != "127.0.0.1:9090" || len(r.Pools) != 4 || len(r.Routes) != 1 {
+	if r.Node.Name != "leak" || r.Listeners.Admin != "127.0.0.1:9090" || len(r.Pools) != 5 || len(r.Routes) != 1 {
 		t.Errorf("redacted config lost values: %+v", r.Node)
 	}
 }
