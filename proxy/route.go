@@ -150,6 +150,9 @@ func (p RoutePolicy) Validate(c Config) []routing.FieldError {
 	default:
 		bad("kind", "kind %q must be openai, sse or websocket", p.Kind)
 	}
+	if p.AllowEnforcedTenants && p.LimitsEnforced() {
+		bad("allow_enforced_tenants", "allow_enforced_tenants applies only to a shadow route (enforce_limits: false)")
+	}
 	if p.Retries != nil && *p.Retries < 0 {
 		bad("retries", "retries must not be negative")
 	}
