@@ -152,3 +152,18 @@ func TestAttackAdminConfigShowsSecrets(t *testing.T) {
 		t.Errorf("/debug/stats lost the backend URL:\n%s", body)
 	}
 }
+
+// A reload to a config whose admin.token_file cannot be read is refused
+// whole: the node keeps its config and token, and is not locked out.
+func TestAdminTokenFileReloadRefused(t *testing.T) {
+	cfg := nodeConfig{}.String()
+	tn := startFileNode(t, cfg+"admin:\n  token_file: admin.token\n", "admin.token", "adm-one\n")
+	tn.write("sluice.yaml", cfg+"admin:\n  token_file: missing.token\n")
+	ok := map[string]string{"Authorization": "Bearer adm-one"}
+	if code, body := adminDo(t, http.MethodPost, tn.admin+"/-/reload", "", ok); code != http.StatusUnprocessableEntity || !strings.Contains(body, "admin.token_file") {
+		t.Fatalf("reload to a missing token file: %d %s; want 422 naming admin.token_file", code, body)
+	}
+	if code, _ := adminDo(t, http.MethodGet, tn.admin+"/debug/stats", "", ok); code != http.StatusOK {
+		t.Fatalf("the old token after the refused reload: %d; want 200", code)
+	}
+}
