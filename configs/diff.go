@@ -237,6 +237,9 @@ func change(path string, a, b reflect.Value) FieldChange {
 	if secretKeys[path[strings.LastIndexByte(path, '.')+1:]] {
 		c.Old, c.New = hidden, hidden
 	}
+	if c.Old == c.New && c.Old != hidden {
+		c.New += " (user info changed)" // URLs differing only in credentials
+	}
 	return c
 }
 

@@ -119,3 +119,37 @@ func TestRedactedExamplesRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// check --diff never prints URL user info, and a node's redacted URL is
+// not a change against the file that has the credentials.
+func TestAttackDiffShowsURLUserInfo(t *testing.T) {
+	base := "listeners: {http: \"127.0.0.1:8080\"}\nroutes: [{pool: p}, {pool: q, path: /q/}]\npools:\n"
+	oldCfg := base + "  - {name: p, backends: [{url: \"http://u:old-pass@10.0.0.1:8000\"}, {url: \"http://10.0.0.2:8000\"}]}\n" +
+		"  - {name: q, backends: [{url: \"http://q:q-pass@10.0.0.9:8000\"}]}\n"
+	newCfg := base + "  - {name: p, backends: [{url: \"http://u:new-pass@10.0.0.1:8000\", weight: 2}, {url: \"http://v:added-pass@10.0.0.3:8000\"}]}\n" +
+		"  - {name: q, backends: [{url: \"http://q:q-pass@10.0.0.9:8000\"}]}\n  - {name: r, backends: [{url: \"http://r:r-pass@10.0.0.7:8000\"}]}\n"
+	oc, err := Parse("old.yaml", []byte(oldCfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := Parse("new.yaml", []byte(newCfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := strings.Join(Compare(oc, nc).Lines(), "\n")
+	for _, s := range []string{"old-pass", "new-pass", "added-pass", "r-pass", "u:", "v:", "r:"} {
+		if strings.Contains(out, s) {
+			t.Errorf("diff shows %q:\n%s", s, out)
+		}
+	}
+	if !strings.Contains(out, "backend added http://10.0.0.3:8000") || !strings.Contains(out, "backend http://10.0.0.1:8000 url http://10.0.0.1:8000 → http://10.0.0.1:8000 (user info changed)") {
+		t.Errorf("diff lost the backends:\n%s", out)
+	}
+	shown, err := Parse("node", oc.RedactedText())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := Compare(shown, oc); !d.Empty() {
+		t.Errorf("the node's redacted URLs show as changes: %v", d.Lines())
+	}
+}
