@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -128,12 +127,17 @@ func misdirected(host, conn string) *APIError {
 		Message: "the host " + strconv.Quote(host) + " is not served on " + conn + "; open a connection to that host name"}
 }
 
-// normalHost is host without port, brackets or trailing dot.
+// normalHost is host without port, brackets or trailing dot. It does not
+// allocate (net.SplitHostPort does, for a host without port).
 func normalHost(host string) string {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
+	if strings.HasPrefix(host, "[") {
+		if i := strings.IndexByte(host, ']'); i > 0 {
+			host = host[1:i]
+		}
+	} else if i := strings.LastIndexByte(host, ':'); i >= 0 && strings.IndexByte(host, ':') == i {
+		host = host[:i]
 	}
-	return strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), ".")
+	return strings.TrimSuffix(host, ".")
 }
 
 // Validate reports the problems of a route policy (with defaults applied),
