@@ -7,6 +7,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
@@ -165,6 +168,42 @@ func TestShadowRouteOptIn(t *testing.T) {
 			if status, code, _ := postHost(t, h1Client(), e.http, "beta.example.com"); status != http.StatusOK {
 				t.Fatalf("%s: request %d: %d %s; want 200", tc.name, i, status, code)
 			}
+		}
+	}
+}
+
+// The same rule holds for WebSocket bridge frames: a socket opened to
+// api.example.com with Host internal.example.com gets error frames with
+// status 421; opened to internal.example.com, its frames are served.
+func TestAttackHostRouteWithoutItsSNIBridge(t *testing.T) {
+	_, simURL := startSim(t, fastSim())
+	e := startEdge(t, edgeOpts{pool: poolOf(simURL), routes: []testRoute{
+		{RouteConfig: routing.RouteConfig{Name: "internal", Host: "internal.example.com", Path: "/v1/", Pool: "p"}},
+		{RouteConfig: routing.RouteConfig{Name: "any", Path: "/v1/", Pool: "p"}},
+	}})
+	url := "wss" + strings.TrimPrefix(e.https, "https") + "/v1/ws"
+	for _, tc := range []struct {
+		sni  string
+		want int
+	}{
+		{"api.example.com", http.StatusMisdirectedRequest},
+		{"internal.example.com", 0},
+	} {
+		d := websocket.Dialer{HandshakeTimeout: 5 * time.Second, TLSClientConfig: &tls.Config{InsecureSkipVerify: true, ServerName: tc.sni}}
+		hdr := keyHeader()
+		hdr.Set("Host", "internal.example.com")
+		c, _, err := d.Dial(url, hdr)
+		if err != nil {
+			t.Fatalf("SNI %q: dial: %v", tc.sni, err)
+		}
+		sendJSON(t, c, map[string]any{"type": "request", "id": "r1", "path": "/v1/chat/completions", "body": json.RawMessage(chatBody(""))})
+		f := readFrame(t, c, 5*time.Second)
+		c.Close()
+		if tc.want != 0 && (f.Type != "error" || f.Status != tc.want) {
+			t.Errorf("SNI %q: first frame %+v; want an error frame with status %d", tc.sni, f, tc.want)
+		}
+		if tc.want == 0 && f.Type == "error" {
+			t.Errorf("SNI %q: first frame %+v; want the stream", tc.sni, f)
 		}
 	}
 }
