@@ -37,6 +37,9 @@ type Config struct {
 	Routes      []Route              `yaml:"routes"`
 	Simulators  []Simulator          `yaml:"simulators"`
 
+	// Admin secures the admin listener (token, allowed host names).
+	Admin Admin `yaml:"admin"`
+
 	// File is the path the config was read from.
 	File string `yaml:"-"`
 	// Version identifies the file's content (see Version).
@@ -119,14 +122,24 @@ func Default() (*Config, error) { return Parse(DefaultName, defaultYAML) }
 func DefaultYAML() []byte { return append([]byte(nil), defaultYAML...) }
 
 // Load reads, decodes, defaults and validates a config file and the
-// tenants file it names. Every problem is reported as an *Error
+// tenants file it names, and checks that its admin.token_file holds a
+// token. Every problem is reported as an *Error
 // ("file:line:col: message"); use Errors to list them.
 func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, &Error{File: path, Msg: fmt.Sprintf("reading config: %v", err)}
 	}
-	return Parse(path, data)
+	c, err := Parse(path, data)
+	if err != nil {
+		return nil, err
+	}
+	// The admin token is read from disk here (not by Parse: a config
+	// fetched from a running node names a file on that node).
+	if _, err := c.AdminToken(); err != nil {
+		return nil, &Error{File: path, Pos: c.Pos("admin.token_file"), Msg: err.Error()}
+	}
+	return c, nil
 }
 
 // TenantsReader reads the tenants file a config names, given its path

@@ -170,6 +170,9 @@ func diffValue(path string, a, b reflect.Value, out *[]FieldChange) {
 		return
 	case a.Kind() == reflect.String && (redacted(a.String()) || redacted(b.String())):
 		return // a secret the node did not show: unknown, not changed
+	case a.Kind() == reflect.String && a.String() != b.String() && RedactURL(a.String()) == RedactURL(b.String()) &&
+		(RedactURL(a.String()) == a.String() || RedactURL(b.String()) == b.String()):
+		return // a URL whose user info the node did not show: unknown, not changed
 	case a.Kind() == reflect.Pointer:
 		diffValue(path, a.Elem(), b.Elem(), out)
 		return
@@ -234,6 +237,9 @@ func change(path string, a, b reflect.Value) FieldChange {
 	if secretKeys[path[strings.LastIndexByte(path, '.')+1:]] {
 		c.Old, c.New = hidden, hidden
 	}
+	if c.Old == c.New && c.Old != hidden {
+		c.New += " (user info changed)" // URLs differing only in credentials
+	}
 	return c
 }
 
@@ -257,7 +263,7 @@ func show(v reflect.Value) string {
 		if v.String() == "" {
 			return `""`
 		}
-		return v.String()
+		return RedactURL(v.String()) // URL user info is never printed
 	case reflect.Slice:
 		if v.Len() == 0 {
 			return "[]"
@@ -355,7 +361,7 @@ func diffPools(old, new []routing.PoolConfig) []string {
 func backendURLs(bs []routing.BackendConfig) string {
 	urls := make([]string, len(bs))
 	for i, b := range bs {
-		urls[i] = b.URL
+		urls[i] = RedactURL(b.URL)
 	}
 	return "[" + strings.Join(urls, " ") + "]"
 }
@@ -364,7 +370,7 @@ func backendURLs(bs []routing.BackendConfig) string {
 // pool's other settings.
 func poolChanges(o, n routing.PoolConfig) []string {
 	var parts []string
-	pairByKey(o.Backends, n.Backends, func(b routing.BackendConfig) string { return b.URL }, func(u string, a, b *routing.BackendConfig) {
+	pairByKey(o.Backends, n.Backends, func(b routing.BackendConfig) string { return RedactURL(b.URL) }, func(u string, a, b *routing.BackendConfig) {
 		switch {
 		case a == nil:
 			parts = append(parts, "backend added "+u)

@@ -122,6 +122,7 @@ func TestRouteKeysDecodeIntoBothHalves(t *testing.T) {
     first_token_timeout: 5s
     retries: 2
     enforce_limits: false
+    allow_enforced_tenants: true
     hedge_after: 1s
     timing_comment: true
 `
@@ -136,7 +137,7 @@ func TestRouteKeysDecodeIntoBothHalves(t *testing.T) {
 	}
 	p := r.RoutePolicy
 	if p.Kind != proxy.KindSSE || !p.AllowQueryKey || p.FirstTokenTimeout != 5*time.Second || p.Retries == nil || *p.Retries != 2 ||
-		p.LimitsEnforced() || p.HedgeAfter != time.Second || !p.TimingComment {
+		p.LimitsEnforced() || !p.AllowEnforcedTenants || p.HedgeAfter != time.Second || !p.TimingComment {
 		t.Errorf("proxy half %+v", p)
 	}
 	if d := c.Routes[0]; d.Kind != proxy.KindOpenAI || d.Path != "/v1/" || d.Class != routing.ClassInteractive || !d.LimitsEnforced() {
@@ -164,5 +165,18 @@ func TestRoutePolicyKeyErrors(t *testing.T) {
 	}
 	if !reflect.DeepEqual(lines, want) {
 		t.Errorf("errors:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// allow_enforced_tenants on an enforcing route is a mistake (it would do
+// nothing): reported at its position.
+func TestAllowEnforcedTenantsNeedsShadowRoute(t *testing.T) {
+	y := valid + `  - path: /beta/
+    pool: p
+    allow_enforced_tenants: true
+`
+	_, err := Parse("r.yaml", []byte(y))
+	if err == nil || !strings.Contains(err.Error(), ":11:29: routes[1]: allow_enforced_tenants applies only to a shadow route") {
+		t.Fatalf("error: %v", err)
 	}
 }

@@ -28,6 +28,7 @@ func (v *validator) errorf(path, format string, args ...any) {
 
 func (v *validator) validate() {
 	leaves := v.listeners()
+	v.admin()
 	v.proxy()
 	v.simulators()
 	pools := v.pools()

@@ -239,6 +239,9 @@ func (x *exchange) serve() error {
 	if err := checkPath(r.URL); err != nil {
 		return err // before any route sees the path (all protocols and the bridge)
 	}
+	if err := x.st.checkAuthority(r); err != nil {
+		return err // 421: Host not allowed by the connection's SNI (route.go)
+	}
 	// The key may come from the query only on routes that allow it, so
 	// find the path's route first (without the model) to learn that.
 	pre, _ := x.st.Routes.Match(r.Host, r.URL.Path, "")
@@ -342,6 +345,9 @@ func (x *exchange) admit() error {
 	limits := x.tenant.Limits
 	enforced := x.policy.LimitsEnforced()
 	if !enforced {
+		if err := x.policy.shadowAllowed(x.tenant, x.meta.Model); err != nil {
+			return err // 403 unless the route opts in (route.go)
+		}
 		limits = shadowed(limits)
 	}
 	eff, _ := limits.Effective(x.meta.Model)

@@ -16,7 +16,8 @@ import (
 	"github.com/sluice-proxy/sluice/routing"
 )
 
-// A route with enforce_limits: false admits every request, with the usual
+// A route with enforce_limits: false (and allow_enforced_tenants: true,
+// the tenant's own limits being enforced) admits every request, with the usual
 // rate-limit headers, a would-refuse header, a metric and an access log
 // field; an enforcing route on the same tenant still refuses.
 func TestRouteShadowMode(t *testing.T) {
@@ -27,7 +28,7 @@ func TestRouteShadowMode(t *testing.T) {
 	e := startEdge(t, edgeOpts{pool: poolOf(simURL), limiter: limiter.NewLocal(1),
 		limits: limiter.Limits{RequestsPerMinute: 1, Models: map[string]limiter.Limits{"sim-small": {RequestsPerMinute: 1, Enforce: &on}}},
 		routes: []testRoute{
-			{RouteConfig: routing.RouteConfig{Name: "shadow", Path: "/v1/", Pool: "p"}, RoutePolicy: proxy.RoutePolicy{EnforceLimits: &off}},
+			{RouteConfig: routing.RouteConfig{Name: "shadow", Path: "/v1/", Pool: "p"}, RoutePolicy: proxy.RoutePolicy{EnforceLimits: &off, AllowEnforcedTenants: true}},
 			{RouteConfig: routing.RouteConfig{Name: "strict", Path: "/strict/v1/", Pool: "p"}},
 		},
 		log: &logBuf, metrics: observe.NewMetrics(reg, 0)})

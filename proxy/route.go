@@ -2,6 +2,9 @@ package proxy
 
 import (
 	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluice-proxy/sluice/routing"
@@ -40,6 +43,13 @@ type RoutePolicy struct {
 	// mode: limits are computed, charged and reported (rate-limit headers,
 	// metrics, access log) but never refuse a request. Nil means true.
 	EnforceLimits *bool `yaml:"enforce_limits"`
+	// AllowEnforcedTenants lets a shadow route (EnforceLimits false) serve,
+	// unenforced, tenants whose own limits are enforced. Default false:
+	// such a tenant is refused on a shadow route with 403
+	// shadow_route_not_allowed, so that a route meant to try limits out
+	// never becomes a way around them for every tenant. It has no effect
+	// on an enforcing route.
+	AllowEnforcedTenants bool `yaml:"allow_enforced_tenants"`
 	// HedgeAfter, when positive, hedges a request that has no first token
 	// after this long: the same request goes to a second backend, the
 	// first to produce a token wins and the other is cancelled. Zero (the
@@ -66,6 +76,70 @@ func (p RoutePolicy) WithDefaults() RoutePolicy {
 // (false: shadow mode for every tenant on it).
 func (p RoutePolicy) LimitsEnforced() bool { return p.EnforceLimits == nil || *p.EnforceLimits }
 
+// shadowAllowed returns nil when tenant t may be served unenforced on a
+// route with policy p: the route enforces limits, or t's own limits for
+// model are not enforced anyway, or the route allows enforced tenants
+// explicitly. Otherwise it returns the 403 to answer.
+func (p *RoutePolicy) shadowAllowed(t *Tenant, model string) error {
+	if p.LimitsEnforced() || p.AllowEnforcedTenants {
+		return nil
+	}
+	if own, _ := t.Limits.Effective(model); !own.Enforced() {
+		return nil
+	}
+	return &APIError{Status: http.StatusForbidden, Type: "invalid_request_error", Code: "shadow_route_not_allowed",
+		Message: "this route does not enforce limits and is not open to tenants whose limits are enforced; use the enforcing route for this API"}
+}
+
+// checkAuthority refuses with 421 a request that arrived over TLS (h1,
+// h2, h3) with a Host (or :authority) that names a host route its
+// connection's SNI does not allow, before any route or tenant is looked
+// at. A Host that a host route matches (exact or wildcard, any path) must
+// equal the SNI name (case-insensitive, port and a trailing dot ignored);
+// a connection without SNI (the client dialled an IP address) reaches no
+// host route. A Host that no host route matches only reaches the routes
+// without host, which any connection may use, so it is not checked (a
+// client may dial 127.0.0.1 with another server name for verification).
+// A client that reuses a connection for another name (HTTP/2 coalescing)
+// gets 421 and retries on a new connection (RFC 9110 section 15.5.20).
+//
+// Cleartext requests (h1, h2c) are not checked: there the Host header is
+// all there is, so host routes that matter belong on the TLS listener.
+func (st *State) checkAuthority(r *http.Request) error {
+	if r.TLS == nil || st.Routes == nil {
+		return nil
+	}
+	host := normalHost(r.Host)
+	if !st.Routes.HostRouted(host) {
+		return nil
+	}
+	switch sni := r.TLS.ServerName; {
+	case sni == "":
+		return misdirected(host, "a connection without TLS server name (SNI)")
+	case !strings.EqualFold(host, strings.TrimSuffix(sni, ".")):
+		return misdirected(host, "a connection to "+strconv.Quote(sni)+" (TLS server name)")
+	}
+	return nil
+}
+
+func misdirected(host, conn string) *APIError {
+	return &APIError{Status: http.StatusMisdirectedRequest, Type: "invalid_request_error", Code: "misdirected_request",
+		Message: "the host " + strconv.Quote(host) + " is not served on " + conn + "; open a connection to that host name"}
+}
+
+// normalHost is host without port, brackets or trailing dot. It does not
+// allocate (net.SplitHostPort does, for a host without port).
+func normalHost(host string) string {
+	if strings.HasPrefix(host, "[") {
+		if i := strings.IndexByte(host, ']'); i > 0 {
+			host = host[1:i]
+		}
+	} else if i := strings.LastIndexByte(host, ':'); i >= 0 && strings.IndexByte(host, ':') == i {
+		host = host[:i]
+	}
+	return strings.TrimSuffix(host, ".")
+}
+
 // Validate reports the problems of a route policy (with defaults applied),
 // each naming the offending key relative to the route ("hedge_after"). c is
 // the proxy's config with defaults applied: the route's hedge must come
@@ -79,6 +153,9 @@ func (p RoutePolicy) Validate(c Config) []routing.FieldError {
 	case KindOpenAI, KindSSE, KindWebSocket:
 	default:
 		bad("kind", "kind %q must be openai, sse or websocket", p.Kind)
+	}
+	if p.AllowEnforcedTenants && p.LimitsEnforced() {
+		bad("allow_enforced_tenants", "allow_enforced_tenants applies only to a shadow route (enforce_limits: false)")
 	}
 	if p.Retries != nil && *p.Retries < 0 {
 		bad("retries", "retries must not be negative")

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"crypto/tls"
+	"net/http"
 	"reflect"
 	"testing"
 	"time"
@@ -91,5 +93,37 @@ func BenchmarkStatePolicyLookup(b *testing.B) {
 	for b.Loop() {
 		_ = st.policy(routes[i&15])
 		i++
+	}
+}
+
+// The Host vs SNI check runs on every TLS request: it allocates nothing
+// when the request passes.
+func TestCheckAuthorityNoAllocs(t *testing.T) {
+	st := &State{Routes: routing.NewTable([]*routing.Route{
+		{RouteConfig: routing.RouteConfig{Host: "internal.example.com", Path: "/v1/"}},
+		{RouteConfig: routing.RouteConfig{Host: "*.beta.example.com", Path: "/v1/"}},
+		{RouteConfig: routing.RouteConfig{Path: "/v1/"}},
+	})}
+	for _, tc := range []struct {
+		sni, host string
+		ok        bool
+	}{
+		{"internal.example.com", "Internal.example.com:443", true},
+		{"a.beta.example.com", "a.beta.example.com", true},
+		{"api.example.com", "api.example.com", true},
+		{"", "127.0.0.1:443", true},
+		{"api.example.com", "internal.example.com", false},
+		{"", "x.beta.example.com", false},
+		{"[::1]", "[::1]:443", true},
+	} {
+		r := &http.Request{Host: tc.host, TLS: &tls.ConnectionState{ServerName: tc.sni}}
+		if err := st.checkAuthority(r); (err == nil) != tc.ok {
+			t.Errorf("SNI %q Host %q: %v; want ok %v", tc.sni, tc.host, err, tc.ok)
+		}
+		if tc.ok {
+			if n := testing.AllocsPerRun(100, func() { st.checkAuthority(r) }); n != 0 {
+				t.Errorf("SNI %q Host %q: %v allocations; want 0", tc.sni, tc.host, n)
+			}
+		}
 	}
 }

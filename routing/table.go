@@ -93,6 +93,19 @@ func (t *Table) Match(host, path, model string) (*Route, error) {
 	return nil, ErrNoRoute
 }
 
+// HostRouted reports whether a route with a host pattern (exact or
+// wildcard) matches host, whatever its path: whether host selects a
+// route of its own.
+func (t *Table) HostRouted(host string) bool {
+	host = stripPort(host)
+	for _, r := range t.routes {
+		if r.Host != "" && hostMatches(r.Host, host) {
+			return true
+		}
+	}
+	return false
+}
+
 // Models lists the model names routes name for a host, in route order.
 func (t *Table) Models(host string) []string {
 	host = stripPort(host)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ func cmdCheck(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	file := fs.String("c", "", "config `file` to validate (required)")
 	against := fs.String("diff", "", "compare with the config in `OLD`: a file, or a running node's admin URL (http://127.0.0.1:9090)")
+	tokenFile := fs.String("admin-token-file", "", "with --diff URL: read the running node's admin token from `FILE`")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, `Usage: sluice check -c FILE [--diff OLD]
 
@@ -26,7 +28,11 @@ With --diff, also prints what changing from OLD to FILE does: routes, pools
 and backends added, removed or changed, tenants added and removed, key
 rotations, limits raised or lowered, and the keys a running node cannot
 change without a restart. OLD is a file, or the admin URL of a running node
-(its active config is read from /debug/config?format=yaml).
+(its active config is read from /debug/config?format=yaml; pass the node's
+admin token with --admin-token-file when it has one).
+
+Prints a WARNING when the admin listener binds a non-loopback address
+without admin.token_file.
 
 `)
 		fs.PrintDefaults()
@@ -46,10 +52,20 @@ change without a restart. OLD is a file, or the admin URL of a running node
 		return 1
 	}
 	fmt.Fprintln(stdout, "ok")
+	if cfg.AdminExposed() {
+		fmt.Fprintf(stderr, "WARNING: listeners.admin %q is not a loopback address and admin.token_file is not set:\n"+
+			"WARNING: anyone who can reach it can reload the config and read /debug. Set admin.token_file\n"+
+			"WARNING: or bind the admin listener to 127.0.0.1.\n", cfg.Listeners.Admin)
+	}
 	if *against == "" {
 		return 0
 	}
-	old, err := loadOld(*against)
+	token, err := readTokenFile(*tokenFile)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice check: %v\n", err)
+		return 2
+	}
+	old, err := loadOld(*against, token)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice check: reading %s: %v\n", *against, err)
 		for _, e := range configs.Errors(err) {
@@ -63,21 +79,42 @@ change without a restart. OLD is a file, or the admin URL of a running node
 
 // loadOld loads the config to compare with: a file, or a running node's
 // active config (and tenants file) from its admin listener.
-func loadOld(src string) (*configs.Config, error) {
+func loadOld(src, token string) (*configs.Config, error) {
 	if !strings.HasPrefix(src, "http://") && !strings.HasPrefix(src, "https://") {
 		return configs.Load(src)
 	}
 	base := strings.TrimSuffix(src, "/") + "/debug/config?format="
-	data, err := fetch(base + "yaml")
+	data, err := fetch(base+"yaml", token)
 	if err != nil {
 		return nil, err
 	}
-	return configs.ParseWith(src, data, func(string) ([]byte, error) { return fetch(base + "tenants") })
+	return configs.ParseWith(src, data, func(string) ([]byte, error) { return fetch(base+"tenants", token) })
 }
 
-func fetch(url string) ([]byte, error) {
+// readTokenFile reads an admin token (white space trimmed); "" for no
+// file.
+func readTokenFile(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(data)), nil
+}
+
+// fetch GETs url, with the admin token when there is one.
+func fetch(url, token string) ([]byte, error) {
 	c := &http.Client{Timeout: 30 * time.Second}
-	resp, err := c.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return nil, err
 	}

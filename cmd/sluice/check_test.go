@@ -61,3 +61,67 @@ func shortKey(k string) string {
 	h := configsHash(k)
 	return h[:len("sha256:")+8] + "…"
 }
+
+// sluice check warns loudly when the admin listener binds a non-loopback
+// address with no token, and stays quiet on loopback or with a token.
+func TestAttackAdminExposedCheckWarns(t *testing.T) {
+	dir := t.TempDir()
+	tokenPath := filepath.Join(dir, "admin.token")
+	os.WriteFile(tokenPath, []byte("adm-secret\n"), 0o600)
+	base := nodeConfig{}.String()
+	for _, tc := range []struct {
+		name, admin, extra string
+		warn               bool
+	}{
+		{"all interfaces", "0.0.0.0:9090", "", true},
+		{"no host", ":9090", "", true},
+		{"LAN address", "10.1.2.3:9090", "", true},
+		{"IPv6 any", "[::]:9090", "", true},
+		{"loopback", "127.0.0.1:9090", "", false},
+		{"localhost", "localhost:9090", "", false},
+		{"IPv6 loopback", "[::1]:9090", "", false},
+		{"token", "0.0.0.0:9090", "admin: {token_file: " + tokenPath + "}\n", false},
+	} {
+		path := filepath.Join(dir, "c.yaml")
+		os.WriteFile(path, []byte(strings.Replace(base, "admin: 127.0.0.1:0", "admin: \""+tc.admin+"\"", 1)+tc.extra), 0o600)
+		code, out, errs := runCmd(t, "", "check", "-c", path)
+		if code != 0 || out != "ok\n" {
+			t.Fatalf("%s: code %d, %q %q", tc.name, code, out, errs)
+		}
+		if got := strings.Contains(errs, "WARNING: listeners.admin"); got != tc.warn {
+			t.Errorf("%s: warning %v; want %v (stderr %q)", tc.name, got, tc.warn, errs)
+		}
+	}
+	// A token file that cannot be read is an error, not a silent open door.
+	path := filepath.Join(dir, "c.yaml")
+	os.WriteFile(path, []byte(base+"admin: {token_file: "+filepath.Join(dir, "missing.token")+"}\n"), 0o600)
+	if code, _, errs := runCmd(t, "", "check", "-c", path); code != 1 || !strings.Contains(errs, "admin.token_file") {
+		t.Errorf("missing token file: code %d, %q", code, errs)
+	}
+}
+
+// check --diff and diagnose read a running node that requires an admin
+// token when given --admin-token-file.
+func TestCheckDiffAdminToken(t *testing.T) {
+	dir := t.TempDir()
+	tokenPath := filepath.Join(dir, "admin.token")
+	os.WriteFile(tokenPath, []byte("adm-secret\n"), 0o600)
+	cfg := nodeConfig{}.String() + "admin: {token_file: " + tokenPath + "}\n"
+	tn := startFileNode(t, cfg)
+	path := filepath.Join(dir, "c.yaml")
+	os.WriteFile(path, []byte(cfg), 0o600)
+	if code, _, errs := runCmd(t, "", "check", "-c", path, "--diff", tn.admin); code != 2 || !strings.Contains(errs, "401") {
+		t.Fatalf("--diff without the token: code %d, %q", code, errs)
+	}
+	code, out, errs := runCmd(t, "", "check", "-c", path, "--diff", tn.admin, "--admin-token-file", tokenPath)
+	if code != 0 || !strings.Contains(out, "no changes") {
+		t.Fatalf("--diff with the token: code %d, %q %q", code, out, errs)
+	}
+	// sluice diagnose reads /debug/stats the same way.
+	if code, _, errs := runCmd(t, "", "diagnose", "--admin", tn.admin); code != 2 || !strings.Contains(errs, "401") {
+		t.Fatalf("diagnose without the token: code %d, %q", code, errs)
+	}
+	if code, out, errs := runCmd(t, "", "diagnose", "--admin", tn.admin, "--admin-token-file", tokenPath); code != 0 || !strings.Contains(out, "nothing to diagnose") {
+		t.Fatalf("diagnose with the token: code %d, %q %q", code, out, errs)
+	}
+}

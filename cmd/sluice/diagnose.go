@@ -17,6 +17,7 @@ func cmdDiagnose(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("diagnose", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	admin := fs.String("admin", "http://127.0.0.1:9090", "the node's admin `URL`")
+	tokenFile := fs.String("admin-token-file", "", "read the node's admin token (admin.token_file) from `FILE`")
 	var th diagnose.Thresholds
 	fs.Float64Var(&th.TTFTP95, "ttft-p95", 0, "high TTFT P95 in `ms` when the node has no SLO (default 1000)")
 	fs.Float64Var(&th.ITLP99, "itl-p99", 0, "high ITL P99 in `ms` when the node has no SLO (default 100)")
@@ -34,7 +35,11 @@ configured SLO (proxy.slo) is breached, 2 when the stats cannot be read.
 	if err := fs.Parse(args); err != nil {
 		return flagExit(err)
 	}
-	snap, err := fetchStats(strings.TrimSuffix(*admin, "/") + "/debug/stats")
+	token, err := readTokenFile(*tokenFile)
+	var snap observe.StatsSnapshot
+	if err == nil {
+		snap, err = fetchStats(strings.TrimSuffix(*admin, "/")+"/debug/stats", token)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice diagnose: %v\n", err)
 		return 2
@@ -54,10 +59,17 @@ configured SLO (proxy.slo) is breached, 2 when the stats cannot be read.
 	return 0
 }
 
-func fetchStats(url string) (observe.StatsSnapshot, error) {
+func fetchStats(url, token string) (observe.StatsSnapshot, error) {
 	var snap observe.StatsSnapshot
 	c := &http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return snap, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return snap, fmt.Errorf("reading %s: %w", url, err)
 	}

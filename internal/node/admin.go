@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
+
+	"github.com/sluice-proxy/sluice/configs"
+	"github.com/sluice-proxy/sluice/proxy/observe"
 )
 
 // adminRoutes adds the config endpoints to the admin listener:
@@ -11,7 +14,7 @@ import (
 //	POST /-/reload       reload the config now; JSON Result
 //	GET  /debug/config   the active config's version, load time and the last reload attempt (JSON);
 //	                     ?format=yaml the active config's text (secrets redacted),
-//	                     ?format=tenants the active tenants file's text
+//	                     ?format=tenants the active tenants file's text (comments removed)
 func (n *Node) adminRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /-/reload", func(w http.ResponseWriter, r *http.Request) {
 		res := n.Reload(TriggerAPI)
@@ -33,11 +36,29 @@ func (n *Node) adminRoutes(mux *http.ServeMux) {
 			}
 			w.Header().Set("Content-Type", "application/yaml; charset=utf-8")
 			w.Header().Set("X-Sluice-Config-Version", cfg.FileTenants.Version)
-			w.Write(cfg.FileTenants.Raw)
+			w.Write(cfg.FileTenants.RedactedText())
 		default:
 			http.Error(w, "format must be json, yaml or tenants", http.StatusBadRequest)
 		}
 	})
+}
+
+// guardAdmin puts the admin routes behind observe.AdminGuard, with the
+// active config's token file and host names (a reload changes both). It
+// fails when admin.token_file is set but holds no readable token.
+func (n *Node) guardAdmin(h http.Handler, cfg *configs.Config) (http.Handler, error) {
+	if _, err := cfg.AdminToken(); err != nil {
+		return nil, err
+	}
+	g := observe.AdminGuard{
+		Hosts: func() []string { return n.Config().Admin.Hosts },
+		Token: func() (string, error) { return n.Config().AdminToken() },
+	}
+	if cfg.AdminExposed() {
+		n.log.Warn("the admin listener binds a non-loopback address with no admin.token_file: anyone who reaches it can reload the config and read /debug",
+			"addr", cfg.Listeners.Admin)
+	}
+	return g.Wrap(h), nil
 }
 
 // reloadStatusCode is the HTTP status of POST /-/reload for a result.

@@ -143,7 +143,9 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 	admin := observe.NewAdmin(n.reg, n.server.Draining, n.handler.Snapshot)
 	n.adminRoutes(admin)
 	n.admin = admin
-	n.server.Admin = admin
+	if n.server.Admin, err = n.guardAdmin(admin, cfg); err != nil {
+		return nil, err
+	}
 	if err := n.server.Listen(); err != nil {
 		return nil, err
 	}

@@ -1,11 +1,17 @@
 package observe
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"html/template"
+	"net"
 	"net/http"
+	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -118,3 +124,106 @@ th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 {{else}}<tr><td colspan="5">none in the last 5 minutes</td></tr>{{end}}</table>
 </body></html>
 `))
+
+// AdminGuard protects the admin listener from anyone who merely reaches
+// its port, from web pages in an operator's browser (CSRF) and from DNS
+// rebinding. Every request, in this order:
+//
+//   - Host must be an IP literal, "localhost", or one of Hosts (case-insensitive, port ignored), else
+//     421. An IP literal cannot be rebound: a page can only reach it from
+//     its own origin, which then is that address.
+//   - Sec-Fetch-Site "cross-site" or "same-site" is refused with 403 on any
+//     method; a state-changing method (POST, PUT, DELETE, PATCH) whose
+//     Origin does not match Host is refused with 403 (net/http's
+//     CrossOriginProtection).
+//   - When Token returns a token, every path but OpenPaths needs
+//     "Authorization: Bearer <token>" (compared in constant time), else
+//     401. When Token fails, those paths get 503: the guard fails closed.
+//
+// The zero value checks Host and Origin only. Its methods are safe for
+// simultaneous use by multiple goroutines when its functions are.
+type AdminGuard struct {
+	// Hosts returns the host names (without port) allowed in Host besides
+	// IP literals and localhost. Nil means none.
+	Hosts func() []string
+	// Token returns the bearer token the listener requires, "" for none.
+	// Nil means none.
+	Token func() (string, error)
+}
+
+// OpenPaths are the admin paths served without a token: health and
+// metrics, for load balancers and scrapers.
+var OpenPaths = []string{"/healthz", "/readyz", "/metrics"}
+
+var crossOrigin = http.NewCrossOriginProtection()
+
+// Wrap returns h behind the guard.
+func (g AdminGuard) Wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !g.hostAllowed(r.Host) {
+			http.Error(w, "misdirected request: this admin listener does not serve host "+strconv.Quote(r.Host)+
+				" (allowed: IP addresses, localhost and admin.hosts)", http.StatusMisdirectedRequest)
+			return
+		}
+		switch r.Header.Get("Sec-Fetch-Site") {
+		case "cross-site", "same-site":
+			http.Error(w, "forbidden: cross-site request to the admin listener", http.StatusForbidden)
+			return
+		}
+		if err := crossOrigin.Check(r); err != nil {
+			http.Error(w, "forbidden: "+err.Error(), http.StatusForbidden)
+			return
+		}
+		if !slices.Contains(OpenPaths, r.URL.Path) && g.Token != nil {
+			token, err := g.Token()
+			if err != nil {
+				http.Error(w, "admin token unavailable", http.StatusServiceUnavailable)
+				return
+			}
+			if token != "" && !bearerMatches(r.Header.Get("Authorization"), token) {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-admin"`)
+				http.Error(w, "unauthorized: send Authorization: Bearer <admin token>", http.StatusUnauthorized)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// bearerMatches compares the request's bearer token with token in time
+// that depends on neither (both are hashed first).
+func bearerMatches(header, token string) bool {
+	scheme, got, ok := strings.Cut(header, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		got = ""
+	}
+	a, b := sha256.Sum256([]byte(strings.TrimSpace(got))), sha256.Sum256([]byte(token))
+	return subtle.ConstantTimeCompare(a[:], b[:]) == 1 && ok
+}
+
+// hostAllowed applies the Host rule of AdminGuard.
+func (g AdminGuard) hostAllowed(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), ".")
+	if host == "" {
+		return false
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	host = strings.ToLower(host)
+	if host == "localhost" {
+		return true
+	}
+	if g.Hosts != nil {
+		for _, h := range g.Hosts() {
+			if strings.EqualFold(strings.TrimSuffix(h, "."), host) {
+				return true
+			}
+		}
+	}
+	return false
+}

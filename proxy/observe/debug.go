@@ -1,6 +1,7 @@
 package observe
 
 import (
+	"net/url"
 	"time"
 
 	"github.com/sluice-proxy/sluice/routing"
@@ -102,7 +103,7 @@ func millis(d time.Duration) float64 { return float64(d) / 1e6 }
 
 // backendStat describes one backend's health and load at now.
 func backendStat(pool string, b *routing.Backend, now time.Time) BackendStat {
-	bs := BackendStat{Pool: pool, URL: b.URL.String(), Healthy: b.Healthy(now), InFlight: b.InFlight(),
+	bs := BackendStat{Pool: pool, URL: publicURL(b.URL), Healthy: b.Healthy(now), InFlight: b.InFlight(),
 		Capacity: b.Config.MaxBatch, Score: b.Score(now)}
 	if l := b.Load(now); l.Known && l.Sample != nil {
 		running, waiting := l.Sample.Running, l.Sample.Waiting
@@ -110,4 +111,18 @@ func backendStat(pool string, b *routing.Backend, now time.Time) BackendStat {
 		bs.Running, bs.Waiting, bs.SampleAgeMS = &running, &waiting, &age
 	}
 	return bs
+}
+
+// publicURL is u without its user info ("user:pass@"), for the status
+// page and /debug/stats: credentials in a backend URL are never shown.
+func publicURL(u *url.URL) string {
+	if u == nil {
+		return ""
+	}
+	if u.User == nil {
+		return u.String()
+	}
+	c := *u
+	c.User = nil
+	return c.String()
 }
