@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -63,5 +64,96 @@ func TestConfigDeepNestingRefused(t *testing.T) {
 	if _, err := ParseTenants("t.yaml", []byte("tenants: "+strings.Repeat("{a: ", 100)+"}")); err == nil ||
 		!strings.Contains(err.Error(), "nested deeper") {
 		t.Fatalf("tenants file: got %v; want a nesting refusal", err)
+	}
+}
+
+// TestAttackConfigBlockNesting: 200 KB of compact block sequences
+// ("- - - ... x", 100,000 levels deep) made the YAML parser take 44 s and
+// 15 GB (its cost grows with the square of the depth). Refused before
+// parsing, quickly and with little memory. Fails on the old code: the
+// 20,000-level version alone took 1.6 s and 677 MB.
+func TestAttackConfigBlockNesting(t *testing.T) {
+	cases := map[string]string{
+		"compact sequences": valid + "x:\n  " + strings.Repeat("- ", 100_000) + "x\n",
+		"indented mappings": func() string {
+			var b strings.Builder
+			b.WriteString(valid + "x:\n")
+			for i := 1; i <= 500; i++ {
+				b.WriteString(strings.Repeat(" ", i) + "a:\n")
+			}
+			return b.String()
+		}(),
+	}
+	for name, data := range cases {
+		t.Run(name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			start := time.Now()
+			_, err := Parse("deep.yaml", []byte(data))
+			took := time.Since(start)
+			runtime.ReadMemStats(&after)
+			if err == nil || !strings.Contains(err.Error(), "block collections nested deeper than 64") {
+				t.Fatalf("got %.300v; want a block nesting refusal", err)
+			}
+			if took > 500*time.Millisecond {
+				t.Errorf("refusing took %v; want under 500ms", took)
+			}
+			if grew := after.TotalAlloc - before.TotalAlloc; grew > 16<<20 {
+				t.Errorf("refusing allocated %d MB; want under 16 MB", grew>>20)
+			}
+		})
+	}
+	if _, err := ParseTenants("t.yaml", []byte("tenants:\n  "+strings.Repeat("- ", 1000)+"x\n")); err == nil ||
+		!strings.Contains(err.Error(), "block collections nested deeper") {
+		t.Fatalf("tenants file: got %v; want a block nesting refusal", err)
+	}
+}
+
+// TestBlockDepthAcceptsRealFiles: the depth scan does not refuse what real
+// configs hold: block scalars with deeply indented text, comments, nesting
+// up to the limit.
+func TestBlockDepthAcceptsRealFiles(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("a: |\n")
+	for i := 1; i <= 200; i++ {
+		b.WriteString(strings.Repeat(" ", i) + "- text, not structure\n")
+	}
+	b.WriteString("b: >-\n  x\n")
+	b.WriteString("c:\n" + strings.Repeat("  ", 10) + "# comment\n")
+	b.WriteString("d:\n  " + strings.Repeat("- ", MaxBlockDepth-2) + "x\n")
+	if line := blockTooDeep([]byte(b.String())); line != 0 {
+		t.Fatalf("refused line %d of a file within the limit", line)
+	}
+	if line := blockTooDeep([]byte("d:\n  " + strings.Repeat("- ", MaxBlockDepth-1) + "x\n")); line != 2 {
+		t.Fatalf("got line %d; want line 2 refused", line)
+	}
+	for _, name := range []string{"default.yaml", "examples/many-tenants.yaml", "examples/multi-pool.yaml", "examples/redis.yaml", "examples/single-pop.yaml", "examples/tenants/tenants.yaml"} {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg := precheck(data); msg != "" {
+			t.Errorf("%s: %s", name, msg)
+		}
+	}
+}
+
+// TestAttackConfigAliasBombBeforeDecoding: an alias bomb is refused from
+// the syntax tree, before anything is decoded, with a message naming alias
+// expansion. (The old code refused it too, later, by counting decoded
+// values; this message did not exist.)
+func TestAttackConfigAliasBombBeforeDecoding(t *testing.T) {
+	start := time.Now()
+	_, err := Parse("bomb.yaml", []byte(aliasBomb()))
+	if err == nil || !strings.Contains(err.Error(), "once aliases are expanded") {
+		t.Fatalf("got %.300v; want an alias expansion refusal", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("took %v; want under 1s", took)
+	}
+	small := valid + "tenants:\n  - id: a\n    keys: [sha256:246c6a889938d703aa7ba351c2a6abcbba304db0c338c25b9939a23cafb13851]\n    limits: &l {max_concurrency: 1}\n  - id: b\n    keys: [sha256:ef689e186280cc877d8e1e52f0f160abf02f87bbf9450a91b1aa2a1ea2d3d7e7]\n    limits: *l\n"
+	if _, err := Parse("ok.yaml", []byte(small)); err != nil {
+		t.Fatalf("a file using an alias once was refused: %v", err)
 	}
 }
