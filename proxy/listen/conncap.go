@@ -13,10 +13,14 @@ import (
 // connection that has not started a request within FirstRequestTimeout is
 // closed. Go's http.Server closes an idle h2 connection only after
 // IdleTimeout (2m), also before its first request; h1 has
-// ReadHeaderTimeout. This bound makes both ~10s.
+// ReadHeaderTimeout. This bound makes both ~10s, however the client
+// trickles its bytes (the timer is not reset by traffic, only by a
+// request reaching the handler). Once a connection has served a request,
+// IdleTimeout applies between requests.
 const (
 	DefaultMaxConnsPerAddr     = 1024
 	DefaultFirstRequestTimeout = 10 * time.Second
+	DefaultIdleTimeout         = 2 * time.Minute
 )
 
 // capListener refuses connections past the per-address cap (closing them
@@ -65,7 +69,10 @@ func (l *capListener) Accept() (net.Conn, error) {
 }
 
 func addrIP(a net.Addr) string {
-	if ta, ok := a.(*net.TCPAddr); ok {
+	switch ta := a.(type) {
+	case *net.TCPAddr:
+		return string(ta.IP.To16())
+	case *net.UDPAddr:
 		return string(ta.IP.To16())
 	}
 	host, _, err := net.SplitHostPort(a.String())

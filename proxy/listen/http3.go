@@ -1,12 +1,14 @@
 package listen
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net"
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -16,10 +18,11 @@ import (
 // h3Listener is the QUIC side of the HTTPS listener: a UDP socket, the QUIC
 // transport on it, and the HTTP/3 server.
 type h3Listener struct {
-	udp *net.UDPConn
-	tr  *quic.Transport
-	ln  http3.QUICListener
-	srv *http3.Server
+	udp  *net.UDPConn
+	tr   *quic.Transport
+	ln   http3.QUICListener
+	srv  *http3.Server
+	gate *quicGate
 
 	shutdownOnce sync.Once
 	drained      chan struct{}      // closed when srv.Shutdown returned
@@ -35,7 +38,8 @@ func (s *Server) listenHTTP3(addr string, cfg HTTP3Config) (*h3Listener, error) 
 		return nil, err
 	}
 	udp := pc.(*net.UDPConn)
-	tr := &quic.Transport{Conn: udp, ConnContext: quicConnContext}
+	gate := newQUICGate(cfg.MaxConnsPerAddr, cfg.MaxHandshakes)
+	tr := &quic.Transport{Conn: udp, ConnContext: gate.connContext, VerifySourceAddress: gate.verifySource}
 	tlsCfg := s.QUICTLSConfig
 	if tlsCfg == nil {
 		tlsCfg = http3.ConfigureTLSConfig(s.TLSConfig)
@@ -57,7 +61,7 @@ func (s *Server) listenHTTP3(addr string, cfg HTTP3Config) (*h3Listener, error) 
 		udp.Close()
 		return nil, err
 	}
-	q := &h3Listener{udp: udp, tr: tr, ln: ln, drained: make(chan struct{})}
+	q := &h3Listener{udp: udp, tr: tr, ln: ln, gate: gate, drained: make(chan struct{})}
 	q.srv = &http3.Server{
 		Handler:        s.wrap(ListenerHTTP3, s.Handler),
 		IdleTimeout:    cfg.IdleTimeout,
@@ -68,12 +72,82 @@ func (s *Server) listenHTTP3(addr string, cfg HTTP3Config) (*h3Listener, error) 
 	return q, nil
 }
 
-// quicConnContext is quic.Transport.ConnContext: it starts the connection's
-// state when its first packet arrives, so the handshake can be timed.
-func quicConnContext(ctx context.Context, _ *quic.ClientInfo) (context.Context, error) {
+// quicGate bounds the QUIC connections of one client address and the
+// handshakes in progress on the listener. quic-go v0.65.0 has neither
+// bound; its Transport.ConnContext (transport.go) may refuse a new
+// connection (the client gets CONNECTION_REFUSED) and its context ends
+// when the connection closes or its handshake fails, which frees the
+// places taken.
+type quicGate struct {
+	maxPerAddr    int
+	maxHandshakes int64
+	handshaking   atomic.Int64
+	mu            sync.Mutex
+	conns         map[string]int // client IP -> QUIC connections
+}
+
+// Refusals of quicGate (the client sees CONNECTION_REFUSED).
+var (
+	errQUICConnsPerAddr = errors.New("too many QUIC connections from this address")
+	errQUICHandshakes   = errors.New("too many QUIC handshakes in progress")
+)
+
+func newQUICGate(maxPerAddr, maxHandshakes int) *quicGate {
+	return &quicGate{
+		maxPerAddr:    cmp.Or(max(maxPerAddr, 0), DefaultHTTP3ConnsPerAddr),
+		maxHandshakes: int64(cmp.Or(max(maxHandshakes, 0), DefaultHTTP3Handshakes)),
+		conns:         map[string]int{},
+	}
+}
+
+// connContext is quic.Transport.ConnContext: it takes the connection's
+// places (refusing it when a bound is reached) and starts its state when
+// its first packet arrives, so the handshake can be timed.
+func (g *quicGate) connContext(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
+	if g.handshaking.Add(1) > g.maxHandshakes {
+		g.handshaking.Add(-1)
+		return ctx, errQUICHandshakes
+	}
+	ip := addrIP(ci.RemoteAddr)
+	g.mu.Lock()
+	if g.conns[ip] >= g.maxPerAddr {
+		g.mu.Unlock()
+		g.handshaking.Add(-1)
+		return ctx, errQUICConnsPerAddr
+	}
+	g.conns[ip]++
+	g.mu.Unlock()
 	cs := newConnState(protoH3)
 	cs.start = time.Now()
+	cs.handshaken = sync.OnceFunc(func() { g.handshaking.Add(-1) })
+	context.AfterFunc(ctx, func() {
+		cs.handshaken()
+		g.mu.Lock()
+		if g.conns[ip]--; g.conns[ip] <= 0 {
+			delete(g.conns, ip)
+		}
+		g.mu.Unlock()
+	})
 	return withConn(ctx, cs), nil
+}
+
+// verifySource is quic.Transport.VerifySourceAddress: once half of the
+// handshake bound is in use, new clients must prove their address with a
+// Retry before a handshake starts.
+func (g *quicGate) verifySource(net.Addr) bool {
+	return g.handshaking.Load() >= g.maxHandshakes/2
+}
+
+// counts returns the connections held by each client IP and the
+// handshakes in progress (for tests).
+func (g *quicGate) counts() (map[string]int, int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make(map[string]int, len(g.conns))
+	for ip, n := range g.conns {
+		out[ip] = n
+	}
+	return out, g.handshaking.Load()
 }
 
 // h3ConnContext is http3.Server.ConnContext. It completes the connection's
@@ -86,6 +160,9 @@ func (s *Server) h3ConnContext(ctx context.Context, c *quic.Conn) context.Contex
 		ctx = withConn(ctx, cs)
 	} else {
 		cs.handshake = time.Since(cs.start)
+		if cs.handshaken != nil {
+			cs.handshaken() // accepted: the handshake is complete (or, with 0-RTT, under way and served)
+		}
 	}
 	cs.quic = c
 	ctx, cancel := context.WithCancelCause(ctx)
