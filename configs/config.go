@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"cmp"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -74,6 +75,17 @@ type Listeners struct {
 	HTTPS *HTTPS `yaml:"https"`
 	// Admin serves /healthz, /readyz and /metrics. Empty means none.
 	Admin string `yaml:"admin"`
+	// MaxConnsPerAddr caps the TCP connections one client IP address may
+	// hold on each proxy listener (http, https); more are closed at once.
+	// Zero means 1024.
+	MaxConnsPerAddr int `yaml:"max_conns_per_addr"`
+	// FirstRequestTimeout closes a TCP connection (h1, h2c, TLS, h2) that
+	// has not started a request this long after it was accepted, however
+	// it trickles bytes. Zero means 10s.
+	FirstRequestTimeout time.Duration `yaml:"first_request_timeout"`
+	// IdleTimeout closes a TCP connection (h1 keep-alive, h2) that has
+	// served requests and has had none open for this long. Zero means 2m.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
 }
 
 // HTTPS is a TLS listener.
@@ -193,6 +205,9 @@ func (c *Config) applyDefaults() {
 		c.Node.DrainTimeout = 30 * time.Second
 	}
 	c.Proxy = c.Proxy.WithDefaults()
+	c.Listeners.MaxConnsPerAddr = cmp.Or(c.Listeners.MaxConnsPerAddr, listen.DefaultMaxConnsPerAddr)
+	c.Listeners.FirstRequestTimeout = cmp.Or(c.Listeners.FirstRequestTimeout, listen.DefaultFirstRequestTimeout)
+	c.Listeners.IdleTimeout = cmp.Or(c.Listeners.IdleTimeout, listen.DefaultIdleTimeout)
 	if c.Listeners.HTTPS != nil {
 		c.Listeners.HTTPS.HTTP3 = c.Listeners.HTTPS.HTTP3.WithDefaults()
 	}

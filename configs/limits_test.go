@@ -157,3 +157,36 @@ func TestAttackConfigAliasBombBeforeDecoding(t *testing.T) {
 		t.Fatalf("a file using an alias once was refused: %v", err)
 	}
 }
+
+// TestListenerCapKeys: the connection caps and timeouts are config keys
+// with the documented defaults, and bad values are refused at their
+// position.
+func TestListenerCapKeys(t *testing.T) {
+	c, err := Parse("ok.yaml", []byte(valid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := c.Listeners
+	if l.MaxConnsPerAddr != 1024 || l.FirstRequestTimeout != 10*time.Second || l.IdleTimeout != 2*time.Minute {
+		t.Fatalf("defaults: got %d %v %v; want 1024 10s 2m", l.MaxConnsPerAddr, l.FirstRequestTimeout, l.IdleTimeout)
+	}
+	set := strings.Replace(valid, "listeners:\n", "listeners:\n  max_conns_per_addr: 8\n  first_request_timeout: 3s\n  idle_timeout: 30s\n"+
+		"  https:\n    addr: 127.0.0.1:8443\n    dev_cert: true\n    http3: {max_conns_per_addr: 5, max_handshakes: 64}\n", 1)
+	c, err = Parse("set.yaml", []byte(set))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l = c.Listeners
+	if l.MaxConnsPerAddr != 8 || l.FirstRequestTimeout != 3*time.Second || l.IdleTimeout != 30*time.Second ||
+		l.HTTPS.HTTP3.MaxConnsPerAddr != 5 || l.HTTPS.HTTP3.MaxHandshakes != 64 {
+		t.Fatalf("got %+v %+v", l, l.HTTPS.HTTP3)
+	}
+	bad := strings.Replace(valid, "listeners:\n", "listeners:\n  max_conns_per_addr: -1\n  first_request_timeout: 1ms\n"+
+		"  https:\n    addr: 127.0.0.1:8443\n    dev_cert: true\n    http3: {max_handshakes: -3}\n", 1)
+	_, err = Parse("bad.yaml", []byte(bad))
+	for _, want := range []string{"2:23: listeners.max_conns_per_addr", "3:26: listeners.first_request_timeout", "listeners.https.http3.max_handshakes"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v; want an error %q", err, want)
+		}
+	}
+}

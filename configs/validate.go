@@ -89,6 +89,15 @@ func (v *validator) listeners() []*x509.Certificate {
 	if l.Admin != "" {
 		v.addr("listeners.admin", l.Admin)
 	}
+	if l.MaxConnsPerAddr < 1 {
+		v.errorf("listeners.max_conns_per_addr", "listeners.max_conns_per_addr: %d must be at least 1", l.MaxConnsPerAddr)
+	}
+	if l.FirstRequestTimeout < 100*time.Millisecond {
+		v.errorf("listeners.first_request_timeout", "listeners.first_request_timeout: %v is too short (at least 100ms)", l.FirstRequestTimeout)
+	}
+	if l.IdleTimeout < 100*time.Millisecond {
+		v.errorf("listeners.idle_timeout", "listeners.idle_timeout: %v is too short (at least 100ms)", l.IdleTimeout)
+	}
 	if s := l.HTTPS; s != nil {
 		if s.Addr == "" {
 			v.errorf("listeners.https", "listeners.https: addr is required")
@@ -123,6 +132,12 @@ func (v *validator) http3(s *HTTPS) {
 	}
 	if h.IdleTimeout < time.Second {
 		v.errorf("listeners.https.http3.idle_timeout", "listeners.https.http3.idle_timeout: %v is too short (at least 1s)", h.IdleTimeout)
+	}
+	if h.MaxConnsPerAddr < 1 {
+		v.errorf("listeners.https.http3.max_conns_per_addr", "listeners.https.http3.max_conns_per_addr: %d must be at least 1", h.MaxConnsPerAddr)
+	}
+	if h.MaxHandshakes < 2 {
+		v.errorf("listeners.https.http3.max_handshakes", "listeners.https.http3.max_handshakes: %d must be at least 2", h.MaxHandshakes)
 	}
 }
 
