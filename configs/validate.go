@@ -161,7 +161,8 @@ func (v *validator) websocket(w ws.Config) {
 		key string
 		n   int64
 	}{{"max_inflight", int64(w.MaxInflight)}, {"send_queue", int64(w.SendQueue)},
-		{"max_message_bytes", int64(w.MaxMessageBytes)}, {"request_burst", int64(w.RequestBurst)}} {
+		{"max_message_bytes", int64(w.MaxMessageBytes)}, {"request_burst", int64(w.RequestBurst)},
+		{"max_sockets_per_addr", int64(w.MaxSocketsPerAddr)}, {"max_sockets_per_tenant", int64(w.MaxSocketsPerTenant)}} {
 		if f.n < 0 {
 			v.errorf(path+"."+f.key, "%s.%s: must not be negative", path, f.key)
 		}
