@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -134,7 +135,7 @@ func DefaultYAML() []byte { return append([]byte(nil), defaultYAML...) }
 // tenants file it names. Every problem is reported as an *Error
 // ("file:line:col: message"); use Errors to list them.
 func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := ReadFile(path)
 	if err != nil {
 		return nil, &Error{File: path, Msg: fmt.Sprintf("reading config: %v", err)}
 	}
@@ -148,7 +149,19 @@ type TenantsReader func(path string) ([]byte, error)
 // Parse decodes, defaults and validates config text; name is used in
 // errors. A tenants file it names is read from disk.
 func Parse(name string, data []byte) (*Config, error) {
-	return ParseWith(name, data, os.ReadFile)
+	return ParseWith(name, data, ReadFile)
+}
+
+// ReadFile reads a config or tenants file, but never more than
+// MaxFileBytes+1 bytes of it: a larger file is refused by the parser
+// ("file is ... bytes or more") without being held in memory whole.
+func ReadFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
 }
 
 // ParseWith is Parse with the tenants file read by read (for a config

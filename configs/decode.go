@@ -105,7 +105,7 @@ const (
 // quoted strings and comments.
 func precheck(data []byte) string {
 	if len(data) > MaxFileBytes {
-		return fmt.Sprintf("file is %d bytes; the limit is %d", len(data), MaxFileBytes)
+		return fmt.Sprintf("file is %d bytes or more; the limit is %d", len(data), MaxFileBytes)
 	}
 	if line := blockTooDeep(data); line > 0 {
 		return fmt.Sprintf("line %d: block collections nested deeper than %d", line, MaxBlockDepth)
