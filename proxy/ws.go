@@ -1,9 +1,9 @@
 package proxy
 
 import (
-	"net"
 	"net/http"
 
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/ws"
 )
 
@@ -25,16 +25,12 @@ func WebSocketKey(r *http.Request) (key string, fromProtocol bool) {
 type wsSockets = ws.Sockets
 
 // OpenWebSocket takes a place for one socket of tenant from r's client
-// address (bridge and passthrough share the caps
+// address (its IP, or IPv6 /64 prefix; bridge and passthrough share the caps
 // proxy.websocket.max_sockets_per_addr and max_sockets_per_tenant), or
 // returns the 429 to answer before the upgrade. release frees the place;
 // it is idempotent and must run on every exit path (defer it).
 func (h *Handler) OpenWebSocket(r *http.Request, tenant string, cfg ws.Config) (release func(), err error) {
-	addr, _, splitErr := net.SplitHostPort(r.RemoteAddr)
-	if splitErr != nil {
-		addr = r.RemoteAddr
-	}
-	release, over := h.sockets.Acquire(addr, tenant, cfg.MaxSocketsPerAddr, cfg.MaxSocketsPerTenant)
+	release, over := h.sockets.Acquire(listen.ClientKey(r.RemoteAddr), tenant, cfg.MaxSocketsPerAddr, cfg.MaxSocketsPerTenant)
 	switch over {
 	case ws.OverAddr:
 		return nil, errSocketsPerAddr

@@ -68,18 +68,40 @@ func (l *capListener) Accept() (net.Conn, error) {
 	}
 }
 
+// addrIP is the key a client address is counted under: its IP, or for
+// IPv6 its /64 prefix (one subscriber's usual allocation, so a client
+// cannot pass the caps by rotating addresses within it).
 func addrIP(a net.Addr) string {
+	var ip net.IP
 	switch ta := a.(type) {
 	case *net.TCPAddr:
-		return string(ta.IP.To16())
+		ip = ta.IP
 	case *net.UDPAddr:
-		return string(ta.IP.To16())
+		ip = ta.IP
+	default:
+		return ClientKey(a.String())
 	}
-	host, _, err := net.SplitHostPort(a.String())
+	return ipKey(ip)
+}
+
+// ClientKey is the key under which the caps count the client at addr
+// ("host:port" or a bare host): the IP, or for IPv6 its /64 prefix.
+func ClientKey(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return a.String()
+		host = addr
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return ipKey(ip)
 	}
 	return host
+}
+
+func ipKey(ip net.IP) string {
+	if v4 := ip.To4(); v4 != nil {
+		return v4.String()
+	}
+	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
 // capConn is one accepted connection, counted against its address until

@@ -182,9 +182,18 @@ func refused(err error) bool {
 // TestAttackQUICConnsPerAddr: real quic-go clients from 127.0.0.1 open
 // more connections than https.http3.max_conns_per_addr (3): the extra one
 // is refused with CONNECTION_REFUSED, a closed one frees its place, and
-// once all are closed the listener holds no count.
+// once all are closed the listener holds no count (also when the listener
+// accepts connections early, for 0-RTT, before their handshake completes).
 func TestAttackQUICConnsPerAddr(t *testing.T) {
-	s := startTLS(t, func(s *listen.Server) { s.HTTP3.MaxConnsPerAddr = 3 })
+	for _, early := range []bool{false, true} {
+		t.Run(map[bool]string{false: "1-RTT listener", true: "0-RTT listener"}[early], func(t *testing.T) {
+			testQUICConnsPerAddr(t, early)
+		})
+	}
+}
+
+func testQUICConnsPerAddr(t *testing.T, early bool) {
+	s := startTLS(t, func(s *listen.Server) { s.HTTP3.MaxConnsPerAddr = 3; s.HTTP3.Allow0RTT = early })
 	addr := s.Addr(listen.ListenerHTTP3)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -224,9 +233,19 @@ func TestAttackQUICConnsPerAddr(t *testing.T) {
 // TestAttackQUICHandshakes: clients that start handshakes and do not
 // finish them (the client holds its certificate check) fill at most
 // https.http3.max_handshakes (2); a further client is refused, and once
-// the held ones finish it gets in.
+// the held ones finish it gets in. With 0-RTT on, the listener accepts
+// connections before their handshake completes; they still count until it
+// does.
 func TestAttackQUICHandshakes(t *testing.T) {
-	s := startTLS(t, func(s *listen.Server) { s.HTTP3.MaxHandshakes = 2 })
+	for _, early := range []bool{false, true} {
+		t.Run(map[bool]string{false: "1-RTT listener", true: "0-RTT listener"}[early], func(t *testing.T) {
+			testQUICHandshakes(t, early)
+		})
+	}
+}
+
+func testQUICHandshakes(t *testing.T, early bool) {
+	s := startTLS(t, func(s *listen.Server) { s.HTTP3.MaxHandshakes = 2; s.HTTP3.Allow0RTT = early })
 	addr := s.Addr(listen.ListenerHTTP3)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -296,5 +315,30 @@ func waitQUICCounts(t *testing.T, s *listen.Server, conns int, handshakes int64)
 			t.Fatalf("QUIC counts %v connections, %d handshakes; want %d, %d", byAddr, hs, conns, handshakes)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestClientKey: the caps count an IPv4 client by its address and an IPv6
+// client by its /64 prefix, so rotating addresses within one subscriber's
+// allocation does not pass them.
+func TestClientKey(t *testing.T) {
+	same := [][2]string{
+		{"[2001:db8::1]:443", "[2001:db8::ffff:2]:5"},
+		{"127.0.0.1:1", "127.0.0.1:2"},
+		{"[::ffff:192.0.2.1]:1", "192.0.2.1:9"},
+	}
+	for _, p := range same {
+		if a, b := listen.ClientKey(p[0]), listen.ClientKey(p[1]); a != b {
+			t.Errorf("%s -> %q, %s -> %q; want one key", p[0], a, p[1], b)
+		}
+	}
+	differ := [][2]string{
+		{"[2001:db8::1]:443", "[2001:db8:0:1::1]:443"},
+		{"127.0.0.1:1", "127.0.0.2:1"},
+	}
+	for _, p := range differ {
+		if a, b := listen.ClientKey(p[0]), listen.ClientKey(p[1]); a == b {
+			t.Errorf("%s and %s share the key %q; want two", p[0], p[1], a)
+		}
 	}
 }

@@ -161,7 +161,7 @@ func (s *Server) h3ConnContext(ctx context.Context, c *quic.Conn) context.Contex
 	} else {
 		cs.handshake = time.Since(cs.start)
 		if cs.handshaken != nil {
-			cs.handshaken() // accepted: the handshake is complete (or, with 0-RTT, under way and served)
+			s.handshakeDone(c, cs.handshaken)
 		}
 	}
 	cs.quic = c
@@ -169,6 +169,27 @@ func (s *Server) h3ConnContext(ctx context.Context, c *quic.Conn) context.Contex
 	stop := context.AfterFunc(s.base, func() { cancel(context.Cause(s.base)) })
 	context.AfterFunc(ctx, func() { stop() })
 	return ctx
+}
+
+// handshakeDone frees c's place among the handshakes in progress: now
+// when c was accepted after its handshake, or when an early (0-RTT)
+// connection's handshake completes or fails.
+func (s *Server) handshakeDone(c *quic.Conn, done func()) {
+	if c.ConnectionState().TLS.HandshakeComplete {
+		done()
+		return
+	}
+	go waitHandshake(c, done)
+}
+
+// waitHandshake runs for one early connection, at most until its handshake
+// ends (quic-go closes HandshakeComplete on failure too) or it closes.
+func waitHandshake(c *quic.Conn, done func()) {
+	select {
+	case <-c.HandshakeComplete():
+	case <-c.Context().Done():
+	}
+	done()
 }
 
 // serve serves HTTP/3 until Shutdown or Close.
