@@ -171,22 +171,45 @@ func TestListenerCapKeys(t *testing.T) {
 		t.Fatalf("defaults: got %d %v %v; want 1024 10s 2m", l.MaxConnsPerAddr, l.FirstRequestTimeout, l.IdleTimeout)
 	}
 	set := strings.Replace(valid, "listeners:\n", "listeners:\n  max_conns_per_addr: 8\n  first_request_timeout: 3s\n  idle_timeout: 30s\n"+
-		"  https:\n    addr: 127.0.0.1:8443\n    dev_cert: true\n    http3: {max_conns_per_addr: 5, max_handshakes: 64}\n", 1)
+		"  https:\n    addr: 127.0.0.1:8443\n    dev_cert: true\n    http3: {max_conns_per_addr: 5, max_handshakes: 64, max_handshakes_per_addr: 3}\n", 1)
 	c, err = Parse("set.yaml", []byte(set))
 	if err != nil {
 		t.Fatal(err)
 	}
 	l = c.Listeners
 	if l.MaxConnsPerAddr != 8 || l.FirstRequestTimeout != 3*time.Second || l.IdleTimeout != 30*time.Second ||
-		l.HTTPS.HTTP3.MaxConnsPerAddr != 5 || l.HTTPS.HTTP3.MaxHandshakes != 64 {
+		l.HTTPS.HTTP3.MaxConnsPerAddr != 5 || l.HTTPS.HTTP3.MaxHandshakes != 64 || l.HTTPS.HTTP3.MaxHandshakesPerAddr != 3 {
 		t.Fatalf("got %+v %+v", l, l.HTTPS.HTTP3)
 	}
 	bad := strings.Replace(valid, "listeners:\n", "listeners:\n  max_conns_per_addr: -1\n  first_request_timeout: 1ms\n"+
 		"  https:\n    addr: 127.0.0.1:8443\n    dev_cert: true\n    http3: {max_handshakes: -3}\n", 1)
 	_, err = Parse("bad.yaml", []byte(bad))
-	for _, want := range []string{"2:23: listeners.max_conns_per_addr", "3:26: listeners.first_request_timeout", "listeners.https.http3.max_handshakes"} {
+	for _, want := range []string{"2:23: listeners.max_conns_per_addr", "3:26: listeners.first_request_timeout", "listeners.https.http3.max_handshakes:"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("got %v; want an error %q", err, want)
 		}
+	}
+}
+
+// TestWebSocketCapKeys: the socket caps are keys of proxy.websocket with
+// their documented defaults; negative values are refused.
+func TestWebSocketCapKeys(t *testing.T) {
+	c, err := Parse("ok.yaml", []byte(valid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := c.Proxy.WebSocket; w.MaxSocketsPerAddr != 256 || w.MaxSocketsPerTenant != 1024 {
+		t.Fatalf("defaults: got %d %d; want 256 1024", w.MaxSocketsPerAddr, w.MaxSocketsPerTenant)
+	}
+	c, err = Parse("set.yaml", []byte(valid+"proxy:\n  websocket: {max_sockets_per_addr: 4, max_sockets_per_tenant: 9}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := c.Proxy.WebSocket; w.MaxSocketsPerAddr != 4 || w.MaxSocketsPerTenant != 9 {
+		t.Fatalf("got %d %d; want 4 9", w.MaxSocketsPerAddr, w.MaxSocketsPerTenant)
+	}
+	_, err = Parse("bad.yaml", []byte(valid+"proxy:\n  websocket: {max_sockets_per_tenant: -1}\n"))
+	if err == nil || !strings.Contains(err.Error(), "proxy.websocket.max_sockets_per_tenant: must not be negative") {
+		t.Fatalf("got %v; want a refusal of the negative cap", err)
 	}
 }

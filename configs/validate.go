@@ -139,6 +139,9 @@ func (v *validator) http3(s *HTTPS) {
 	if h.MaxHandshakes < 2 {
 		v.errorf("listeners.https.http3.max_handshakes", "listeners.https.http3.max_handshakes: %d must be at least 2", h.MaxHandshakes)
 	}
+	if h.MaxHandshakesPerAddr < 1 {
+		v.errorf("listeners.https.http3.max_handshakes_per_addr", "listeners.https.http3.max_handshakes_per_addr: %d must be at least 1", h.MaxHandshakesPerAddr)
+	}
 }
 
 func (v *validator) proxy() {

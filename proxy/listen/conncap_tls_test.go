@@ -163,15 +163,21 @@ func TestIdleTimeoutAfterRequests(t *testing.T) {
 	}
 }
 
-// dialQUIC opens a real quic-go connection to addr from 127.0.0.1;
+// dialQUIC opens a real quic-go connection to addr (from 127.0.0.1);
 // verify, when set, runs as the client's certificate check (and can hold
 // the handshake open).
 func dialQUIC(ctx context.Context, addr string, verify func() error) (*quic.Conn, error) {
+	return quic.DialAddr(ctx, addr, quicTLS(verify), quicConfig)
+}
+
+var quicConfig = &quic.Config{HandshakeIdleTimeout: 3 * time.Second}
+
+func quicTLS(verify func() error) *tls.Config {
 	cfg := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h3"}}
 	if verify != nil {
 		cfg.VerifyPeerCertificate = func([][]byte, [][]*x509.Certificate) error { return verify() }
 	}
-	return quic.DialAddr(ctx, addr, cfg, &quic.Config{HandshakeIdleTimeout: 3 * time.Second})
+	return cfg
 }
 
 func refused(err error) bool {
@@ -232,8 +238,10 @@ func testQUICConnsPerAddr(t *testing.T, early bool) {
 
 // TestAttackQUICHandshakes: clients that start handshakes and do not
 // finish them (the client holds its certificate check) fill at most
-// https.http3.max_handshakes (2); a further client is refused, and once
-// the held ones finish it gets in. With 0-RTT on, the listener accepts
+// https.http3.max_handshakes_per_addr (2) from one address and
+// https.http3.max_handshakes (4) on the node: a further client is refused
+// with CONNECTION_REFUSED, from the same address or another, and once the
+// held ones finish it gets in. With 0-RTT on, the listener accepts
 // connections before their handshake completes; they still count until it
 // does.
 func TestAttackQUICHandshakes(t *testing.T) {
@@ -245,48 +253,57 @@ func TestAttackQUICHandshakes(t *testing.T) {
 }
 
 func testQUICHandshakes(t *testing.T, early bool) {
-	s := startTLS(t, func(s *listen.Server) { s.HTTP3.MaxHandshakes = 2; s.HTTP3.Allow0RTT = early })
+	s := startTLS(t, func(s *listen.Server) {
+		s.HTTP3.MaxHandshakes, s.HTTP3.MaxHandshakesPerAddr, s.HTTP3.Allow0RTT = 4, 2, early
+	})
 	addr := s.Addr(listen.ListenerHTTP3)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	release := make(chan struct{})
-	entered := make(chan struct{}, 2)
+	released := sync.OnceFunc(func() { close(release) })
+	defer released()
 	var wg sync.WaitGroup
-	conns := make(chan *quic.Conn, 2)
-	for i := 0; i < 2; i++ {
+	conns := make(chan *quic.Conn, 4)
+	hold := func(from string) { // starts a handshake from the address and holds it
+		entered := make(chan struct{})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := dialQUIC(ctx, addr, func() error { entered <- struct{}{}; <-release; return nil })
+			c, err := dialQUICFrom(ctx, t, from, addr, func() error { close(entered); <-release; return nil })
 			if err != nil {
-				t.Errorf("held handshake: %v", err)
+				t.Errorf("held handshake from %s: %v", from, err)
 				return
 			}
 			conns <- c
 		}()
-	}
-	for i := 0; i < 2; i++ {
 		select {
 		case <-entered:
 		case <-ctx.Done():
-			t.Fatal("held handshakes did not start")
+			t.Fatalf("the held handshake from %s did not start", from)
 		}
 	}
-	_, inflight := listen.QUICCounts(s)
-	if inflight != 2 {
-		t.Fatalf("%d handshakes in progress; want 2", inflight)
-	}
-	if c, err := dialQUIC(ctx, addr, nil); !refused(err) {
-		if c != nil {
-			c.CloseWithError(0, "")
+	expectRefused := func(from, what string) {
+		t.Helper()
+		if c, err := dialQUICFrom(ctx, t, from, addr, nil); !refused(err) {
+			if c != nil {
+				c.CloseWithError(0, "")
+			}
+			t.Fatalf("%s: got %v; want CONNECTION_REFUSED", what, err)
 		}
-		close(release)
-		t.Fatalf("3rd handshake: got %v; want CONNECTION_REFUSED", err)
 	}
-	close(release)
+	hold("127.0.0.1")
+	hold("127.0.0.1")
+	expectRefused("127.0.0.1", "a 3rd handshake from one address (per-address cap 2)")
+	hold("127.0.0.2")
+	hold("127.0.0.2")
+	if _, inflight := listen.QUICCounts(s); inflight != 4 {
+		t.Fatalf("%d handshakes in progress; want 4", inflight)
+	}
+	expectRefused("127.0.0.3", "a 5th handshake on the node (cap 4)")
+	released()
 	wg.Wait()
 	close(conns)
-	c, err := dialQUIC(ctx, addr, nil)
+	c, err := dialQUICFrom(ctx, t, "127.0.0.3", addr, nil)
 	if err != nil {
 		t.Fatalf("after the held handshakes finished: %v", err)
 	}
@@ -295,6 +312,22 @@ func testQUICHandshakes(t *testing.T, early bool) {
 		c.CloseWithError(0, "bye")
 	}
 	waitQUICCounts(t, s, 0, 0)
+}
+
+// dialQUICFrom is dialQUIC from the loopback address ip (its own UDP
+// socket and quic.Transport, closed at the end of the test).
+func dialQUICFrom(ctx context.Context, t *testing.T, ip, addr string, verify func() error) (*quic.Conn, error) {
+	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.ParseIP(ip)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &quic.Transport{Conn: udp}
+	t.Cleanup(func() { tr.Close(); udp.Close() })
+	raddr, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr.Dial(ctx, raddr, quicTLS(verify), quicConfig)
 }
 
 // waitQUICCounts waits (up to 5s) until the listener counts conns QUIC

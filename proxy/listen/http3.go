@@ -38,7 +38,7 @@ func (s *Server) listenHTTP3(addr string, cfg HTTP3Config) (*h3Listener, error) 
 		return nil, err
 	}
 	udp := pc.(*net.UDPConn)
-	gate := newQUICGate(cfg.MaxConnsPerAddr, cfg.MaxHandshakes)
+	gate := newQUICGate(cfg)
 	tr := &quic.Transport{Conn: udp, ConnContext: gate.connContext, VerifySourceAddress: gate.verifySource}
 	tlsCfg := s.QUICTLSConfig
 	if tlsCfg == nil {
@@ -79,24 +79,29 @@ func (s *Server) listenHTTP3(addr string, cfg HTTP3Config) (*h3Listener, error) 
 // when the connection closes or its handshake fails, which frees the
 // places taken.
 type quicGate struct {
-	maxPerAddr    int
-	maxHandshakes int64
-	handshaking   atomic.Int64
-	mu            sync.Mutex
-	conns         map[string]int // client IP -> QUIC connections
+	maxPerAddr      int
+	maxHsPerAddr    int
+	maxHandshakes   int64
+	handshaking     atomic.Int64
+	mu              sync.Mutex
+	conns           map[string]int // client IP -> QUIC connections
+	handshakingFrom map[string]int // client IP -> handshakes in progress
 }
 
 // Refusals of quicGate (the client sees CONNECTION_REFUSED).
 var (
-	errQUICConnsPerAddr = errors.New("too many QUIC connections from this address")
-	errQUICHandshakes   = errors.New("too many QUIC handshakes in progress")
+	errQUICConnsPerAddr      = errors.New("too many QUIC connections from this address")
+	errQUICHandshakesPerAddr = errors.New("too many QUIC handshakes in progress from this address")
+	errQUICHandshakes        = errors.New("too many QUIC handshakes in progress")
 )
 
-func newQUICGate(maxPerAddr, maxHandshakes int) *quicGate {
+func newQUICGate(cfg HTTP3Config) *quicGate {
 	return &quicGate{
-		maxPerAddr:    cmp.Or(max(maxPerAddr, 0), DefaultHTTP3ConnsPerAddr),
-		maxHandshakes: int64(cmp.Or(max(maxHandshakes, 0), DefaultHTTP3Handshakes)),
-		conns:         map[string]int{},
+		maxPerAddr:      cmp.Or(max(cfg.MaxConnsPerAddr, 0), DefaultHTTP3ConnsPerAddr),
+		maxHsPerAddr:    cmp.Or(max(cfg.MaxHandshakesPerAddr, 0), DefaultHTTP3HandshakesPerAddr),
+		maxHandshakes:   int64(cmp.Or(max(cfg.MaxHandshakes, 0), DefaultHTTP3Handshakes)),
+		conns:           map[string]int{},
+		handshakingFrom: map[string]int{},
 	}
 }
 
@@ -110,25 +115,43 @@ func (g *quicGate) connContext(ctx context.Context, ci *quic.ClientInfo) (contex
 	}
 	ip := addrIP(ci.RemoteAddr)
 	g.mu.Lock()
-	if g.conns[ip] >= g.maxPerAddr {
+	var err error
+	switch {
+	case g.conns[ip] >= g.maxPerAddr:
+		err = errQUICConnsPerAddr
+	case g.handshakingFrom[ip] >= g.maxHsPerAddr:
+		err = errQUICHandshakesPerAddr
+	}
+	if err != nil {
 		g.mu.Unlock()
 		g.handshaking.Add(-1)
-		return ctx, errQUICConnsPerAddr
+		return ctx, err
 	}
 	g.conns[ip]++
+	g.handshakingFrom[ip]++
 	g.mu.Unlock()
 	cs := newConnState(protoH3)
 	cs.start = time.Now()
-	cs.handshaken = sync.OnceFunc(func() { g.handshaking.Add(-1) })
+	cs.handshaken = sync.OnceFunc(func() {
+		g.handshaking.Add(-1)
+		g.mu.Lock()
+		decr(g.handshakingFrom, ip)
+		g.mu.Unlock()
+	})
 	context.AfterFunc(ctx, func() {
 		cs.handshaken()
 		g.mu.Lock()
-		if g.conns[ip]--; g.conns[ip] <= 0 {
-			delete(g.conns, ip)
-		}
+		decr(g.conns, ip)
 		g.mu.Unlock()
 	})
 	return withConn(ctx, cs), nil
+}
+
+// decr counts one off m[k], dropping the key at zero.
+func decr(m map[string]int, k string) {
+	if m[k]--; m[k] <= 0 {
+		delete(m, k)
+	}
 }
 
 // verifySource is quic.Transport.VerifySourceAddress: once half of the

@@ -38,15 +38,21 @@ type HTTP3Config struct {
 	// more round trip), so that spoofed source addresses cannot fill it.
 	// Zero means 1024.
 	MaxHandshakes int `yaml:"max_handshakes"`
+	// MaxHandshakesPerAddr caps the QUIC handshakes in progress from one
+	// client IP address, so that one client cannot take all of
+	// MaxHandshakes; more are refused with CONNECTION_REFUSED. Zero means
+	// 64.
+	MaxHandshakesPerAddr int `yaml:"max_handshakes_per_addr"`
 }
 
 // Defaults of HTTP3Config.
 const (
-	DefaultHTTP3MaxStreams   = 100
-	DefaultHTTP3IdleTimeout  = 2 * time.Minute
-	DefaultHTTP3KeepAlive    = 15 * time.Second
-	DefaultHTTP3ConnsPerAddr = 1024
-	DefaultHTTP3Handshakes   = 1024
+	DefaultHTTP3MaxStreams        = 100
+	DefaultHTTP3IdleTimeout       = 2 * time.Minute
+	DefaultHTTP3KeepAlive         = 15 * time.Second
+	DefaultHTTP3ConnsPerAddr      = 1024
+	DefaultHTTP3Handshakes        = 1024
+	DefaultHTTP3HandshakesPerAddr = 64
 )
 
 // altSvcMaxAge is how long (seconds) clients may remember the h3 endpoint.
@@ -71,6 +77,9 @@ func (c HTTP3Config) WithDefaults() HTTP3Config {
 	}
 	if c.MaxHandshakes == 0 {
 		c.MaxHandshakes = DefaultHTTP3Handshakes
+	}
+	if c.MaxHandshakesPerAddr == 0 {
+		c.MaxHandshakesPerAddr = DefaultHTTP3HandshakesPerAddr
 	}
 	return c
 }
