@@ -129,37 +129,54 @@ func TestAttackSlowH2BeforeFirstRequest(t *testing.T) {
 }
 
 // TestIdleTimeoutAfterRequests: an h2 connection that has served a request
-// and then idles is closed after IdleTimeout (the listeners.idle_timeout
-// key), not by the first-request timeout, and not after net/http's 2m.
+// and then idles, or sends only PINGs, is closed after IdleTimeout (the
+// listeners.idle_timeout key; net/http then sends GOAWAY and closes 1s
+// later), not by the first-request timeout, and not after net/http's 2m.
 func TestIdleTimeoutAfterRequests(t *testing.T) {
 	s := startTLS(t, func(s *listen.Server) {
 		s.FirstRequestTimeout = 200 * time.Millisecond
 		s.IdleTimeout = 800 * time.Millisecond
 	})
-	c := dialH2(t, s.Addr(listen.ListenerHTTPS))
-	if _, err := c.Write(h2Request); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	var got []byte
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	buf := make([]byte, 4096)
-	for {
-		n, err := c.Read(buf)
-		got = append(got, buf[:n]...)
-		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				t.Fatalf("connection still open %v after its request (idle timeout 800ms): %v", time.Since(start), err)
+	for _, pings := range []bool{false, true} {
+		t.Run(map[bool]string{false: "idle", true: "pings"}[pings], func(t *testing.T) {
+			c := dialH2(t, s.Addr(listen.ListenerHTTPS))
+			if _, err := c.Write(h2Request); err != nil {
+				t.Fatal(err)
 			}
-			break
-		}
-	}
-	took := time.Since(start)
-	if !bytes.Contains(got, []byte("ok")) {
-		t.Fatalf("the request was not served: % x", got)
-	}
-	if took < 700*time.Millisecond {
-		t.Errorf("closed %v after its request; want about 800ms (the first-request timeout must not apply)", took)
+			start := time.Now()
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			defer func() { close(stop); wg.Wait() }()
+			if pings {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ping := []byte{0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8}
+					trickle(c, bytes.Repeat(ping, 3), 20*time.Millisecond, stop) // a PING every ~340ms, for ~1s
+				}()
+			}
+			var got []byte
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			buf := make([]byte, 4096)
+			for {
+				n, err := c.Read(buf)
+				got = append(got, buf[:n]...)
+				if err != nil {
+					if !errors.Is(err, io.EOF) {
+						t.Fatalf("connection still open %v after its request (idle timeout 800ms): %v", time.Since(start), err)
+					}
+					break
+				}
+			}
+			took := time.Since(start)
+			if !bytes.Contains(got, []byte("ok")) {
+				t.Fatalf("the request was not served: % x", got)
+			}
+			t.Logf("closed %v after its request", took)
+			if took < 700*time.Millisecond || took > 3*time.Second {
+				t.Errorf("closed %v after its request; want 800ms + 1s GOAWAY grace (the first-request timeout must not apply)", took)
+			}
+		})
 	}
 }
 
