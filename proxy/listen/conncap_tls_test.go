@@ -81,13 +81,15 @@ func trickle(c net.Conn, data []byte, gap time.Duration, stop <-chan struct{}) {
 var h2Request = append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"),
 	0, 0, 6, 1, 5, 0, 0, 0, 1, 0x82, 0x84, 0x87, 0x41, 1, 'x') // :method GET, :path /, :scheme https, :authority x
 
-// TestAttackSlowH2BeforeFirstRequest: unauthenticated clients hold h2
-// connections without sending a request, over TLS and over h2c: idle after
-// the handshake, or trickling the preface and headers a byte at a time.
-// net/http keeps them for its IdleTimeout (2m) and resets nothing on
-// trickled bytes; the first-request timeout (here the config key's value,
-// 400ms) closes each within the bound. Fails without the listener's
-// first-request timer: the connections outlive 3s.
+// TestAttackSlowH2BeforeFirstRequest: unauthenticated clients hold
+// connections without completing a request, over TLS h2, h2c and h1: idle
+// after the handshake, or trickling the preface and headers a byte at a
+// time. net/http keeps an h2 one for its IdleTimeout (2m) and an h1 one for
+// ReadHeaderTimeout (10s); the first-request timeout (here 400ms, the
+// listeners.first_request_timeout key) closes each within the bound,
+// however bytes trickle. Fails with the timer disabled: every connection
+// outlives 3s. (The TCP timer existed before this change as a fixed
+// default; this test adds TLS h2 and trickling to its coverage.)
 func TestAttackSlowH2BeforeFirstRequest(t *testing.T) {
 	s := startTLS(t, func(s *listen.Server) { s.FirstRequestTimeout = 400 * time.Millisecond })
 	tlsAddr, h2cAddr := s.Addr(listen.ListenerHTTPS), s.Addr(listen.ListenerHTTP)
@@ -106,6 +108,14 @@ func TestAttackSlowH2BeforeFirstRequest(t *testing.T) {
 			t.Cleanup(func() { c.Close() })
 			return c
 		}, h2Request},
+		{"h1 trickle", func() net.Conn {
+			c, err := net.Dial("tcp", h2cAddr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			return c
+		}, []byte("GET / HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n")},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
