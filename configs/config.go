@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"bytes"
 	"cmp"
 	_ "embed"
 	"errors"
@@ -161,7 +162,14 @@ func ReadFile(path string) ([]byte, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	size := int64(MaxFileBytes + 1)
+	if fi, err := f.Stat(); err == nil && fi.Size() < size {
+		size = fi.Size() + bytes.MinRead // one allocation when the size holds
+	}
+	var b bytes.Buffer
+	b.Grow(int(size))
+	_, err = b.ReadFrom(io.LimitReader(f, MaxFileBytes+1))
+	return b.Bytes(), err
 }
 
 // ParseWith is Parse with the tenants file read by read (for a config

@@ -213,3 +213,51 @@ func TestWebSocketCapKeys(t *testing.T) {
 		t.Fatalf("got %v; want a refusal of the negative cap", err)
 	}
 }
+
+// TestAttackConfigManyValues: a 4 MiB file of a million tiny values made
+// the YAML parser take 9 s and 1.3 GB (a flow-list file 11 s and 1.6 GB)
+// before the decoder's value count could refuse it. The estimate made
+// before parsing refuses it in milliseconds. Fails on the old code: the
+// refusal came from the decoder, after the parse.
+func TestAttackConfigManyValues(t *testing.T) {
+	for name, line := range map[string]string{"block list": "- 1\n", "flow lists": "- [1,2,3,4,5,6,7,8,9,0]\n"} {
+		t.Run(name, func(t *testing.T) {
+			data := valid + "x:\n" + strings.Repeat(line, (MaxFileBytes-1000)/len(line))
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			start := time.Now()
+			_, err := Parse("many.yaml", []byte(data))
+			took := time.Since(start)
+			runtime.ReadMemStats(&after)
+			if err == nil || !strings.Contains(err.Error(), "counted before parsing") {
+				t.Fatalf("got %.300v; want a refusal before parsing", err)
+			}
+			if took > 2*time.Second { // ~20ms; the race detector slows the scan
+				t.Errorf("refusing took %v; want under 2s", took)
+			}
+			if grew := after.TotalAlloc - before.TotalAlloc; grew > 32<<20 {
+				t.Errorf("refusing allocated %d MB; want under 32 MB", grew>>20)
+			}
+		})
+	}
+}
+
+// TestValueEstimateBelowDecoded: the estimate made before parsing never
+// exceeds what the decoder counts on real files, so it refuses nothing the
+// decoder's own MaxNodes bound would accept.
+func TestValueEstimateBelowDecoded(t *testing.T) {
+	for _, name := range []string{"default.yaml", "examples/many-tenants.yaml", "examples/multi-pool.yaml",
+		"examples/redis.yaml", "examples/redis-cluster.yaml", "examples/single-pop.yaml"} {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, est := scanBlocks(data)
+		d := newDecoder(name)
+		d.parse(data, &Config{})
+		if len(d.errs) > 0 || est > d.nodes || est == 0 {
+			t.Errorf("%s: estimate %d, decoded %d values, errors %v", name, est, d.nodes, d.errs)
+		}
+	}
+}

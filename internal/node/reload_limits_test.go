@@ -43,11 +43,12 @@ func memDelta(f func()) (alloc, heap int64) {
 
 // TestAttackReloadConfigBombs: a live node whose config file is replaced
 // by a hostile one (an alias bomb, 20,000 levels of block nesting, a
-// 256 MiB file, a tenants file holding an alias bomb) refuses each reload
+// 256 MiB file, 4 MB of tiny values, a tenants file holding an alias bomb) refuses each reload
 // whole, by the file watcher and by POST /-/reload: the old config keeps
 // serving and the node allocates under 64 MiB per refusal. Fails on the
-// old code: the nesting bomb alone allocated ~680 MB, the 256 MiB file
-// was read whole.
+// old code: the 256 MiB file was read whole (513 MB allocated), the
+// million values took the parser ~9 s and 1.3 GB, and the other refusals
+// came later, from the decoder, with other messages.
 func TestAttackReloadConfigBombs(t *testing.T) {
 	good := nodeConfig{}.String()
 	tn := startFileNode(t, good)
@@ -73,6 +74,7 @@ func TestAttackReloadConfigBombs(t *testing.T) {
 			}
 		}
 	}
+	million := good + "x:\n" + strings.Repeat("- 1\n", 1_000_000) // built outside the measurements
 	cases := []struct {
 		name  string
 		write func()
@@ -83,6 +85,8 @@ func TestAttackReloadConfigBombs(t *testing.T) {
 		{"block nesting", func() { tn.write("sluice.yaml", good+"x:\n  "+strings.Repeat("- ", 20_000)+"x\n") },
 			"block collections nested deeper than 64"},
 		{"256 MiB file", sparse("sluice.yaml", 256<<20), "the limit is 4194304"},
+		{"a million values", func() { tn.write("sluice.yaml", million) },
+			"counted before parsing"},
 		{"tenants file bomb", func() {
 			tn.write("tenants.yaml", "tenants:\n"+bombTenants())
 			tn.write("sluice.yaml", nodeConfig{TenantsRaw: "tenants_file: tenants.yaml\n"}.String())
