@@ -1,9 +1,12 @@
 package configs
 
 import (
+	"bytes"
+	"cmp"
 	_ "embed"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -77,6 +80,17 @@ type Listeners struct {
 	HTTPS *HTTPS `yaml:"https"`
 	// Admin serves /healthz, /readyz and /metrics. Empty means none.
 	Admin string `yaml:"admin"`
+	// MaxConnsPerAddr caps the TCP connections one client IP address may
+	// hold on each proxy listener (http, https); more are closed at once.
+	// Zero means 1024.
+	MaxConnsPerAddr int `yaml:"max_conns_per_addr"`
+	// FirstRequestTimeout closes a TCP connection (h1, h2c, TLS, h2) that
+	// has not started a request this long after it was accepted, however
+	// it trickles bytes. Zero means 10s.
+	FirstRequestTimeout time.Duration `yaml:"first_request_timeout"`
+	// IdleTimeout closes a TCP connection (h1 keep-alive, h2) that has
+	// served requests and has had none open for this long. Zero means 2m.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
 }
 
 // HTTPS is a TLS listener.
@@ -126,7 +140,7 @@ func DefaultYAML() []byte { return append([]byte(nil), defaultYAML...) }
 // token. Every problem is reported as an *Error
 // ("file:line:col: message"); use Errors to list them.
 func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := ReadFile(path)
 	if err != nil {
 		return nil, &Error{File: path, Msg: fmt.Sprintf("reading config: %v", err)}
 	}
@@ -149,7 +163,26 @@ type TenantsReader func(path string) ([]byte, error)
 // Parse decodes, defaults and validates config text; name is used in
 // errors. A tenants file it names is read from disk.
 func Parse(name string, data []byte) (*Config, error) {
-	return ParseWith(name, data, os.ReadFile)
+	return ParseWith(name, data, ReadFile)
+}
+
+// ReadFile reads a config or tenants file, but never more than
+// MaxFileBytes+1 bytes of it: a larger file is refused by the parser
+// ("file is ... bytes or more") without being held in memory whole.
+func ReadFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	size := int64(MaxFileBytes + 1)
+	if fi, err := f.Stat(); err == nil && fi.Size() < size {
+		size = fi.Size() + bytes.MinRead // one allocation when the size holds
+	}
+	var b bytes.Buffer
+	b.Grow(int(size))
+	_, err = b.ReadFrom(io.LimitReader(f, MaxFileBytes+1))
+	return b.Bytes(), err
 }
 
 // ParseWith is Parse with the tenants file read by read (for a config
@@ -206,6 +239,9 @@ func (c *Config) applyDefaults() {
 		c.Node.DrainTimeout = 30 * time.Second
 	}
 	c.Proxy = c.Proxy.WithDefaults()
+	c.Listeners.MaxConnsPerAddr = cmp.Or(c.Listeners.MaxConnsPerAddr, listen.DefaultMaxConnsPerAddr)
+	c.Listeners.FirstRequestTimeout = cmp.Or(c.Listeners.FirstRequestTimeout, listen.DefaultFirstRequestTimeout)
+	c.Listeners.IdleTimeout = cmp.Or(c.Listeners.IdleTimeout, listen.DefaultIdleTimeout)
 	if c.Listeners.HTTPS != nil {
 		c.Listeners.HTTPS.HTTP3 = c.Listeners.HTTPS.HTTP3.WithDefaults()
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -52,7 +51,7 @@ func Version(data []byte) string {
 // problem is an *Error naming the tenants file. Checks that involve the main
 // config (a tenant id or key in both places) are made by Config.WithTenants.
 func LoadTenants(path string) (*TenantSet, error) {
-	data, err := os.ReadFile(path)
+	data, err := ReadFile(path)
 	if err != nil {
 		return nil, &Error{File: path, Msg: fmt.Sprintf("reading tenants file: %v", err)}
 	}

@@ -90,6 +90,15 @@ func (v *validator) listeners() []*x509.Certificate {
 	if l.Admin != "" {
 		v.addr("listeners.admin", l.Admin)
 	}
+	if l.MaxConnsPerAddr < 1 {
+		v.errorf("listeners.max_conns_per_addr", "listeners.max_conns_per_addr: %d must be at least 1", l.MaxConnsPerAddr)
+	}
+	if l.FirstRequestTimeout < 100*time.Millisecond {
+		v.errorf("listeners.first_request_timeout", "listeners.first_request_timeout: %v is too short (at least 100ms)", l.FirstRequestTimeout)
+	}
+	if l.IdleTimeout < 100*time.Millisecond {
+		v.errorf("listeners.idle_timeout", "listeners.idle_timeout: %v is too short (at least 100ms)", l.IdleTimeout)
+	}
 	if s := l.HTTPS; s != nil {
 		if s.Addr == "" {
 			v.errorf("listeners.https", "listeners.https: addr is required")
@@ -125,6 +134,15 @@ func (v *validator) http3(s *HTTPS) {
 	if h.IdleTimeout < time.Second {
 		v.errorf("listeners.https.http3.idle_timeout", "listeners.https.http3.idle_timeout: %v is too short (at least 1s)", h.IdleTimeout)
 	}
+	if h.MaxConnsPerAddr < 1 {
+		v.errorf("listeners.https.http3.max_conns_per_addr", "listeners.https.http3.max_conns_per_addr: %d must be at least 1", h.MaxConnsPerAddr)
+	}
+	if h.MaxHandshakes < 2 {
+		v.errorf("listeners.https.http3.max_handshakes", "listeners.https.http3.max_handshakes: %d must be at least 2", h.MaxHandshakes)
+	}
+	if h.MaxHandshakesPerAddr < 1 {
+		v.errorf("listeners.https.http3.max_handshakes_per_addr", "listeners.https.http3.max_handshakes_per_addr: %d must be at least 1", h.MaxHandshakesPerAddr)
+	}
 }
 
 func (v *validator) proxy() {
@@ -147,7 +165,8 @@ func (v *validator) websocket(w ws.Config) {
 		key string
 		n   int64
 	}{{"max_inflight", int64(w.MaxInflight)}, {"send_queue", int64(w.SendQueue)},
-		{"max_message_bytes", int64(w.MaxMessageBytes)}, {"request_burst", int64(w.RequestBurst)}} {
+		{"max_message_bytes", int64(w.MaxMessageBytes)}, {"request_burst", int64(w.RequestBurst)},
+		{"max_sockets_per_addr", int64(w.MaxSocketsPerAddr)}, {"max_sockets_per_tenant", int64(w.MaxSocketsPerTenant)}} {
 		if f.n < 0 {
 			v.errorf(path+"."+f.key, "%s.%s: must not be negative", path, f.key)
 		}

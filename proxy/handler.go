@@ -86,6 +86,7 @@ type Handler struct {
 	bodies    bodyBudget
 	sending   tenantBodies
 	responses bodyBudget // windows of non-streamed responses being read (response_memory_bytes)
+	sockets   wsSockets  // open WebSocket sockets by address and tenant (ws.go)
 }
 
 // NewHandler builds a handler serving st.

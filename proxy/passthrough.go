@@ -34,6 +34,11 @@ func (x *exchange) passthrough(route *routing.Route) error {
 	if err := ws.CheckOrigin(r, cfg.AllowedOrigins); err != nil {
 		return err
 	}
+	release, err := x.h.OpenWebSocket(r, x.tenant.ID, cfg)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := x.admit(); err != nil {
 		return err
 	}

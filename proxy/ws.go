@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/ws"
 )
 
@@ -19,3 +20,33 @@ func WebSocketKey(r *http.Request) (key string, fromProtocol bool) {
 	}
 	return "", false
 }
+
+// wsSockets is the Handler's count of open sockets (a field there).
+type wsSockets = ws.Sockets
+
+// OpenWebSocket takes a place for one socket of tenant from r's client
+// address (its IP, or IPv6 /64 prefix; bridge and passthrough share the caps
+// proxy.websocket.max_sockets_per_addr and max_sockets_per_tenant), or
+// returns the 429 to answer before the upgrade. release frees the place;
+// it is idempotent and must run on every exit path (defer it).
+func (h *Handler) OpenWebSocket(r *http.Request, tenant string, cfg ws.Config) (release func(), err error) {
+	release, over := h.sockets.Acquire(listen.ClientKey(r.RemoteAddr), tenant, cfg.MaxSocketsPerAddr, cfg.MaxSocketsPerTenant)
+	switch over {
+	case ws.OverAddr:
+		return nil, errSocketsPerAddr
+	case ws.OverTenant:
+		return nil, errSocketsPerTenant
+	}
+	return release, nil
+}
+
+// OpenWebSockets returns the sockets counted against the caps now, and
+// the client addresses and tenants holding them.
+func (h *Handler) OpenWebSockets() (sockets, addrs, tenants int) { return h.sockets.Open() }
+
+var (
+	errSocketsPerAddr = &APIError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "too_many_websockets",
+		Message: "too many WebSocket sockets open from this address (proxy.websocket.max_sockets_per_addr); close one and retry"}
+	errSocketsPerTenant = &APIError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "too_many_websockets",
+		Message: "too many WebSocket sockets open for this tenant (proxy.websocket.max_sockets_per_tenant); close one and retry"}
+)

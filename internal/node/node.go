@@ -131,6 +131,7 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 	n.reg.MustRegister(routing.Collector(func() []*routing.Pool { return n.handler.State().Routes.Pools() }))
 	n.server = &listen.Server{
 		Handler: bridge.New(n.handler, bridge.Options{Log: log, Metrics: metrics}), HTTPAddr: cfg.Listeners.HTTP, AdminAddr: cfg.Listeners.Admin, Log: log,
+		MaxConnsPerAddr: cfg.Listeners.MaxConnsPerAddr, FirstRequestTimeout: cfg.Listeners.FirstRequestTimeout, IdleTimeout: cfg.Listeners.IdleTimeout,
 	}
 	if h := cfg.Listeners.HTTPS; h != nil {
 		n.certs, err = certs.New(h.Config, log, n.reg)

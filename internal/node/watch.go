@@ -3,7 +3,6 @@ package node
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -145,7 +144,7 @@ func (fw *fileWatcher) checkConfig() {
 // fileVersion is the version of a file's content; false while it cannot be
 // read (between an editor's delete and create, say).
 func fileVersion(path string) (string, bool) {
-	data, err := os.ReadFile(path)
+	data, err := configs.ReadFile(path) // at most MaxFileBytes+1: a huge file costs no more
 	if err != nil {
 		return "", false
 	}

@@ -46,6 +46,12 @@ func (b *Bridge) serve(w http.ResponseWriter, r *http.Request, st *proxy.State) 
 			Message: "missing or unknown API key (send Authorization: Bearer <key>, or the subprotocols sluice.v1, sluice.key.<key>)"})
 		return
 	}
+	release, err := b.h.OpenWebSocket(r, tenant.ID, cfg)
+	if err != nil {
+		proxy.WriteError(w, proxy.ErrorOf(err))
+		return
+	}
+	defer release()
 	hdr := http.Header{"X-Request-Id": w.Header()["X-Request-Id"], "X-Sluice-Region": w.Header()["X-Sluice-Region"]}
 	conn, err := ws.NewUpgrader([]string{ws.SubprotocolV1}, proxy.WriteHandshakeError).Upgrade(w, r, hdr)
 	if err != nil {

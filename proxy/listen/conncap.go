@@ -13,10 +13,14 @@ import (
 // connection that has not started a request within FirstRequestTimeout is
 // closed. Go's http.Server closes an idle h2 connection only after
 // IdleTimeout (2m), also before its first request; h1 has
-// ReadHeaderTimeout. This bound makes both ~10s.
+// ReadHeaderTimeout. This bound makes both ~10s, however the client
+// trickles its bytes (the timer is not reset by traffic, only by a
+// request reaching the handler). Once a connection has served a request,
+// IdleTimeout applies between requests.
 const (
 	DefaultMaxConnsPerAddr     = 1024
 	DefaultFirstRequestTimeout = 10 * time.Second
+	DefaultIdleTimeout         = 2 * time.Minute
 )
 
 // capListener refuses connections past the per-address cap (closing them
@@ -64,15 +68,40 @@ func (l *capListener) Accept() (net.Conn, error) {
 	}
 }
 
+// addrIP is the key a client address is counted under: its IP, or for
+// IPv6 its /64 prefix (one subscriber's usual allocation, so a client
+// cannot pass the caps by rotating addresses within it).
 func addrIP(a net.Addr) string {
-	if ta, ok := a.(*net.TCPAddr); ok {
-		return string(ta.IP.To16())
+	var ip net.IP
+	switch ta := a.(type) {
+	case *net.TCPAddr:
+		ip = ta.IP
+	case *net.UDPAddr:
+		ip = ta.IP
+	default:
+		return ClientKey(a.String())
 	}
-	host, _, err := net.SplitHostPort(a.String())
+	return ipKey(ip)
+}
+
+// ClientKey is the key under which the caps count the client at addr
+// ("host:port" or a bare host): the IP, or for IPv6 its /64 prefix.
+func ClientKey(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return a.String()
+		host = addr
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return ipKey(ip)
 	}
 	return host
+}
+
+func ipKey(ip net.IP) string {
+	if v4 := ip.To4(); v4 != nil {
+		return v4.String()
+	}
+	return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
 // capConn is one accepted connection, counted against its address until

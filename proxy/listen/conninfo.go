@@ -51,6 +51,9 @@ type connState struct {
 	quic      *quic.Conn
 	rtt       func() time.Duration // bound once to estimateRTT
 	cap       *capConn             // TCP: the per-address cap's record
+	// handshaken frees the QUIC handshake's place in the listener's
+	// bound (idempotent); nil for TCP.
+	handshaken func()
 
 	// The last TCP_INFO reading (nanoseconds) and when it was taken (unix
 	// nanoseconds; 0 for never).

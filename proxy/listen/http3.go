@@ -1,12 +1,14 @@
 package listen
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net"
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -16,10 +18,11 @@ import (
 // h3Listener is the QUIC side of the HTTPS listener: a UDP socket, the QUIC
 // transport on it, and the HTTP/3 server.
 type h3Listener struct {
-	udp *net.UDPConn
-	tr  *quic.Transport
-	ln  http3.QUICListener
-	srv *http3.Server
+	udp  *net.UDPConn
+	tr   *quic.Transport
+	ln   http3.QUICListener
+	srv  *http3.Server
+	gate *quicGate
 
 	shutdownOnce sync.Once
 	drained      chan struct{}      // closed when srv.Shutdown returned
@@ -35,7 +38,8 @@ func (s *Server) listenHTTP3(addr string, cfg HTTP3Config) (*h3Listener, error) 
 		return nil, err
 	}
 	udp := pc.(*net.UDPConn)
-	tr := &quic.Transport{Conn: udp, ConnContext: quicConnContext}
+	gate := newQUICGate(cfg)
+	tr := &quic.Transport{Conn: udp, ConnContext: gate.connContext, VerifySourceAddress: gate.verifySource}
 	tlsCfg := s.QUICTLSConfig
 	if tlsCfg == nil {
 		tlsCfg = http3.ConfigureTLSConfig(s.TLSConfig)
@@ -57,7 +61,7 @@ func (s *Server) listenHTTP3(addr string, cfg HTTP3Config) (*h3Listener, error) 
 		udp.Close()
 		return nil, err
 	}
-	q := &h3Listener{udp: udp, tr: tr, ln: ln, drained: make(chan struct{})}
+	q := &h3Listener{udp: udp, tr: tr, ln: ln, gate: gate, drained: make(chan struct{})}
 	q.srv = &http3.Server{
 		Handler:        s.wrap(ListenerHTTP3, s.Handler),
 		IdleTimeout:    cfg.IdleTimeout,
@@ -68,12 +72,105 @@ func (s *Server) listenHTTP3(addr string, cfg HTTP3Config) (*h3Listener, error) 
 	return q, nil
 }
 
-// quicConnContext is quic.Transport.ConnContext: it starts the connection's
-// state when its first packet arrives, so the handshake can be timed.
-func quicConnContext(ctx context.Context, _ *quic.ClientInfo) (context.Context, error) {
+// quicGate bounds the QUIC connections of one client address and the
+// handshakes in progress on the listener. quic-go v0.65.0 has neither
+// bound; its Transport.ConnContext (transport.go) may refuse a new
+// connection (the client gets CONNECTION_REFUSED) and its context ends
+// when the connection closes or its handshake fails, which frees the
+// places taken.
+type quicGate struct {
+	maxPerAddr      int
+	maxHsPerAddr    int
+	maxHandshakes   int64
+	handshaking     atomic.Int64
+	mu              sync.Mutex
+	conns           map[string]int // client IP -> QUIC connections
+	handshakingFrom map[string]int // client IP -> handshakes in progress
+}
+
+// Refusals of quicGate (the client sees CONNECTION_REFUSED).
+var (
+	errQUICConnsPerAddr      = errors.New("too many QUIC connections from this address")
+	errQUICHandshakesPerAddr = errors.New("too many QUIC handshakes in progress from this address")
+	errQUICHandshakes        = errors.New("too many QUIC handshakes in progress")
+)
+
+func newQUICGate(cfg HTTP3Config) *quicGate {
+	return &quicGate{
+		maxPerAddr:      cmp.Or(max(cfg.MaxConnsPerAddr, 0), DefaultHTTP3ConnsPerAddr),
+		maxHsPerAddr:    cmp.Or(max(cfg.MaxHandshakesPerAddr, 0), DefaultHTTP3HandshakesPerAddr),
+		maxHandshakes:   int64(cmp.Or(max(cfg.MaxHandshakes, 0), DefaultHTTP3Handshakes)),
+		conns:           map[string]int{},
+		handshakingFrom: map[string]int{},
+	}
+}
+
+// connContext is quic.Transport.ConnContext: it takes the connection's
+// places (refusing it when a bound is reached) and starts its state when
+// its first packet arrives, so the handshake can be timed.
+func (g *quicGate) connContext(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
+	if g.handshaking.Add(1) > g.maxHandshakes {
+		g.handshaking.Add(-1)
+		return ctx, errQUICHandshakes
+	}
+	ip := addrIP(ci.RemoteAddr)
+	g.mu.Lock()
+	var err error
+	switch {
+	case g.conns[ip] >= g.maxPerAddr:
+		err = errQUICConnsPerAddr
+	case g.handshakingFrom[ip] >= g.maxHsPerAddr:
+		err = errQUICHandshakesPerAddr
+	}
+	if err != nil {
+		g.mu.Unlock()
+		g.handshaking.Add(-1)
+		return ctx, err
+	}
+	g.conns[ip]++
+	g.handshakingFrom[ip]++
+	g.mu.Unlock()
 	cs := newConnState(protoH3)
 	cs.start = time.Now()
+	cs.handshaken = sync.OnceFunc(func() {
+		g.handshaking.Add(-1)
+		g.mu.Lock()
+		decr(g.handshakingFrom, ip)
+		g.mu.Unlock()
+	})
+	context.AfterFunc(ctx, func() {
+		cs.handshaken()
+		g.mu.Lock()
+		decr(g.conns, ip)
+		g.mu.Unlock()
+	})
 	return withConn(ctx, cs), nil
+}
+
+// decr counts one off m[k], dropping the key at zero.
+func decr(m map[string]int, k string) {
+	if m[k]--; m[k] <= 0 {
+		delete(m, k)
+	}
+}
+
+// verifySource is quic.Transport.VerifySourceAddress: once half of the
+// handshake bound is in use, new clients must prove their address with a
+// Retry before a handshake starts.
+func (g *quicGate) verifySource(net.Addr) bool {
+	return g.handshaking.Load() >= g.maxHandshakes/2
+}
+
+// counts returns the connections held by each client IP and the
+// handshakes in progress (for tests).
+func (g *quicGate) counts() (map[string]int, int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make(map[string]int, len(g.conns))
+	for ip, n := range g.conns {
+		out[ip] = n
+	}
+	return out, g.handshaking.Load()
 }
 
 // h3ConnContext is http3.Server.ConnContext. It completes the connection's
@@ -86,12 +183,36 @@ func (s *Server) h3ConnContext(ctx context.Context, c *quic.Conn) context.Contex
 		ctx = withConn(ctx, cs)
 	} else {
 		cs.handshake = time.Since(cs.start)
+		if cs.handshaken != nil {
+			s.handshakeDone(c, cs.handshaken)
+		}
 	}
 	cs.quic = c
 	ctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.base, func() { cancel(context.Cause(s.base)) })
 	context.AfterFunc(ctx, func() { stop() })
 	return ctx
+}
+
+// handshakeDone frees c's place among the handshakes in progress: now
+// when c was accepted after its handshake, or when an early (0-RTT)
+// connection's handshake completes or fails.
+func (s *Server) handshakeDone(c *quic.Conn, done func()) {
+	if c.ConnectionState().TLS.HandshakeComplete {
+		done()
+		return
+	}
+	go waitHandshake(c, done)
+}
+
+// waitHandshake runs for one early connection, at most until its handshake
+// ends (quic-go closes HandshakeComplete on failure too) or it closes.
+func waitHandshake(c *quic.Conn, done func()) {
+	select {
+	case <-c.HandshakeComplete():
+	case <-c.Context().Done():
+	}
+	done()
 }
 
 // serve serves HTTP/3 until Shutdown or Close.

@@ -28,13 +28,31 @@ type HTTP3Config struct {
 	// it (forwarded with "Early-Data: 1"); others get 425 Too Early and the
 	// client retries after the handshake. Default false.
 	Allow0RTT bool `yaml:"allow_0rtt"`
+	// MaxConnsPerAddr caps the QUIC connections (handshaking or
+	// established) one client IP address may hold; more are refused with
+	// CONNECTION_REFUSED. Zero means 1024.
+	MaxConnsPerAddr int `yaml:"max_conns_per_addr"`
+	// MaxHandshakes caps the QUIC handshakes in progress on the node;
+	// more are refused with CONNECTION_REFUSED. Once half of it is in
+	// use, new clients must first prove their address with a Retry (one
+	// more round trip), so that spoofed source addresses cannot fill it.
+	// Zero means 1024.
+	MaxHandshakes int `yaml:"max_handshakes"`
+	// MaxHandshakesPerAddr caps the QUIC handshakes in progress from one
+	// client IP address, so that one client cannot take all of
+	// MaxHandshakes; more are refused with CONNECTION_REFUSED. Zero means
+	// 64.
+	MaxHandshakesPerAddr int `yaml:"max_handshakes_per_addr"`
 }
 
 // Defaults of HTTP3Config.
 const (
-	DefaultHTTP3MaxStreams  = 100
-	DefaultHTTP3IdleTimeout = 2 * time.Minute
-	DefaultHTTP3KeepAlive   = 15 * time.Second
+	DefaultHTTP3MaxStreams        = 100
+	DefaultHTTP3IdleTimeout       = 2 * time.Minute
+	DefaultHTTP3KeepAlive         = 15 * time.Second
+	DefaultHTTP3ConnsPerAddr      = 1024
+	DefaultHTTP3Handshakes        = 1024
+	DefaultHTTP3HandshakesPerAddr = 64
 )
 
 // altSvcMaxAge is how long (seconds) clients may remember the h3 endpoint.
@@ -53,6 +71,15 @@ func (c HTTP3Config) WithDefaults() HTTP3Config {
 	}
 	if c.KeepAlive == 0 {
 		c.KeepAlive = DefaultHTTP3KeepAlive
+	}
+	if c.MaxConnsPerAddr == 0 {
+		c.MaxConnsPerAddr = DefaultHTTP3ConnsPerAddr
+	}
+	if c.MaxHandshakes == 0 {
+		c.MaxHandshakes = DefaultHTTP3Handshakes
+	}
+	if c.MaxHandshakesPerAddr == 0 {
+		c.MaxHandshakesPerAddr = DefaultHTTP3HandshakesPerAddr
 	}
 	return c
 }

@@ -1,6 +1,7 @@
 package listen
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -48,6 +49,10 @@ type Server struct {
 	// not started a request this long after it was accepted. Zero means
 	// DefaultFirstRequestTimeout.
 	FirstRequestTimeout time.Duration
+	// IdleTimeout closes a TCP connection (h1 keep-alive or h2) that has
+	// served requests and has had none open for this long. Zero means
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
 	// Log receives server errors. Nil means slog.Default().
 	Log *slog.Logger
 
@@ -184,7 +189,7 @@ func (s *Server) newServer(kind string, h http.Handler) *http.Server {
 		Handler:           s.wrap(kind, h),
 		Protocols:         &protos,
 		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		IdleTimeout:       cmp.Or(s.IdleTimeout, DefaultIdleTimeout),
 		MaxHeaderBytes:    maxHeaderBytes,
 		BaseContext:       func(net.Listener) context.Context { return s.base },
 		ErrorLog:          slog.NewLogLogger(s.Log.Handler(), slog.LevelDebug),

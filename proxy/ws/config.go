@@ -51,6 +51,14 @@ type Config struct {
 	// Empty means same-origin only. Requests without an Origin header
 	// (non-browser clients) are always allowed.
 	AllowedOrigins []string `yaml:"allowed_origins"`
+	// MaxSocketsPerAddr caps the sockets (bridge and passthrough together)
+	// open at once from one client IP address on a node; more upgrades
+	// are refused with 429 before the upgrade. Default 256.
+	MaxSocketsPerAddr int `yaml:"max_sockets_per_addr"`
+	// MaxSocketsPerTenant caps the sockets open at once for one tenant on
+	// a node; more upgrades are refused with 429 before the upgrade.
+	// Default 1024.
+	MaxSocketsPerTenant int `yaml:"max_sockets_per_tenant"`
 }
 
 // WithDefaults returns c with zero fields set to their defaults;
@@ -86,6 +94,12 @@ func (c Config) WithDefaults(maxBody units.Bytes) Config {
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = maxBody + 64<<10
+	}
+	if c.MaxSocketsPerAddr == 0 {
+		c.MaxSocketsPerAddr = DefaultMaxSocketsPerAddr
+	}
+	if c.MaxSocketsPerTenant == 0 {
+		c.MaxSocketsPerTenant = DefaultMaxSocketsPerTenant
 	}
 	return c
 }

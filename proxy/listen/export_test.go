@@ -1,0 +1,10 @@
+package listen
+
+// QUICCounts returns the QUIC connections each client IP holds and the
+// handshakes in progress on s's HTTP/3 listener.
+func QUICCounts(s *Server) (map[string]int, int64) {
+	if s.h3 == nil {
+		return nil, 0
+	}
+	return s.h3.gate.counts()
+}
