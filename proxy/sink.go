@@ -83,6 +83,8 @@ type httpSink struct {
 	w       http.ResponseWriter
 	rc      http.ResponseController
 	started bool
+	// last is the stream's last event, held by Last for End.
+	last []byte
 }
 
 var _ Sink = (*httpSink)(nil)
@@ -133,9 +135,25 @@ func (s *httpSink) Error(status int, body []byte) (int, error) {
 
 var newline = []byte{'\n'}
 
-// End declares the trailers (http.TrailerPrefix form: the header was sent
-// before they were known).
+// Last holds a stream's last event for End, unflushed; it reports the
+// event as delivered. The pipeline calls it, in place of Event, only when a
+// trailer follows.
+func (s *httpSink) Last(ev, _ []byte) (int, error) {
+	s.last = append(s.last[:0], ev...)
+	return len(ev), nil
+}
+
+// End writes the held last event without flushing it and declares the
+// trailers (http.TrailerPrefix form: the header was sent before they were
+// known). The server writes the trailers right after the handler returns,
+// which it does at once (End is the pipeline's last act): the event, the
+// trailer and the end of the stream leave together (on HTTP/3, in the same
+// packet or burst; on HTTP/1.1, in the same write as the last chunk).
 func (s *httpSink) End(trailer http.Header) {
+	if len(s.last) > 0 {
+		s.w.Write(s.last)
+		s.last = nil
+	}
 	h := s.w.Header()
 	for k, vv := range trailer {
 		h[http.TrailerPrefix+k] = vv

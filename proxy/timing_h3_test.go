@@ -9,7 +9,8 @@ import (
 
 // The network stages of Server-Timing come from the connection: net-rtt on
 // every response, tls on the first request of a TLS or QUIC connection
-// only; over HTTP/3 the final timing arrives as a trailer.
+// only; over HTTP/3 the final timing arrives as a trailer when the client
+// asked for trailers.
 func TestServerTimingNetworkStages(t *testing.T) {
 	_, simURL := startSim(t, fastSim())
 	e := startEdge(t, edgeOpts{pool: poolOf(simURL)})
@@ -23,7 +24,7 @@ func TestServerTimingNetworkStages(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for i := 0; i < 2; i++ { // the same connection twice
-				resp := post(t, tc.client, tc.base+"/v1/chat/completions", chatBody(""))
+				resp := post(t, tc.client, tc.base+"/v1/chat/completions", chatBody(""), "TE", "trailers")
 				io.ReadAll(resp.Body)
 				resp.Body.Close()
 				st := resp.Header.Get("Server-Timing")
