@@ -1,10 +1,23 @@
 package proxy_test
 
 import (
+	"context"
+	"crypto/tls"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
+	h3qlog "github.com/quic-go/quic-go/http3/qlog"
+	"github.com/quic-go/quic-go/qlog"
+	"github.com/quic-go/quic-go/qlogwriter"
+
+	"github.com/sluice-proxy/sluice/limiter"
+	"github.com/sluice-proxy/sluice/proxy"
 )
 
 // The network stages of Server-Timing come from the connection: net-rtt on
@@ -39,5 +52,144 @@ func TestServerTimingNetworkStages(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// slowSettle is a limiter whose store takes d to settle, as a Redis in
+// another zone does: the pipeline waits for it (up to settleWait) before the
+// response ends.
+type slowSettle struct {
+	proxy.Limiter
+	d time.Duration
+}
+
+func (s slowSettle) Settle(ctx context.Context, t *limiter.Ticket, u limiter.Usage) error {
+	time.Sleep(s.d)
+	return s.Limiter.Settle(ctx, t, u)
+}
+
+// packetLog is a client-side qlog trace (quic-go v0.65.0 qlogwriter): the
+// STREAM frames of every packet received and the HTTP/3 HEADERS frames
+// parsed, with when each packet arrived.
+type packetLog struct {
+	mu      sync.Mutex
+	packets []receivedPacket
+	headers map[quic.StreamID][]int // raw lengths of the HEADERS frames parsed, by stream
+}
+
+type receivedPacket struct {
+	at      time.Time
+	number  int64
+	streams []qlog.StreamFrame
+}
+
+func (p *packetLog) AddProducer() qlogwriter.Recorder { return p }
+func (p *packetLog) Close() error                     { return nil }
+
+func (p *packetLog) RecordEvent(ev qlogwriter.Event) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch e := ev.(type) {
+	case qlog.PacketReceived:
+		rp := receivedPacket{at: time.Now(), number: int64(e.Header.PacketNumber)}
+		for _, f := range e.Frames {
+			if sf, ok := f.Frame.(*qlog.StreamFrame); ok {
+				rp.streams = append(rp.streams, *sf)
+			}
+		}
+		p.packets = append(p.packets, rp)
+	case h3qlog.FrameParsed:
+		if _, ok := e.Frame.Frame.(h3qlog.HeadersFrame); ok {
+			p.headers[e.StreamID] = append(p.headers[e.StreamID], e.Raw.Length)
+		}
+	}
+}
+
+// maxEndGap is how far apart the last event and the trailer may arrive.
+// The pipeline writes the event as its last act and quic-go's server writes
+// the trailer and FIN when the handler returns, microseconds later; but
+// quic-go v0.65.0 has no way to queue body bytes and a HEADERS frame in one
+// stream write, so its send loop may pack the event alone first (seen
+// 0.2-0.6 ms apart on a loaded machine, under -race). Before the fix the
+// trailer waited for the settle (15 ms here, up to settleWait).
+const maxEndGap = 5 * time.Millisecond
+
+// TestH3StreamEndsWithTrailerTogether is the Chromium 156 fault: a
+// streaming fetch over HTTP/3 fails at the end of the body when the
+// Server-Timing trailer arrives well after the last event (5 ms failed 6
+// of 6). With a store that takes 15 ms to settle, a real quic-go HTTP/3
+// client reads the whole stream to a clean io.EOF and gets the trailer, and
+// a client-side qlog trace of the packets shows the packet that ends the
+// request stream (trailer HEADERS frame and FIN) arriving with the last
+// event's DATA frame: in the same packet, or in the next one of the same
+// burst (maxEndGap).
+func TestH3StreamEndsWithTrailerTogether(t *testing.T) {
+	_, simURL := startSim(t, fastSim())
+	e := startEdge(t, edgeOpts{pool: poolOf(simURL),
+		limiter: slowSettle{limiter.NewLocal(1), 15 * time.Millisecond}, limits: limiter.Limits{RequestsPerMinute: 1000}})
+	for i := 0; i < 3; i++ { // a fresh connection each time
+		plog := &packetLog{headers: map[quic.StreamID][]int{}}
+		tr := &http3.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+			QUICConfig: &quic.Config{Tracer: func(context.Context, bool, quic.ConnectionID) qlogwriter.Trace { return plog }}}
+		resp := post(t, &http.Client{Transport: tr}, e.h3+"/v1/chat/completions", chatBody(""), "TE", "trailers")
+		body, err := io.ReadAll(resp.Body) // ReadAll stops at io.EOF and returns nil then
+		resp.Body.Close()
+		tr.Close()
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("run %d: %d, body ended with %v; want 200 and a clean io.EOF", i, resp.StatusCode, err)
+		}
+		const last = "data: [DONE]\n\n"
+		if !strings.HasSuffix(string(body), last) {
+			t.Fatalf("run %d: body ends %q; want [DONE]", i, body[max(len(body)-40, 0):])
+		}
+		trailer := resp.Trailer.Get("Server-Timing")
+		if !strings.Contains(trailer, "decode;dur=") {
+			t.Fatalf("run %d: trailer %q; want the final Server-Timing", i, trailer)
+		}
+
+		plog.mu.Lock()
+		var fin *receivedPacket
+		var stream quic.StreamID
+		for j := range plog.packets {
+			for _, sf := range plog.packets[j].streams {
+				if sf.Fin && sf.StreamID%4 == 0 { // the client-initiated request stream
+					fin, stream = &plog.packets[j], sf.StreamID
+				}
+			}
+		}
+		if fin == nil {
+			plog.mu.Unlock()
+			t.Fatalf("run %d: no packet ended the request stream", i)
+		}
+		hdrs := plog.headers[stream]
+		plog.mu.Unlock()
+		if len(hdrs) != 2 {
+			t.Fatalf("run %d: %d HEADERS frames parsed on the stream; want the header and the trailer", i, len(hdrs))
+		}
+		var end int64
+		for _, sf := range fin.streams {
+			if sf.StreamID == stream {
+				end = max(end, sf.Offset+sf.Length)
+			}
+		}
+		// The stream ends with the last event's DATA frame (type and length,
+		// one byte each here, then the event) and the trailer's HEADERS frame.
+		lastEventAt := end - int64(hdrs[1]) - int64(2+len(last))
+		var eventPkt *receivedPacket
+		for j := range plog.packets {
+			for _, sf := range plog.packets[j].streams {
+				if sf.StreamID == stream && sf.Offset <= lastEventAt && lastEventAt < sf.Offset+sf.Length {
+					eventPkt = &plog.packets[j]
+				}
+			}
+		}
+		if eventPkt == nil {
+			t.Fatalf("run %d: no packet carried the last event (stream offset %d)", i, lastEventAt)
+		}
+		gap := fin.at.Sub(eventPkt.at)
+		t.Logf("run %d: last event in packet %d, trailer and FIN in packet %d, %v later", i, eventPkt.number, fin.number, gap)
+		if gap > maxEndGap {
+			t.Errorf("run %d: the trailer and FIN arrived %v after the last event; want them together (within %v)", i, gap, maxEndGap)
+		}
 	}
 }
