@@ -225,6 +225,36 @@ func TestAccessLogAndMetrics(t *testing.T) {
 	if got := parsed["sluice_itl_seconds"].GetMetric()[0].GetHistogram().GetSampleCount(); got != 11 {
 		t.Errorf("ITL samples %d; want 11 (12 tokens)", got)
 	}
+	// The same request in the OpenTelemetry GenAI metrics, labelled with the
+	// operation, the requested model and the backend that served it.
+	simHost := strings.TrimPrefix(simURL, "http://")
+	for _, name := range []string{"gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_per_output_token_seconds",
+		"gen_ai_server_request_duration_seconds"} {
+		mf := parsed[name]
+		if mf == nil || len(mf.GetMetric()) != 1 || mf.GetMetric()[0].GetHistogram().GetSampleCount() != 1 {
+			t.Errorf("%s: %v; want one series with one sample", name, mf)
+			continue
+		}
+		labels := map[string]string{}
+		for _, l := range mf.GetMetric()[0].GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["gen_ai_operation_name"] != "chat" || labels["gen_ai_request_model"] != "sim-small" ||
+			labels["server_address"]+":"+labels["server_port"] != simHost {
+			t.Errorf("%s labels %v; want chat, sim-small, %s", name, labels, simHost)
+		}
+	}
+	var out float64
+	for _, m := range parsed["gen_ai_client_token_usage"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "gen_ai_token_type" && l.GetValue() == "output" {
+				out = m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	if out != 12 {
+		t.Errorf("gen_ai_client_token_usage output %v; want 12", out)
+	}
 }
 
 func TestDebugStats(t *testing.T) {
