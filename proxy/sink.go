@@ -52,7 +52,11 @@ type Sink interface {
 	// stream's last event.
 	Error(status int, body []byte) (n int, err error)
 	// End completes the response. trailer is nil unless a stream finished
-	// ([DONE]) and the client reads trailers.
+	// ([DONE]) and the client asked for trailers ("TE: trailers"). The
+	// pipeline calls it after the request has been settled and logged, as
+	// its last act; the HTTP sink writes there the stream's last event,
+	// which it held (see httpSink.Last), so that the event and the trailer
+	// leave together.
 	End(trailer http.Header)
 }
 
