@@ -161,12 +161,18 @@ func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.Co
 	defer h.inflight.Add(-1)
 	h.metrics.Inflight(1)
 	defer h.metrics.Inflight(-1)
-	defer func() { o = x.finish(timing) }() // also if serve panics
+	served := false
+	defer func() {
+		o = x.finish(timing) // also if serve panics
+		if served {
+			sink.End(x.trailer) // last: the held last event and the trailer leave together
+		}
+	}()
 	defer func() { h.bodies.release(x.bodyMem) }()
 	if err := x.serve(); err != nil {
 		x.fail(err)
 	}
-	sink.End(x.trailer)
+	served = true
 	return
 }
 

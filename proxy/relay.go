@@ -47,6 +47,7 @@ func putEvent(bufp *[]byte) {
 func (x *exchange) relayOpenAI(l *leg) error {
 	idle := x.st.Config.StreamIdleTimeout
 	x.firstToken = l.first // before commit: the Server-Timing header reports it
+	x.announceTrailer(x.sink.Header())
 	x.commit(l.resp.Header, true)
 	ev, now := l.ev, l.first
 	for {
@@ -83,11 +84,12 @@ func (x *exchange) relayEvent(l *leg, ev []byte, now time.Time) (done bool, err 
 	case eventEnd, eventFailed:
 		// The stream's last event ([DONE], response.completed, message_stop,
 		// or the backend's own error event): the timing comment goes before
-		// it (a client may stop reading at it), then the trailer.
+		// it (a client may stop reading at it), then the trailer, which
+		// leaves with it (see sendLast).
 		if x.wantsTimingComment() && !x.send(x.timingComment(), nil) {
 			return true, context.Canceled
 		}
-		if !x.send(ev, data) {
+		if !x.sendLast(ev, data) {
 			return true, context.Canceled
 		}
 		x.setTrailer()
@@ -108,6 +110,23 @@ func (x *exchange) relayEvent(l *leg, ev []byte, now time.Time) (done bool, err 
 func (x *exchange) send(ev, data []byte) bool {
 	n, err := x.sink.Event(ev, data)
 	return x.sent(n, err)
+}
+
+// lastEventSink is a sink that can hold a stream's last event and write it
+// in End together with the trailer (httpSink).
+type lastEventSink interface {
+	Last(ev, data []byte) (n int, err error)
+}
+
+// sendLast delivers a stream's last event. When a trailer follows, a sink
+// that can holds the event for End, which writes it and the trailer in one
+// go: Chromium fails a streaming fetch over HTTP/3 whose trailer arrives
+// in a later packet than the body's end.
+func (x *exchange) sendLast(ev, data []byte) bool {
+	if s, ok := x.sink.(lastEventSink); ok && wantsTrailer(x.r) {
+		return x.sent(s.Last(ev, data))
+	}
+	return x.send(ev, data)
 }
 
 // sent counts what reached the client; false means the client is gone.

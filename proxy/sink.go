@@ -53,7 +53,11 @@ type Sink interface {
 	// stream's last event.
 	Error(status int, body []byte) (n int, err error)
 	// End completes the response. trailer is nil unless a stream finished
-	// ([DONE]) and the client reads trailers.
+	// ([DONE]) and the client asked for trailers ("TE: trailers"). The
+	// pipeline calls it after the request has been settled and logged, as
+	// its last act; the HTTP sink writes there the stream's last event,
+	// which it held (see httpSink.Last), so that the event and the trailer
+	// leave together.
 	End(trailer http.Header)
 }
 
@@ -84,6 +88,8 @@ type httpSink struct {
 	w       http.ResponseWriter
 	rc      http.ResponseController
 	started bool
+	// last is the stream's last event, held by Last for End.
+	last []byte
 }
 
 var _ Sink = (*httpSink)(nil)
@@ -134,9 +140,25 @@ func (s *httpSink) Error(status int, body []byte) (int, error) {
 
 var newline = []byte{'\n'}
 
-// End declares the trailers (http.TrailerPrefix form: the header was sent
-// before they were known).
+// Last holds a stream's last event for End, unflushed; it reports the
+// event as delivered. The pipeline calls it, in place of Event, only when a
+// trailer follows.
+func (s *httpSink) Last(ev, _ []byte) (int, error) {
+	s.last = append(s.last[:0], ev...)
+	return len(ev), nil
+}
+
+// End writes the held last event without flushing it and declares the
+// trailers (http.TrailerPrefix form: the header was sent before they were
+// known). The server writes the trailers right after the handler returns,
+// which it does at once (End is the pipeline's last act): the event, the
+// trailer and the end of the stream leave together (on HTTP/3, in the same
+// packet or burst; on HTTP/1.1, in the same write as the last chunk).
 func (s *httpSink) End(trailer http.Header) {
+	if len(s.last) > 0 {
+		s.w.Write(s.last)
+		s.last = nil
+	}
 	h := s.w.Header()
 	for k, vv := range trailer {
 		h[http.TrailerPrefix+k] = vv

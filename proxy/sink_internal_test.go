@@ -68,3 +68,29 @@ func TestHTTPSinkErrorAnswer(t *testing.T) {
 		t.Fatalf("499 wrote %d %q; want nothing (nobody listens)", w.status, w.out)
 	}
 }
+
+// A stream's last event, held by Last when a trailer follows, is neither
+// written nor flushed until End, which writes it unflushed beside the
+// trailer: the server then sends both together when the handler returns.
+func TestHTTPSinkLastEventLeavesWithTrailer(t *testing.T) {
+	w := &flushRecorder{hdr: http.Header{}}
+	s := newHTTPSink(w)
+	s.Start(http.StatusOK, true)
+	ev := []byte("data: {\"n\":1}\n\n")
+	s.Event(ev, nil)
+	done := []byte("data: [DONE]\n\n")
+	if n, err := s.Last(done, doneMarker); n != len(done) || err != nil {
+		t.Fatalf("Last = %d, %v; want %d, nil", n, err, len(done))
+	}
+	done[0] = 'X' // the caller's buffer is reused: the sink kept a copy
+	if string(w.out) != string(ev) || w.flushes != 1 {
+		t.Fatalf("before End the client has %q after %d flushes; want only the first event, flushed once", w.out, w.flushes)
+	}
+	s.End(http.Header{"Server-Timing": {"decode;dur=1"}})
+	if got, want := string(w.out), string(ev)+"data: [DONE]\n\n"; got != want || w.flushes != 1 {
+		t.Fatalf("after End the client has %q after %d flushes; want %q and no flush of its own", got, w.flushes, want)
+	}
+	if got := w.hdr.Get(http.TrailerPrefix + "Server-Timing"); got != "decode;dur=1" {
+		t.Fatalf("trailer %q; want decode;dur=1", got)
+	}
+}

@@ -128,8 +128,22 @@ func (x *exchange) itlPercentiles() (p50, p99, maxd time.Duration, n int) {
 	return rank(0.50), rank(0.99), time.Duration(s[len(s)-1]) * time.Microsecond, len(s)
 }
 
-// finalTiming is the end-of-stream timing: decode, ITL percentiles, output
-// tokens and tokens per second ("dur" carries the count and the rate).
+// appendDesc appends one Server-Timing entry whose value is not a
+// duration: name;desc="<v>". A count or a rate in dur would show in
+// browsers' devtools as milliseconds.
+func appendDesc(b []byte, name string, v float64, prec int) []byte {
+	if len(b) > 0 {
+		b = append(b, ", "...)
+	}
+	b = append(b, name...)
+	b = append(b, `;desc="`...)
+	b = strconv.AppendFloat(b, v, 'f', prec, 64)
+	return append(b, '"')
+}
+
+// finalTiming is the end-of-stream timing: decode and the ITL percentiles
+// (dur, milliseconds), the output tokens and tokens per second (desc: a
+// count and a rate are not durations).
 func (x *exchange) finalTiming() string {
 	b := make([]byte, 0, 160)
 	decode, _ := x.stage(observe.StageDecode)
@@ -139,12 +153,12 @@ func (x *exchange) finalTiming() string {
 	b = appendMetric(b, "itl-p99", millis(p99))
 	b = appendMetric(b, "itl-max", millis(mx))
 	tokens := x.outputTokens()
-	b = appendMetric(b, "tokens", float64(tokens))
+	b = appendDesc(b, "tokens", float64(tokens), 0)
 	tps := 0.0
 	if decode > 0 && tokens > 1 {
 		tps = float64(tokens-1) / decode.Seconds()
 	}
-	b = appendMetric(b, "tps", math.Round(tps*10)/10)
+	b = appendDesc(b, "tps", math.Round(tps*10)/10, 1)
 	return string(b)
 }
 
@@ -157,13 +171,11 @@ func (x *exchange) outputTokens() int64 {
 	return x.tokens
 }
 
-// wantsTrailer reports whether the client can receive a Server-Timing
-// trailer: always on HTTP/2 and HTTP/3, on HTTP/1.1 only when it sent
-// "TE: trailers".
+// wantsTrailer reports whether the client asked for trailers ("TE:
+// trailers"), on every protocol. Browsers never send it (fetch forbids the
+// header), so they get no trailer: Chromium fails a streaming fetch over
+// HTTP/3 when a trailer arrives after the body, and reads none anyway.
 func wantsTrailer(r *http.Request) bool {
-	if r.ProtoMajor >= 2 {
-		return true
-	}
 	for _, v := range r.Header.Values("Te") {
 		for _, f := range strings.Split(v, ",") {
 			if strings.EqualFold(strings.TrimSpace(strings.SplitN(f, ";", 2)[0]), "trailers") {
@@ -184,6 +196,24 @@ func (x *exchange) wantsTimingComment() bool {
 // timingComment is the final timing as an SSE comment line.
 func (x *exchange) timingComment() []byte {
 	return []byte(": server-timing " + x.finalTiming() + "\n\n")
+}
+
+// trailerAnnounce is the response header key that announces the trailer.
+// It is deliberately not in canonical form ("Trailer"): the servers would
+// then treat Server-Timing as a declared trailer, and quic-go v0.65.0's
+// http3 (response_writer.go, encodeHeader) drops a declared trailer's
+// name from the header, which carries the initial Server-Timing. Header
+// names are case-insensitive on the wire; the value itself goes out
+// through http.TrailerPrefix in End.
+const trailerAnnounce = "trailer"
+
+// announceTrailer declares the Server-Timing trailer in the response
+// header when the client asked for trailers; commit calls it before the
+// header is sent.
+func (x *exchange) announceTrailer(h http.Header) {
+	if wantsTrailer(x.r) {
+		h[trailerAnnounce] = []string{"Server-Timing"}
+	}
 }
 
 // setTrailer sets the Server-Timing trailer, for End, when the client can

@@ -20,7 +20,8 @@ import (
 )
 
 // timings parses a Server-Timing value strictly: every entry must parse
-// and carry a dur.
+// and carry a dur, except the counts tokens and tps, which must carry a
+// numeric desc and no dur (devtools shows a dur as milliseconds).
 func timings(t *testing.T, v string) map[string]time.Duration {
 	t.Helper()
 	if v == "" {
@@ -32,6 +33,14 @@ func timings(t *testing.T, v string) map[string]time.Duration {
 	}
 	out := map[string]time.Duration{}
 	for _, m := range ms {
+		if m.Name == "tokens" || m.Name == "tps" {
+			n, ok := m.Value()
+			if m.HasDur || !ok || n < 0 {
+				t.Fatalf("Server-Timing %q: count %s must be a desc number, not a dur", v, m.Name)
+			}
+			out[m.Name] = time.Duration(n * float64(time.Millisecond))
+			continue
+		}
 		if !m.HasDur || m.Dur < 0 {
 			t.Fatalf("Server-Timing %q: entry %s has no valid dur", v, m.Name)
 		}
@@ -45,16 +54,22 @@ func TestServerTimingHeaderAndTrailer(t *testing.T) {
 	slow.PrefillBase = 300 * time.Millisecond
 	_, simURL := startSim(t, slow)
 	e := startEdge(t, edgeOpts{pool: poolOf(simURL), limiter: limiter.NewLocal(1), limits: limiter.Limits{RequestsPerMinute: 1000}})
+	// The trailer goes only to clients that sent "TE: trailers", on every
+	// protocol: browsers (which cannot send it) get none.
 	cases := []struct {
 		name, base string
 		client     *http.Client
 		te         bool
 		trailer    bool
 	}{
-		{"h2", e.https, h2Client(), false, true},
-		{"h2c", e.http, h2cClient(), false, true},
+		{"h2 with TE", e.https, h2Client(), true, true},
+		{"h2 without TE", e.https, h2Client(), false, false},
+		{"h2c with TE", e.http, h2cClient(), true, true},
+		{"h2c without TE", e.http, h2cClient(), false, false},
 		{"h1 with TE", e.http, h1Client(), true, true},
 		{"h1 without TE", e.http, h1Client(), false, false},
+		{"h3 with TE", e.h3, h3Client(t), true, true},
+		{"h3 without TE", e.h3, h3Client(t), false, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -64,6 +79,11 @@ func TestServerTimingHeaderAndTrailer(t *testing.T) {
 			}
 			start := time.Now()
 			resp := post(t, tc.client, tc.base+"/v1/chat/completions", chatBody(""), hdr...)
+			// Announced in the header ("Trailer: Server-Timing"), which the
+			// clients turn into a declared, still empty resp.Trailer key.
+			if _, announced := resp.Trailer["Server-Timing"]; announced != tc.trailer {
+				t.Errorf("trailer announced %v; want %v", announced, tc.trailer)
+			}
 			events, done := readEvents(t, resp.Body)
 			resp.Body.Close()
 			if !done || len(events) == 0 {
@@ -88,7 +108,7 @@ func TestServerTimingHeaderAndTrailer(t *testing.T) {
 			tr := resp.Trailer.Get("Server-Timing")
 			if !tc.trailer {
 				if tr != "" {
-					t.Errorf("trailer %q sent to an HTTP/1.1 client that did not ask", tr)
+					t.Errorf("trailer %q sent to a client that did not ask", tr)
 				}
 				return
 			}
@@ -98,9 +118,9 @@ func TestServerTimingHeaderAndTrailer(t *testing.T) {
 					t.Errorf("trailer %q lacks %s", tr, name)
 				}
 			}
-			// "tokens" carries a count in dur: the simulator sends 12.
-			if got := final["tokens"]; got != 12*time.Millisecond {
-				t.Errorf("trailer tokens = %v; want 12", float64(got)/1e6)
+			// "tokens" carries a count in desc: the simulator sends 12.
+			if got := final["tokens"]; got != 12*time.Millisecond || !strings.Contains(tr, `tokens;desc="12"`) {
+				t.Errorf("trailer %q: tokens = %v; want desc \"12\"", tr, float64(got)/1e6)
 			}
 			if final["itl-p50"] > final["itl-p99"] || final["itl-p99"] > final["itl-max"] || final["itl-p50"] <= 0 {
 				t.Errorf("ITL percentiles out of order: %q", tr)
@@ -204,6 +224,36 @@ func TestAccessLogAndMetrics(t *testing.T) {
 	}
 	if got := parsed["sluice_itl_seconds"].GetMetric()[0].GetHistogram().GetSampleCount(); got != 11 {
 		t.Errorf("ITL samples %d; want 11 (12 tokens)", got)
+	}
+	// The same request in the OpenTelemetry GenAI metrics, labelled with the
+	// operation, the requested model and the backend that served it.
+	simHost := strings.TrimPrefix(simURL, "http://")
+	for _, name := range []string{"gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_per_output_token_seconds",
+		"gen_ai_server_request_duration_seconds"} {
+		mf := parsed[name]
+		if mf == nil || len(mf.GetMetric()) != 1 || mf.GetMetric()[0].GetHistogram().GetSampleCount() != 1 {
+			t.Errorf("%s: %v; want one series with one sample", name, mf)
+			continue
+		}
+		labels := map[string]string{}
+		for _, l := range mf.GetMetric()[0].GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["gen_ai_operation_name"] != "chat" || labels["gen_ai_request_model"] != "sim-small" ||
+			labels["server_address"]+":"+labels["server_port"] != simHost {
+			t.Errorf("%s labels %v; want chat, sim-small, %s", name, labels, simHost)
+		}
+	}
+	var out float64
+	for _, m := range parsed["gen_ai_client_token_usage"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "gen_ai_token_type" && l.GetValue() == "output" {
+				out = m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	if out != 12 {
+		t.Errorf("gen_ai_client_token_usage output %v; want 12", out)
 	}
 }
 

@@ -34,8 +34,12 @@ var (
 		"Waiting requests in the freshest engine sample.", backendLabels, nil)
 	descRunning = prometheus.NewDesc("sluice_backend_engine_running",
 		"Running requests in the freshest engine sample.", backendLabels, nil)
-	descKV = prometheus.NewDesc("sluice_backend_engine_kv_cache_usage",
+	descKVRatio = prometheus.NewDesc("sluice_backend_engine_kv_cache_usage_ratio",
 		"KV-cache usage (0-1) in the freshest engine sample.", backendLabels, nil)
+	// descKV is descKVRatio's name before the _ratio suffix, still exported
+	// for one release (see docs/OPERATIONS.md, "Metric renames").
+	descKV = prometheus.NewDesc("sluice_backend_engine_kv_cache_usage",
+		"Deprecated: use sluice_backend_engine_kv_cache_usage_ratio (same value).", backendLabels, nil)
 	descAge = prometheus.NewDesc("sluice_backend_sample_age_seconds",
 		"Age of the backend's latest load sample by source (scrape, header).", append(backendLabels, "source"), nil)
 	descHealthy = prometheus.NewDesc("sluice_backend_healthy",
@@ -97,6 +101,7 @@ func collectBackend(ch chan<- prometheus.Metric, p *Pool, b *Backend, now time.T
 		gauge(descWaiting, s.Waiting)
 		gauge(descRunning, s.Running)
 		if s.KVCache >= 0 {
+			gauge(descKVRatio, s.KVCache)
 			gauge(descKV, s.KVCache)
 		}
 	}

@@ -49,6 +49,9 @@ func newRequester(c Config, target string, p Protocol) (requester, error) {
 		return nil, fmt.Errorf("parsing target: %w", err)
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/") + c.Path
+	// Sluice sends its final Server-Timing trailer only to clients that
+	// ask for trailers.
+	header.Set("TE", "trailers")
 	h := &httpRequester{url: u.String(), header: header}
 	if p == H3 {
 		t3 := &http3.Transport{TLSClientConfig: tc, DisableCompression: true}

@@ -270,9 +270,9 @@ func stageSplit(results []Result) []Stage {
 		r := &results[i]
 		seen := map[string]bool{}
 		for _, m := range r.Timing {
-			if m.HasDur && !seen[m.Name] {
+			if v, ok := m.Value(); ok && !seen[m.Name] {
 				seen[m.Name] = true
-				vals[m.Name] = append(vals[m.Name], m.Dur)
+				vals[m.Name] = append(vals[m.Name], v)
 			}
 		}
 		if st, ok := Lookup(r.Timing, "ttft"); ok && r.TTFT > 0 {

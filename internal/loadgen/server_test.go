@@ -96,12 +96,12 @@ func (s *sseServer) stream(ctx context.Context, w http.ResponseWriter, n int) {
 	}
 	decode := float64(time.Since(start).Microseconds()) / 1000
 	if s.Comment {
-		fmt.Fprintf(w, ": server-timing edge;dur=0.25, tokens;dur=%d\n\n", n)
+		fmt.Fprintf(w, ": server-timing edge;dur=0.25, tokens;desc=\"%d\"\n\n", n)
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	_ = rc.Flush()
 	if s.Trailer {
-		w.Header().Set(http.TrailerPrefix+"Server-Timing", fmt.Sprintf("decode;dur=%.3f, itl-p50;dur=1, tokens;dur=%d", decode, n))
+		w.Header().Set(http.TrailerPrefix+"Server-Timing", fmt.Sprintf("decode;dur=%.3f, itl-p50;dur=1, tokens;desc=\"%d\"", decode, n))
 	}
 }
 

@@ -10,8 +10,9 @@ import (
 type Metric struct {
 	// Name is the metric name, e.g. "queue".
 	Name string `json:"name"`
-	// Dur is the dur parameter in milliseconds (for trailer counters such
-	// as "tokens" or "tps", the value itself). Valid only when HasDur.
+	// Dur is the dur parameter in milliseconds. Valid only when HasDur.
+	// (Sluice before 2026-12 put its "tokens" and "tps" counts in dur;
+	// it now sends them as desc: see Value.)
 	Dur float64 `json:"dur"`
 	// HasDur reports whether a numeric dur parameter was present.
 	HasDur bool `json:"has_dur"`
@@ -36,6 +37,23 @@ func ParseServerTiming(dst []Metric, values ...string) []Metric {
 		}
 	}
 	return dst
+}
+
+// Value is the metric's number: its dur when it has one, else its desc
+// read as a number (Sluice's "tokens" and "tps", a count and a rate, are
+// sent as desc="12" so that browsers do not show them as milliseconds).
+func (m Metric) Value() (float64, bool) {
+	if m.HasDur {
+		return m.Dur, true
+	}
+	if m.Desc == "" {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(m.Desc, 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, false
+	}
+	return v, true
 }
 
 // Lookup returns the dur of the first metric called name.

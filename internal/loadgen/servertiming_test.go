@@ -37,6 +37,8 @@ func TestParseServerTiming(t *testing.T) {
 			{Name: "decode", Dur: 2000.5, HasDur: true}, {Name: "itl-p50", Dur: 10.1, HasDur: true},
 			{Name: "itl-p99", Dur: 14, HasDur: true}, {Name: "tokens", Dur: 200, HasDur: true},
 			{Name: "tps", Dur: 99.9, HasDur: true}}},
+		{"counts in desc", []string{`decode;dur=2000.5, tokens;desc="200", tps;desc="99.9"`}, []Metric{
+			{Name: "decode", Dur: 2000.5, HasDur: true}, {Name: "tokens", Desc: "200"}, {Name: "tps", Desc: "99.9"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -45,6 +47,21 @@ func TestParseServerTiming(t *testing.T) {
 				t.Errorf("ParseServerTiming(%q)\n got %+v\nwant %+v", tt.values, got, tt.want)
 			}
 		})
+	}
+}
+
+// Value reads Sluice's counts from desc (and from dur, as older versions
+// sent them); a desc that is not a number has no value.
+func TestMetricValue(t *testing.T) {
+	ms := ParseServerTiming(nil, `tokens;desc="12", tps;desc="44.2", old;dur=3, label;desc="512 tokens", none`)
+	want := []struct {
+		v  float64
+		ok bool
+	}{{12, true}, {44.2, true}, {3, true}, {0, false}, {0, false}}
+	for i, m := range ms {
+		if v, ok := m.Value(); v != want[i].v || ok != want[i].ok {
+			t.Errorf("%s.Value() = %v, %v; want %v, %v", m.Name, v, ok, want[i].v, want[i].ok)
+		}
 	}
 }
 

@@ -1,8 +1,11 @@
 package observe
 
 import (
+	"net"
 	"strconv"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -24,15 +27,22 @@ type Metrics struct {
 	wsConns  *prometheus.GaugeVec
 	wsSlow   prometheus.Counter
 
+	// The OpenTelemetry GenAI server metrics (see genai below).
+	genTTFT, genTPOT, genDuration, genTokens *prometheus.HistogramVec
+
 	tenantCap int
 	mu        sync.Mutex
 	tenants   map[string]bool
+	models    map[string]bool // model label values given out (genAIModelCap at most)
 
 	// Series looked up once and kept, so that recording a request does
 	// not hash its label values again: *routeObs by routeKey,
 	// prometheus.Counter by requestKey, *backendObs by backendKey,
 	// *tokenObs by tokenKey. Their cardinality is the metrics' own.
 	byRoute, byRequest, byBackend, byTokens sync.Map
+	// *genAIObs by genAIKey: latencies and duration in byGenAI, token
+	// usage (errType "") in byGenAITokens.
+	byGenAI, byGenAITokens sync.Map
 }
 
 type (
@@ -43,7 +53,13 @@ type (
 	}
 	backendKey struct{ route, pool, backend, proto string }
 	tokenKey   struct{ route, tenant string }
+	genAIKey   struct{ path, model, backend, errType string }
 )
+
+// genAIObs are the GenAI series of one (operation, model, backend, error).
+type genAIObs struct {
+	ttft, tpot, duration, tokIn, tokOut prometheus.Observer
+}
 
 // routeObs are a (route, proto)'s duration series: e2e, and each stage in
 // the order of Timed.
@@ -100,11 +116,133 @@ func (m *Metrics) tokenObs(route, tenant string) *tokenObs {
 	})
 }
 
+// genAILabelsOf returns k's label values for the GenAI series.
+func genAILabelsOf(k genAIKey) prometheus.Labels {
+	op, provider := genAIOperation(k.path)
+	addr, port, err := net.SplitHostPort(k.backend)
+	if err != nil {
+		addr, port = k.backend, ""
+	}
+	return prometheus.Labels{"gen_ai_operation_name": op, "gen_ai_provider_name": provider,
+		"gen_ai_request_model": k.model, "server_address": addr, "server_port": port}
+}
+
+// genAIObs returns k's latency series: TTFT, time per output token and
+// duration for a successful request (errType ""), the duration alone for a
+// failed one, so that no series exists without a sample.
+func (m *Metrics) genAIObs(k genAIKey) *genAIObs {
+	return cachedSeries(&m.byGenAI, k, func() *genAIObs {
+		l := genAILabelsOf(k)
+		o := &genAIObs{}
+		if k.errType == "" {
+			o.ttft, o.tpot = m.genTTFT.With(l), m.genTPOT.With(l)
+		}
+		l["error_type"] = k.errType
+		o.duration = m.genDuration.With(l)
+		return o
+	})
+}
+
+// genAITokens returns k's token usage series (k.errType is ignored).
+func (m *Metrics) genAITokens(k genAIKey) *genAIObs {
+	k.errType = ""
+	return cachedSeries(&m.byGenAITokens, k, func() *genAIObs {
+		l := genAILabelsOf(k)
+		l["gen_ai_token_type"] = "input"
+		in := m.genTokens.With(l)
+		l["gen_ai_token_type"] = "output"
+		return &genAIObs{tokIn: in, tokOut: m.genTokens.With(l)}
+	})
+}
+
+// genAIOperation names a request path's GenAI operation and provider (the
+// API's flavour, as gen_ai.provider.name means it), as dialectOf in package
+// proxy reads the path: Anthropic's Messages API is "anthropic", the
+// OpenAI APIs (as self-hosted engines serve them) are "openai"; legacy
+// completions are "text_completion", the rest "chat".
+func genAIOperation(path string) (op, provider string) {
+	path = strings.TrimSuffix(path, "/")
+	switch {
+	case strings.HasSuffix(path, "/chat/completions"), strings.HasSuffix(path, "/responses"):
+		return "chat", "openai"
+	case strings.HasSuffix(path, "/completions"):
+		return "text_completion", "openai"
+	case strings.HasSuffix(path, "/messages"):
+		return "chat", "anthropic"
+	}
+	return "chat", "openai"
+}
+
+// genAIPath is the path's GenAI class, the key's part that genAIOperation
+// reads, so that raw paths do not multiply the cached keys.
+func genAIPath(path string) string {
+	path = strings.TrimSuffix(path, "/")
+	for _, p := range [...]string{"/chat/completions", "/responses", "/completions", "/messages"} {
+		if strings.HasSuffix(path, p) {
+			return p
+		}
+	}
+	return ""
+}
+
+// genAIModelCap bounds the gen_ai_request_model label's values: the
+// request's model is the client's string, so models beyond the first 100
+// seen share "other".
+const genAIModelCap = 100
+
+// modelLabel bounds the model label's cardinality.
+func (m *Metrics) modelLabel(model string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.models[model] {
+		return model
+	}
+	if len(m.models) < genAIModelCap {
+		m.models[model] = true
+		return model
+	}
+	return "other"
+}
+
 // latencyBuckets span 0.5 ms to ~2 min; itlBuckets 1 ms to ~8 s.
 var (
 	latencyBuckets = prometheus.ExponentialBuckets(0.0005, 2, 19)
 	itlBuckets     = prometheus.ExponentialBuckets(0.001, 1.5, 23)
 )
+
+// The classic bucket boundaries the OpenTelemetry GenAI semantic
+// conventions recommend (semantic-conventions v1.41.0,
+// docs/gen-ai/gen-ai-metrics.md, ExplicitBucketBoundaries).
+var (
+	otelTTFTBuckets     = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0}
+	otelTPOTBuckets     = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5}
+	otelDurationBuckets = []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92}
+	otelTokenBuckets    = []float64{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864}
+)
+
+// Native (sparse) histogram settings of the latency histograms, exposed
+// beside their classic buckets: a Prometheus that scrapes the protobuf
+// format (native histograms enabled) gets buckets at most 10% wide, the
+// text format and older servers the classic ones. The bucket count is
+// bounded: past nativeMaxBuckets the resolution halves, and a histogram is
+// reset to full resolution at most once an hour.
+const (
+	nativeFactor     = 1.1
+	nativeMaxBuckets = 160
+	nativeMinReset   = time.Hour
+)
+
+// histogram is a HistogramVec with classic buckets and, when native is
+// set, native ones too.
+func histogram(name, help string, buckets []float64, native bool, labels ...string) *prometheus.HistogramVec {
+	o := prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}
+	if native {
+		o.NativeHistogramBucketFactor = nativeFactor
+		o.NativeHistogramMaxBucketNumber = nativeMaxBuckets
+		o.NativeHistogramMinResetDuration = nativeMinReset
+	}
+	return prometheus.NewHistogramVec(o, labels)
+}
 
 // NewMetrics creates the metrics and registers them with reg. tenantLabels
 // is how many distinct tenants get their own label value on the token and
@@ -127,18 +265,14 @@ func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_refusals_total", Help: "Requests refused by limits (enforced=false: shadow mode, would have refused).",
 		}, []string{"route", "reason", "enforced"}),
-		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "sluice_ttft_seconds", Help: "Time to first token as seen at the edge.", Buckets: latencyBuckets,
-		}, []string{"route", "pool", "backend", "proto"}),
-		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "sluice_itl_seconds", Help: "Inter-token latency at the edge, one sample per gap.", Buckets: itlBuckets,
-		}, []string{"route", "pool", "backend", "proto"}),
-		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "sluice_request_duration_seconds", Help: "Whole request duration at the edge.", Buckets: latencyBuckets,
-		}, []string{"route", "proto"}),
-		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "sluice_stage_seconds", Help: "Duration of each request stage (see docs/TIMING.md).", Buckets: latencyBuckets,
-		}, []string{"route", "proto", "stage"}),
+		ttft: histogram("sluice_ttft_seconds", "Time to first token as seen at the edge.", latencyBuckets, true,
+			"route", "pool", "backend", "proto"),
+		itl: histogram("sluice_itl_seconds", "Inter-token latency at the edge, one sample per gap.", itlBuckets, true,
+			"route", "pool", "backend", "proto"),
+		e2e: histogram("sluice_request_duration_seconds", "Whole request duration at the edge.", latencyBuckets, false,
+			"route", "proto"),
+		stages: histogram("sluice_stage_seconds", "Duration of each request stage (see docs/TIMING.md).", latencyBuckets, true,
+			"route", "proto", "stage"),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_tokens_total", Help: "Tokens by route, tenant and direction (in, out).",
 		}, []string{"route", "tenant", "direction"}),
@@ -148,15 +282,34 @@ func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 		wsSlow: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_websocket_slow_client_total", Help: "Bridged requests cancelled because the client read too slowly.",
 		}),
+		genTTFT: histogram("gen_ai_server_time_to_first_token_seconds",
+			"Time to generate first token for successful responses (OpenTelemetry gen_ai.server.time_to_first_token, measured at the edge).",
+			otelTTFTBuckets, true, genAILabels...),
+		genTPOT: histogram("gen_ai_server_time_per_output_token_seconds",
+			"Time per output token generated after the first token for successful responses (OpenTelemetry gen_ai.server.time_per_output_token).",
+			otelTPOTBuckets, true, genAILabels...),
+		genDuration: histogram("gen_ai_server_request_duration_seconds",
+			"Generative AI server request duration, to the last output token (OpenTelemetry gen_ai.server.request.duration).",
+			otelDurationBuckets, true, append([]string{"error_type"}, genAILabels...)...),
+		genTokens: histogram("gen_ai_client_token_usage",
+			"Number of input and output tokens used (OpenTelemetry gen_ai.client.token.usage).",
+			otelTokenBuckets, false, append([]string{"gen_ai_token_type"}, genAILabels...)...),
 		tenantCap: tenantLabels,
 		tenants:   map[string]bool{},
+		models:    map[string]bool{},
 	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.inflight, m.retries, m.hedges, m.refusals, m.ttft, m.itl, m.e2e, m.stages, m.tokens,
-			m.wsConns, m.wsSlow)
+			m.wsConns, m.wsSlow, m.genTTFT, m.genTPOT, m.genDuration, m.genTokens)
 	}
 	return m
 }
+
+// genAILabels are the OpenTelemetry GenAI metrics' attributes as
+// Prometheus labels (dots become underscores). gen_ai_response_model is
+// not among them: Sluice does not read the model name out of responses.
+var genAILabels = []string{"gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model",
+	"server_address", "server_port"}
 
 // Retry counts a request retried on another backend.
 func (m *Metrics) Retry(route string) {
@@ -247,5 +400,35 @@ func (m *Metrics) Record(r *Record) {
 		to := m.tokenObs(route, tl)
 		to.in.Add(float64(r.Usage.InputTokens))
 		to.out.Add(float64(r.Usage.OutputTokens))
+	}
+	m.recordGenAI(r)
+}
+
+// recordGenAI observes the GenAI server metrics of a request that reached
+// a model server: TTFT and time per output token for successful ones
+// (decode time over the tokens after the first), duration for all, with
+// error_type set for failures (the error class, else the status code), and
+// token usage when tokens were counted.
+func (m *Metrics) recordGenAI(r *Record) {
+	if r.Backend == "" {
+		return
+	}
+	errType := r.Error
+	if errType == "" && r.Status >= 400 {
+		errType = strconv.Itoa(r.Status)
+	}
+	k := genAIKey{genAIPath(r.Path), m.modelLabel(r.Model), r.Backend, errType}
+	o := m.genAIObs(k)
+	o.duration.Observe(r.End.Sub(r.Start).Seconds())
+	if errType == "" && r.Measured[TTFT] {
+		o.ttft.Observe(r.Stages[TTFT].Seconds())
+		if out := r.Usage.OutputTokens; r.Counted && out > 1 && r.Measured[Decode] {
+			o.tpot.Observe(r.Stages[Decode].Seconds() / float64(out-1))
+		}
+	}
+	if r.Counted {
+		t := m.genAITokens(k)
+		t.tokIn.Observe(float64(r.Usage.InputTokens))
+		t.tokOut.Observe(float64(r.Usage.OutputTokens))
 	}
 }

@@ -12,6 +12,7 @@ type metrics struct {
 	reloads      prometheus.Counter
 	reloadErrors *prometheus.CounterVec
 	expiry       *prometheus.GaugeVec
+	expiryOld    *prometheus.GaugeVec // expiry's deprecated name
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -25,18 +26,25 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Failed certificate reloads (old pair kept), by file at fault.",
 		}, []string{"file"}),
 		expiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "sluice_tls_cert_expiry_seconds",
+			Name: "sluice_tls_cert_expiry_timestamp_seconds",
 			Help: "NotAfter of the served certificate as a Unix time, by primary name.",
+		}, []string{"name"}),
+		// The same gauge under its name before the _timestamp_seconds
+		// suffix, kept for one release (docs/OPERATIONS.md, "Metric renames").
+		expiryOld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_tls_cert_expiry_seconds",
+			Help: "Deprecated: use sluice_tls_cert_expiry_timestamp_seconds (same value).",
 		}, []string{"name"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	var err1, err2, err3 error
+	var err1, err2, err3, err4 error
 	m.reloads, err1 = register(reg, m.reloads)
 	m.reloadErrors, err2 = register(reg, m.reloadErrors)
 	m.expiry, err3 = register(reg, m.expiry)
-	if err := errors.Join(err1, err2, err3); err != nil {
+	m.expiryOld, err4 = register(reg, m.expiryOld)
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return nil, fmt.Errorf("registering metrics: %w", err)
 	}
 	return m, nil
@@ -82,11 +90,13 @@ func (s *Store) updateExpiry(certs []*tls.Certificate) {
 	for n := range s.exp {
 		if _, ok := next[n]; !ok {
 			s.met.expiry.DeleteLabelValues(n)
+			s.met.expiryOld.DeleteLabelValues(n)
 			delete(s.exp, n)
 		}
 	}
 	for n, t := range next {
 		s.met.expiry.WithLabelValues(n).Set(t)
+		s.met.expiryOld.WithLabelValues(n).Set(t)
 		s.exp[n] = true
 	}
 }

@@ -2,6 +2,7 @@ package certs
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -303,6 +304,27 @@ sluice_tls_reloads_total 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sluice_tls_reloads_total"); err != nil {
 		t.Error(err)
+	}
+}
+
+// The expiry gauge holds a Unix time, so its name ends in
+// _timestamp_seconds; the old name carries the same value for one release.
+func TestExpiryGaugeTimestampName(t *testing.T) {
+	ca := newTestCA(t)
+	notAfter := time.Now().Add(48 * time.Hour).Truncate(time.Second)
+	c, k := ca.issue(t, leafSpec{cn: "a", dns: []string{"a.test"}, notAfter: notAfter})
+	reg := prometheus.NewRegistry()
+	if _, err := New(Config{Certificates: []Pair{writePair(t, t.TempDir(), "tls", c, k)}}, nil, reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"sluice_tls_cert_expiry_timestamp_seconds", "sluice_tls_cert_expiry_seconds"} {
+		want := fmt.Sprintf("# HELP %s %s\n# TYPE %s gauge\n%s{name=\"a.test\"} %d\n", name,
+			map[bool]string{true: "NotAfter of the served certificate as a Unix time, by primary name.",
+				false: "Deprecated: use sluice_tls_cert_expiry_timestamp_seconds (same value)."}[name == "sluice_tls_cert_expiry_timestamp_seconds"],
+			name, name, notAfter.Unix())
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), name); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }
 
