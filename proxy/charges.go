@@ -157,10 +157,14 @@ func tooLargeForLimit(o *limiter.TooLarge) *APIError {
 }
 
 // sentBody marks its flag once the transport has read the body to its end:
-// the whole request was handed to the backend's connection.
+// the whole request was handed to the backend's connection. The flag lives
+// in the first sentBody (not in the leg): the transport may still be
+// reading an abandoned attempt's body while the leg's storage is reused by
+// the next attempt.
 type sentBody struct {
 	io.ReadCloser
 	sent *atomic.Bool
+	flag atomic.Bool // the first body's: shared with the rewound ones
 }
 
 func (b *sentBody) Read(p []byte) (int, error) {
@@ -177,14 +181,17 @@ func (l *leg) watchSent(req *http.Request) {
 	if req.Body == nil || req.Body == http.NoBody {
 		return
 	}
-	req.Body = &sentBody{ReadCloser: req.Body, sent: &l.sent}
+	first := &sentBody{ReadCloser: req.Body}
+	first.sent = &first.flag
+	l.sent = first.sent
+	req.Body = first
 	if gb := req.GetBody; gb != nil {
 		req.GetBody = func() (io.ReadCloser, error) {
 			rc, err := gb()
 			if err != nil {
 				return nil, err
 			}
-			return &sentBody{ReadCloser: rc, sent: &l.sent}, nil
+			return &sentBody{ReadCloser: rc, sent: first.sent}, nil
 		}
 	}
 }
@@ -197,5 +204,5 @@ func (l *leg) watchSent(req *http.Request) {
 // answer's 200 as soon as the request is validated, but a non-streamed
 // one's only with the whole completion.)
 func (l *leg) accepted() bool {
-	return l.sent.Load() && (l.resp == nil || l.resp.StatusCode < 400)
+	return l.sent != nil && l.sent.Load() && (l.resp == nil || l.resp.StatusCode < 400)
 }

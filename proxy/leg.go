@@ -53,7 +53,7 @@ type leg struct {
 	race  *race // nil unless hedging
 	hedge bool  // the second leg of a race
 
-	sent atomic.Bool // the whole request body was written (see accepted)
+	sent *atomic.Bool // the whole request body was written (see accepted, watchSent)
 }
 
 // newLeg starts a leg on attempt a in l's storage and arms the

@@ -321,9 +321,9 @@ func TestNonStreamedClientGone(t *testing.T) {
 // TestNonStreamedLongHeaders: a body streamed through keeps the headers a
 // whole one had (the backend's Content-Length, Server-Timing, X-Request-Id
 // and X-Sluice-Request-Id before the body), and its end-of-body timing
-// (decode) comes as a Server-Timing trailer to clients that read trailers
-// (on HTTP/1.1 only with a chunked body: Go sends no trailer after a
-// Content-Length body).
+// (decode) comes as a Server-Timing trailer to clients that ask for
+// trailers with "TE: trailers" (on HTTP/1.1 only with a chunked body: Go
+// sends no trailer after a Content-Length body).
 func TestNonStreamedLongHeaders(t *testing.T) {
 	const size = 1 << 20
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -338,7 +338,7 @@ func TestNonStreamedLongHeaders(t *testing.T) {
 			var hdr []string
 			switch pc {
 			case "h2":
-				client, url = h2Client(), e.https
+				client, url, hdr = h2Client(), e.https, []string{"TE", "trailers"}
 			case "h1-chunked-te": // HTTP/1.1 trailers need a chunked body
 				query, hdr = "", []string{"TE", "trailers"}
 			}
