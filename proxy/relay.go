@@ -73,6 +73,9 @@ func (x *exchange) relayEvent(l *leg, ev []byte, now time.Time) (done bool, err 
 	if data == nil { // comment, retry or id only: pass on
 		return !x.send(ev, nil), nil
 	}
+	if x.trace != nil {
+		x.traceFinish(data)
+	}
 	switch x.classify(ev, data) {
 	case eventToken:
 		x.tokens++
@@ -192,6 +195,9 @@ func (x *exchange) relayRaw(l *leg) error {
 // relayBody delivers a non-streamed answer, read whole by the leg.
 func (x *exchange) relayBody(l *leg) error {
 	x.firstToken = l.first
+	if x.trace != nil {
+		x.traceFinish(l.body)
+	}
 	if l.resp.StatusCode < 400 {
 		if x.dialect == dialectResponses || x.dialect == dialectMessages {
 			x.readUsage(l.body)
