@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/proxy/tracing"
 	"github.com/sluice-proxy/sluice/routing"
 	"github.com/sluice-proxy/sluice/tls/certs"
 )
@@ -36,6 +37,9 @@ type Config struct {
 	Pools       []routing.PoolConfig `yaml:"pools"`
 	Routes      []Route              `yaml:"routes"`
 	Simulators  []Simulator          `yaml:"simulators"`
+	// Tracing exports OpenTelemetry traces over OTLP; off by default
+	// (docs/CONFIG.md "tracing").
+	Tracing tracing.Config `yaml:"tracing"`
 
 	// File is the path the config was read from.
 	File string `yaml:"-"`

@@ -8,7 +8,7 @@ import (
 )
 
 // RedactedText returns the config's text with its secrets (redis.password,
-// pools[].api_key) replaced by Redacted, for showing the active config to
+// pools[].api_key, tracing.headers values) replaced by Redacted, for showing the active config to
 // operators. The result parses to the same config but for those values;
 // Compare treats a Redacted value as unknown, not as a change.
 func (c *Config) RedactedText() []byte {
@@ -25,6 +25,9 @@ func (c *Config) RedactedText() []byte {
 	addSecret("redis.password", c.Redis.Password)
 	for i, p := range c.Pools {
 		addSecret(fmt.Sprintf("pools[%d].api_key", i), p.APIKey)
+	}
+	for k, v := range c.Tracing.Headers { // a collector's credentials
+		addSecret("tracing.headers."+k, v)
 	}
 	// Replace from the end so earlier offsets stay valid.
 	sort.Slice(secrets, func(i, j int) bool {
