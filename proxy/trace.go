@@ -82,8 +82,9 @@ func (x *exchange) traceID() string {
 	return tracing.TraceIDOf(x.r.Header.Get("Traceparent"))
 }
 
-// endTrace records the stage spans from the exchange's timing marks and
-// ends the server span at end.
+// endTrace records the stages (child spans or events, see
+// tracing.Config.StageSpans) from the exchange's timing marks, sets the
+// request's attributes and ends the server span at end.
 func (x *exchange) endTrace(end time.Time) {
 	tr := x.trace
 	if tr == nil {
@@ -99,7 +100,7 @@ func (x *exchange) endTrace(end time.Time) {
 			if b.Before(a) {
 				b = a
 			}
-			t.Span(tr.ctx, name, a, b, attrs...)
+			t.Stage(tr.ctx, name, a, b, attrs...)
 		}
 	}
 	stage(observe.StageAuth, x.start, x.authDone)

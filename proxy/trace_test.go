@@ -52,9 +52,9 @@ func (ts *tracedSim) headers() []http.Header {
 }
 
 // testTracer exports to rcv with a parent-based ratio sampler.
-func testTracer(t *testing.T, rcv *otlptest.Receiver, ratio float64) *tracing.Tracer {
+func testTracer(t testing.TB, rcv *otlptest.Receiver, ratio float64, stageSpans bool) *tracing.Tracer {
 	t.Helper()
-	tr, err := tracing.New(context.Background(), tracing.Config{Enabled: true, Endpoint: rcv.URL, SamplerRatio: &ratio}, "test")
+	tr, err := tracing.New(context.Background(), tracing.Config{Enabled: true, Endpoint: rcv.URL, SamplerRatio: &ratio, StageSpans: stageSpans}, "test")
 	if err != nil || tr == nil {
 		t.Fatalf("tracing.New: %v, %v", tr, err)
 	}
@@ -123,6 +123,8 @@ func (st spanTree) names() []string {
 	return out
 }
 
+func hasEvent(s otlptest.Span, name string) bool { _, ok := s.Event(name); return ok }
+
 // traceparent is a client's sampled traceparent for a trace id.
 func traceparent(traceID, parent string) string { return "00-" + traceID + "-" + parent + "-01" }
 
@@ -142,7 +144,7 @@ func parentOf(tp string) (traceID, parent string) {
 // and client address in the access log line.
 func TestTraceStreamContinuesClientTrace(t *testing.T) {
 	rcv := otlptest.Start(t)
-	tr := testTracer(t, rcv, 1)
+	tr := testTracer(t, rcv, 1, true)
 	ts := startTracedSim(t, fastSim())
 	e := startEdge(t, edgeOpts{pool: poolOf(ts.url), tracer: tr})
 	clients := []struct {
@@ -202,7 +204,7 @@ func TestTraceStreamContinuesClientTrace(t *testing.T) {
 			}
 			up := st.one(t, "upstream")
 			if up.Kind != tracepb.Span_SPAN_KIND_CLIENT || up.Attrs["sluice.attempt.result"] != "relayed" ||
-				up.Attrs["http.response.status_code"] != int64(200) || !slices.Contains(up.Events, "first_token") {
+				up.Attrs["http.response.status_code"] != int64(200) || !hasEvent(up, "first_token") {
 				t.Errorf("upstream span %+v; want a CLIENT span, relayed, 200, with a first_token event", up)
 			}
 			got := ts.headers()
@@ -226,7 +228,7 @@ func TestTraceStreamContinuesClientTrace(t *testing.T) {
 // attempt's span.
 func TestTraceRetriedAttemptSpans(t *testing.T) {
 	rcv := otlptest.Start(t)
-	tr := testTracer(t, rcv, 1)
+	tr := testTracer(t, rcv, 1, false)
 	bad := fastSim()
 	bad.FailBeforeFirst = 1
 	badSim := startTracedSim(t, bad)
@@ -242,7 +244,7 @@ func TestTraceRetriedAttemptSpans(t *testing.T) {
 	if resp.StatusCode != 200 || !done {
 		t.Fatalf("status %d, done=%v", resp.StatusCode, done)
 	}
-	st := waitTrace(t, tr, rcv, traceID, 10)
+	st := waitTrace(t, tr, rcv, traceID, 3)
 	ups := st.children("upstream")
 	if len(ups) != 2 {
 		t.Fatalf("%d upstream spans; want 2 (spans %v)", len(ups), st.names())
@@ -277,7 +279,7 @@ func TestTraceRetriedAttemptSpans(t *testing.T) {
 // the trace under its leg's span.
 func TestTraceHedgedLegSpans(t *testing.T) {
 	rcv := otlptest.Start(t)
-	tr := testTracer(t, rcv, 1)
+	tr := testTracer(t, rcv, 1, false)
 	slow := fastSim()
 	slow.PrefillBase = 5 * time.Second
 	slowSim := startTracedSim(t, slow)
@@ -293,7 +295,7 @@ func TestTraceHedgedLegSpans(t *testing.T) {
 	if resp.StatusCode != 200 || !done {
 		t.Fatalf("status %d, done=%v", resp.StatusCode, done)
 	}
-	st := waitTrace(t, tr, rcv, traceID, 10)
+	st := waitTrace(t, tr, rcv, traceID, 3)
 	ups := st.children("upstream")
 	if len(ups) != 2 {
 		t.Fatalf("%d upstream spans; want 2 (spans %v)", len(ups), st.names())
@@ -331,7 +333,7 @@ func TestTraceHedgedLegSpans(t *testing.T) {
 // traceparent is followed and exported.
 func TestTraceSamplerParentBased(t *testing.T) {
 	rcv := otlptest.Start(t)
-	tr := testTracer(t, rcv, 0)
+	tr := testTracer(t, rcv, 0, false)
 	ts := startTracedSim(t, fastSim())
 	e := startEdge(t, edgeOpts{pool: poolOf(ts.url), tracer: tr})
 
@@ -352,7 +354,7 @@ func TestTraceSamplerParentBased(t *testing.T) {
 	resp = post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""), "Traceparent", traceparent(traceID, "2222222222222222"))
 	readEvents(t, resp.Body)
 	resp.Body.Close()
-	waitTrace(t, tr, rcv, traceID, 9)
+	waitTrace(t, tr, rcv, traceID, 2)
 	for _, s := range rcv.Spans() {
 		if s.TraceID != traceID {
 			t.Fatalf("span %q of trace %s exported; want only the client's sampled trace", s.Name, s.TraceID)
@@ -388,5 +390,42 @@ func TestTraceOffLogsClientTraceID(t *testing.T) {
 		} else if strings.Contains(l, "trace_id") {
 			t.Errorf("access log %s for traceparent %q; want no trace_id", l, h)
 		}
+	}
+}
+
+// By default each stage is an event on the server span, at the stage's
+// end, with its duration; the trace is then the server span and one
+// CLIENT span per attempt.
+func TestTraceStageEvents(t *testing.T) {
+	rcv := otlptest.Start(t)
+	tr := testTracer(t, rcv, 1, false)
+	ts := startTracedSim(t, fastSim())
+	e := startEdge(t, edgeOpts{pool: poolOf(ts.url), tracer: tr})
+	const traceID = "33333333333333333333333333333333"
+	resp := post(t, h2cClient(), e.http+"/v1/chat/completions", chatBody(""), "Traceparent", traceparent(traceID, "4444444444444444"))
+	_, done := readEvents(t, resp.Body)
+	resp.Body.Close()
+	if !done {
+		t.Fatal("stream did not end with [DONE]")
+	}
+	st := waitTrace(t, tr, rcv, traceID, 2)
+	if len(st.spans) != 2 || len(st.children("upstream")) != 1 {
+		t.Fatalf("spans %v; want the server span and one upstream span", st.names())
+	}
+	s := st.server
+	var last time.Time
+	for _, name := range []string{"auth", "recv", "route", "limit", "queue", "prefill", "decode"} {
+		ev, ok := s.Event(name)
+		d, _ := ev.Attrs["sluice.duration_ms"].(float64)
+		if !ok || d < 0 || ev.Time.Before(s.Start) || ev.Time.After(s.End) || ev.Time.Before(last) {
+			t.Errorf("stage event %q %+v (found %v); want one in order inside the server span, with its duration", name, ev, ok)
+		}
+		last = ev.Time
+	}
+	if ev, _ := s.Event("decode"); ev.Attrs["gen_ai.usage.output_tokens"] != int64(12) {
+		t.Errorf("decode event %v; want 12 output tokens", ev.Attrs)
+	}
+	if ev, _ := s.Event("decode"); ev.Attrs["sluice.duration_ms"].(float64) <= 0 {
+		t.Errorf("decode took %v ms; want > 0 (12 tokens at 10 ms steps)", ev.Attrs["sluice.duration_ms"])
 	}
 }

@@ -68,8 +68,8 @@ func TestTracingNodeFlushesAtClose(t *testing.T) {
 	if s.Resource["service.name"] != "sluice" || s.Resource["service.version"] != "v9.9.9" || s.Attrs["sluice.tenant.id"] != "t1" {
 		t.Fatalf("server span resource %v attrs %v", s.Resource, s.Attrs)
 	}
-	if len(rcv.Trace(traceID)) < 9 {
-		t.Fatalf("%d spans; want the server span, its stages and the attempt", len(rcv.Trace(traceID)))
+	if len(rcv.Trace(traceID)) < 2 {
+		t.Fatalf("%d spans; want the server span and the attempt's", len(rcv.Trace(traceID)))
 	}
 }
 

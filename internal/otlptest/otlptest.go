@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	common "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -37,10 +39,27 @@ type Span struct {
 	TraceState                string
 	Start, End                time.Time
 	Attrs                     map[string]any
-	Events                    []string
+	Events                    []Event
 	StatusCode                tracepb.Status_StatusCode
 	StatusMsg                 string
 	Resource                  map[string]any
+}
+
+// Event is one span event.
+type Event struct {
+	Name  string
+	Time  time.Time
+	Attrs map[string]any
+}
+
+// Event returns the span's first event named name.
+func (s Span) Event(name string) (Event, bool) {
+	for _, e := range s.Events {
+		if e.Name == name {
+			return e, true
+		}
+	}
+	return Event{}, false
 }
 
 // Receiver collects the spans exported to it.
@@ -153,7 +172,7 @@ func (r *Receiver) add(msg *coltrace.ExportTraceServiceRequest) {
 					Resource: res,
 				}
 				for _, e := range s.GetEvents() {
-					sp.Events = append(sp.Events, e.GetName())
+					sp.Events = append(sp.Events, Event{Name: e.GetName(), Time: time.Unix(0, int64(e.GetTimeUnixNano())), Attrs: attrs(e.GetAttributes())})
 				}
 				spans = append(spans, sp)
 			}
@@ -225,4 +244,72 @@ func (r *Receiver) Bad() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]string(nil), r.bad...)
+}
+
+// StartCounting runs an OTLP/HTTP receiver that only counts the spans of
+// each export, walking the protobuf wire format without decoding it into
+// messages: for benchmarks, where the receiver shares the process (and its
+// CPU) with what is measured. It answers as Start's does.
+func StartCounting(t testing.TB) (url string, spans *atomic.Int64) {
+	t.Helper()
+	spans = &atomic.Int64{}
+	resp, _ := proto.Marshal(&coltrace.ExportTraceServiceResponse{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		b, err := io.ReadAll(req.Body)
+		if err != nil {
+			http.Error(w, "read", http.StatusBadRequest)
+			return
+		}
+		n, ok := countSpans(b)
+		if !ok {
+			http.Error(w, "bad protobuf", http.StatusBadRequest)
+			return
+		}
+		spans.Add(n)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.Write(resp)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, spans
+}
+
+// countSpans counts ExportTraceServiceRequest.resource_spans(1)
+// .scope_spans(2).spans(2) in b.
+func countSpans(b []byte) (int64, bool) {
+	var n int64
+	ok := true
+	each := func(b []byte, field protowire.Number, f func([]byte)) {
+		for len(b) > 0 && ok {
+			num, typ, l := protowire.ConsumeTag(b)
+			if l < 0 {
+				ok = false
+				return
+			}
+			b = b[l:]
+			if typ != protowire.BytesType {
+				l = protowire.ConsumeFieldValue(num, typ, b)
+				if l < 0 {
+					ok = false
+					return
+				}
+				b = b[l:]
+				continue
+			}
+			v, l := protowire.ConsumeBytes(b)
+			if l < 0 {
+				ok = false
+				return
+			}
+			b = b[l:]
+			if num == field {
+				f(v)
+			}
+		}
+	}
+	each(b, 1, func(rs []byte) {
+		each(rs, 2, func(ss []byte) {
+			each(ss, 2, func([]byte) { n++ })
+		})
+	})
+	return n, ok
 }

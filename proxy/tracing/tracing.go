@@ -67,6 +67,12 @@ type Config struct {
 	// ServiceName is the resource's service.name. Empty:
 	// OTEL_SERVICE_NAME, else "sluice".
 	ServiceName string `yaml:"service_name"`
+	// StageSpans records each stage (auth, recv, route, limit, queue,
+	// prefill, decode) as a child span of the request's span, drawn as a
+	// waterfall by trace viewers. Off (the default), each stage is an
+	// event on the request's span, with its duration: about half the cost
+	// (see docs/TIMING.md "Traces").
+	StageSpans bool `yaml:"stage_spans"`
 }
 
 // Validate reports what is wrong with an enabled c.
@@ -92,9 +98,10 @@ func (c Config) Validate() error {
 // owned by the Tracer and ends with Shutdown, which flushes the spans
 // still queued.
 type Tracer struct {
-	tp   *sdktrace.TracerProvider
-	tr   trace.Tracer
-	prop propagation.TraceContext
+	tp     *sdktrace.TracerProvider
+	tr     trace.Tracer
+	prop   propagation.TraceContext
+	stages bool // Config.StageSpans
 }
 
 // New starts tracing as c says: nil (tracing off) when c is not enabled or
@@ -131,7 +138,7 @@ func New(ctx context.Context, c Config, version string) (*Tracer, error) {
 		tpOpts = append(tpOpts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(*c.SamplerRatio))))
 	}
 	tp := sdktrace.NewTracerProvider(tpOpts...)
-	return &Tracer{tp: tp, tr: tp.Tracer("github.com/sluice-proxy/sluice/proxy")}, nil
+	return &Tracer{tp: tp, tr: tp.Tracer("github.com/sluice-proxy/sluice/proxy"), stages: c.StageSpans}, nil
 }
 
 // protocol is c's protocol, else the environment's, else http/protobuf.
@@ -210,6 +217,21 @@ func (t *Tracer) StartServer(h http.Header, name string, start time.Time) (conte
 func (t *Tracer) Start(parent context.Context, name string, kind trace.SpanKind, start time.Time, attrs ...attribute.KeyValue) trace.Span {
 	_, s := t.tr.Start(parent, name, trace.WithSpanKind(kind), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
 	return s
+}
+
+// StageSpans reports whether stages are child spans (else events).
+func (t *Tracer) StageSpans() bool { return t.stages }
+
+// Stage records a finished stage of the request whose span is in parent:
+// a child span from start to end, or an event on the request's span at
+// end with the stage's duration in milliseconds (sluice.duration_ms).
+func (t *Tracer) Stage(parent context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) {
+	if t.stages {
+		t.Span(parent, name, start, end, attrs...)
+		return
+	}
+	attrs = append(attrs, attribute.Float64("sluice.duration_ms", float64(end.Sub(start).Microseconds())/1e3))
+	trace.SpanFromContext(parent).AddEvent(name, trace.WithTimestamp(end), trace.WithAttributes(attrs...))
 }
 
 // Span records a finished child of the span in parent, from start to end.
