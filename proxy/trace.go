@@ -32,9 +32,7 @@ const (
 	attrGenAIFinish       = attribute.Key("gen_ai.response.finish_reasons")
 	attrHTTPMethod        = attribute.Key("http.request.method")
 	attrHTTPStatus        = attribute.Key("http.response.status_code")
-	attrHTTPRoute         = attribute.Key("http.route")
 	attrURLPath           = attribute.Key("url.path")
-	attrURLFull           = attribute.Key("url.full")
 	attrClientAddress     = attribute.Key("client.address")
 	attrServerAddress     = attribute.Key("server.address")
 	attrServerPort        = attribute.Key("server.port")
@@ -42,16 +40,14 @@ const (
 	attrErrorType         = attribute.Key("error.type")
 	attrTenant            = attribute.Key("sluice.tenant.id")
 	attrRequestID         = attribute.Key("sluice.request.id")
-	attrOwnID             = attribute.Key("sluice.request.sluice_id")
 	attrRoute             = attribute.Key("sluice.route")
 	attrPool              = attribute.Key("sluice.pool")
-	attrBackend           = attribute.Key("sluice.backend")
 	attrAttempt           = attribute.Key("sluice.attempt")
 	attrHedge             = attribute.Key("sluice.hedge")
 	attrResult            = attribute.Key("sluice.attempt.result")
 	attrRetries           = attribute.Key("sluice.retries")
 	attrHedged            = attribute.Key("sluice.hedged")
-	attrTokens            = attribute.Key("sluice.tokens")
+	attrServerTiming      = attribute.Key("sluice.server_timing")
 )
 
 // reqTrace is a traced request's spans; the exchange holds one only when
@@ -111,27 +107,30 @@ func (x *exchange) endTrace(end time.Time) {
 		stage(observe.StageQueue, x.admitted.Add(-x.queueWait), x.admitted)
 	}
 	stage(observe.StagePrefill, x.upstreamHeaders, x.firstToken)
-	out := x.outputTokens()
-	stage(observe.StageDecode, x.firstToken, x.lastToken, attrGenAIOutputTokens.Int64(out), attrTokens.Int64(x.tokens))
+	stage(observe.StageDecode, x.firstToken, x.lastToken, attrGenAIOutputTokens.Int64(x.outputTokens()))
 
 	status := x.status
 	if status == 0 {
 		status = 499
 	}
-	attrs := make([]attribute.KeyValue, 0, 24)
-	attrs = append(attrs, attrHTTPMethod.String(x.r.Method), attrURLPath.String(x.r.URL.Path),
-		attrHTTPStatus.Int(status), attrProtocol.String(protoOf(x.r, x.conn)),
-		attrClientAddress.String(clientIP(x.r)), attrRequestID.String(x.id), attrOwnID.String(x.ownID))
+	// Each attribute costs a few allocations in the exporter: the set is
+	// kept to what a trace is read for (the backend and pool are on the
+	// attempt spans).
+	attrs := make([]attribute.KeyValue, 0, 16)
+	attrs = append(attrs, attrHTTPMethod.String(x.r.Method), attrHTTPStatus.Int(status),
+		attrProtocol.String(protoOf(x.r, x.conn)), attrClientAddress.String(clientIP(x.r)), attrRequestID.String(x.id))
 	if x.tenant != nil {
 		attrs = append(attrs, attrTenant.String(x.tenant.ID))
 	}
+	if st := x.serverTiming(); st != "" { // the stages' durations, as the Server-Timing header has them
+		attrs = append(attrs, attrServerTiming.String(st))
+	}
 	name := x.r.Method
 	if x.route != nil {
-		attrs = append(attrs, attrRoute.String(x.route.Name), attrHTTPRoute.String(x.route.Name))
+		attrs = append(attrs, attrRoute.String(x.route.Name))
 		name += " " + x.route.Name
-		if x.backend != nil {
-			attrs = append(attrs, attrPool.String(x.route.Pool.Name()), attrBackend.String(x.backend.URL.Host))
-		}
+	} else {
+		attrs = append(attrs, attrURLPath.String(x.r.URL.Path))
 	}
 	if x.parsed {
 		attrs = append(attrs, attrGenAIOperation.String(x.operation()), attrGenAIModel.String(x.meta.Model))
@@ -148,7 +147,9 @@ func (x *exchange) endTrace(end time.Time) {
 	if len(tr.finish) > 0 {
 		attrs = append(attrs, attrGenAIFinish.StringSlice(tr.finish))
 	}
-	attrs = append(attrs, attrRetries.Int(x.retries))
+	if x.retries > 0 {
+		attrs = append(attrs, attrRetries.Int(x.retries))
+	}
 	if x.hedged {
 		attrs = append(attrs, attrHedged.Bool(true))
 	}
@@ -213,40 +214,40 @@ func (x *exchange) traceFinish(data []byte) {
 // server span.
 func (l *leg) startSpan() {
 	x := l.x
-	host, port := l.b.URL.Hostname(), l.b.URL.Port()
-	attrs := []attribute.KeyValue{attrHTTPMethod.String(x.r.Method), attrServerAddress.String(host),
-		attrBackend.String(l.b.URL.Host), attrAttempt.Int(x.retries)}
-	if p, err := strconv.Atoi(port); err == nil {
+	var buf [4]attribute.KeyValue
+	attrs := append(buf[:0], attrServerAddress.String(l.b.URL.Hostname()), attrAttempt.Int(x.retries))
+	if p, err := strconv.Atoi(l.b.URL.Port()); err == nil {
 		attrs = append(attrs, attrServerPort.Int(p))
 	}
 	if x.route != nil {
 		attrs = append(attrs, attrPool.String(x.route.Pool.Name()))
 	}
-	u := x.backendURL(l.b)
-	attrs = append(attrs, attrURLFull.String(u.String()))
 	l.span = x.h.tracer.Start(x.trace.ctx, "upstream", trace.SpanKindClient, time.Now(), attrs...)
 }
 
 // endSpan ends the attempt's span with how the attempt went.
 func (l *leg) endSpan() {
 	s := l.span
+	var buf [4]attribute.KeyValue
+	attrs := buf[:0]
 	if l.hedge {
-		s.SetAttributes(attrHedge.Bool(true))
+		attrs = append(attrs, attrHedge.Bool(true))
 	}
 	if l.resp != nil {
-		s.SetAttributes(attrHTTPStatus.Int(l.resp.StatusCode))
+		attrs = append(attrs, attrHTTPStatus.Int(l.resp.StatusCode))
 	}
 	if !l.first.IsZero() {
 		s.AddEvent("first_token", trace.WithTimestamp(l.first))
 	}
 	switch {
 	case errors.Is(l.err, errHedgeLost) || errors.Is(context.Cause(l.ctx), errHedgeLost) && l.err != nil:
-		s.SetAttributes(attrResult.String("hedge_lost"))
+		attrs = append(attrs, attrResult.String("hedge_lost"))
 	case l.err != nil:
-		s.SetAttributes(attrResult.String("failed"), attrErrorType.String(ErrorOf(l.err).Code))
+		attrs = append(attrs, attrResult.String("failed"), attrErrorType.String(ErrorOf(l.err).Code))
 		s.SetStatus(codes.Error, l.err.Error())
 	default:
-		s.SetAttributes(attrResult.String("relayed"))
+		attrs = append(attrs, attrResult.String("relayed"))
 	}
+	s.SetAttributes(attrs...)
 	s.End()
 }
