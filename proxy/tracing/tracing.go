@@ -58,8 +58,8 @@ type Config struct {
 	// traceparent (parent-based ratio). Nil: OTEL_TRACES_SAMPLER and
 	// OTEL_TRACES_SAMPLER_ARG, else parentbased_always_on.
 	SamplerRatio *float64 `yaml:"sampler_ratio"`
-	// Headers are sent with every export (e.g. a collector's API key);
-	// added to OTEL_EXPORTER_OTLP_(TRACES_)HEADERS.
+	// Headers are sent with every export (e.g. a collector's API key),
+	// instead of OTEL_EXPORTER_OTLP_(TRACES_)HEADERS.
 	Headers map[string]string `yaml:"headers"`
 	// Insecure exports without TLS (an http:// endpoint URL already
 	// means so).
