@@ -214,6 +214,10 @@ func (x *exchange) traceFinish(data []byte) {
 // server span.
 func (l *leg) startSpan() {
 	x := l.x
+	if !x.trace.span.IsRecording() { // sampled out: a span only for the backend's traceparent
+		l.span = x.h.tracer.Start(x.trace.ctx, "upstream", trace.SpanKindClient, time.Time{})
+		return
+	}
 	var buf [4]attribute.KeyValue
 	attrs := append(buf[:0], attrServerAddress.String(l.b.URL.Hostname()), attrAttempt.Int(x.retries))
 	if p, err := strconv.Atoi(l.b.URL.Port()); err == nil {
@@ -228,6 +232,10 @@ func (l *leg) startSpan() {
 // endSpan ends the attempt's span with how the attempt went.
 func (l *leg) endSpan() {
 	s := l.span
+	if !s.IsRecording() {
+		s.End()
+		return
+	}
 	var buf [4]attribute.KeyValue
 	attrs := buf[:0]
 	if l.hedge {

@@ -239,7 +239,8 @@ func TestTraceRetriedAttemptSpans(t *testing.T) {
 	pool := poolOf(badSim.url, goodSim.url)
 	pool.Policy = routing.PolicyRoundRobin // the first attempt goes to the failing backend
 	pool.EjectAfter = 1000
-	e := startEdge(t, edgeOpts{pool: pool, tracer: tr})
+	errLog := &logBuffer{}
+	e := startEdge(t, edgeOpts{pool: pool, tracer: tr, errLog: errLog})
 	const traceID = "0af7651916cd43dd8448eb211c80319c"
 	resp := post(t, h2cClient(), e.http+"/v1/chat/completions", chatBody(""), "Traceparent", traceparent(traceID, "b7ad6b7169203331"))
 	_, done := readEvents(t, resp.Body)
@@ -259,6 +260,10 @@ func TestTraceRetriedAttemptSpans(t *testing.T) {
 	}
 	if second.StatusCode == tracepb.Status_STATUS_CODE_ERROR || second.Attrs["sluice.attempt.result"] != "relayed" || second.Attrs["sluice.attempt"] != int64(1) {
 		t.Errorf("second attempt %+v; want relayed, attempt 1", second)
+	}
+	// The failed attempt's warn line names the trace too.
+	if lines := errLog.lines("upstream attempt failed", "trace_id="+traceID); len(lines) != 1 {
+		t.Errorf("warn lines %q; want one for the failed attempt with the trace id", lines)
 	}
 	if st.server.Attrs["sluice.retries"] != int64(1) {
 		t.Errorf("server span sluice.retries %v; want 1", st.server.Attrs["sluice.retries"])
