@@ -246,8 +246,10 @@ func (t *Tracer) Span(parent context.Context, name string, start, end time.Time,
 }
 
 // Inject sets h's traceparent (and tracestate) to span's context, so the
-// backend continues the trace under span.
+// backend continues the trace under span. A tracestate copied from the
+// client is replaced by the span's (the client's when it was valid).
 func (t *Tracer) Inject(span trace.Span, h http.Header) {
+	h.Del("Tracestate")
 	t.prop.Inject(trace.ContextWithSpanContext(context.Background(), span.SpanContext()), propagation.HeaderCarrier(h))
 }
 
