@@ -19,21 +19,28 @@ import (
 // OTLP/HTTP to an in-process receiver that only counts spans; the export is
 // flushed every 256 requests and counted in the op. It reports the process
 // CPU per request ("cpu-µs/req": the SDK, the exporter's protobuf and HTTP,
-// and the receiver's small share) with stages as events (the default) and
-// as child spans.
+// and the receiver's small share) with stages as events (the default), as
+// child spans, and for a request the sampler leaves out (ratio 0; the
+// pipeline then skips the attributes, here they are set all the same).
 //
 //	go test -run '^$' -bench BenchmarkRequestTrace -count 5 ./proxy/tracing/
 func BenchmarkRequestTrace(b *testing.B) {
 	url, spans := otlptest.StartCounting(b)
-	for _, mode := range []string{"stage-events", "stage-spans"} {
+	for _, mode := range []string{"stage-events", "stage-spans", "sampled-out"} {
 		b.Run(mode, func(b *testing.B) {
 			ratio := 1.0
+			if mode == "sampled-out" {
+				ratio = 0
+			}
 			tr, err := New(context.Background(), Config{Enabled: true, Endpoint: url, SamplerRatio: &ratio, StageSpans: mode == "stage-spans"}, "bench")
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer tr.Shutdown(context.Background())
 			in := http.Header{"Traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
+			if mode == "sampled-out" {
+				in = http.Header{} // a trace Sluice starts, left out at ratio 0
+			}
 			stages := []string{"auth", "recv", "route", "limit", "queue", "prefill", "decode"}
 			spans0 := spans.Load()
 			b.ReportAllocs()
