@@ -1,12 +1,3 @@
-// Package tracing wraps the OpenTelemetry Go SDK for Sluice's request
-// traces: one SERVER span per request continuing the client's W3C
-// traceparent/tracestate (or starting a trace), children for the stages
-// and a CLIENT span per upstream attempt, exported over OTLP (HTTP/protobuf
-// or gRPC) by a batch span processor. See docs/TIMING.md and
-// docs/CONFIG.md ("tracing").
-//
-// A nil *Tracer is tracing off: the pipeline checks for nil and does
-// nothing else, so tracing costs nothing when it is off.
 package tracing
 
 import (
@@ -95,9 +86,9 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Tracer makes Sluice's spans. Its batch span processor's goroutine is
-// owned by the Tracer and ends with Shutdown, which flushes the spans
-// still queued.
+// Tracer makes Sluice's spans; it is safe for simultaneous use by
+// multiple goroutines. Its batch span processor's goroutine is owned by
+// the Tracer and ends with Shutdown, which flushes the spans still queued.
 type Tracer struct {
 	tp     *sdktrace.TracerProvider
 	tr     trace.Tracer
