@@ -1,7 +1,7 @@
 // Package tracing wraps the OpenTelemetry Go SDK for Sluice's request
 // traces: one SERVER span per request continuing the client's W3C
-// traceparent/tracestate (or starting a trace), children for the stages
-// and a CLIENT span per upstream attempt, exported over OTLP (HTTP/protobuf
+// traceparent/tracestate (or starting a trace), its stages as events on
+// it (or child spans) and a CLIENT span per upstream attempt, exported over OTLP (HTTP/protobuf
 // or gRPC) by a batch span processor. See docs/TIMING.md and
 // docs/CONFIG.md ("tracing").
 //
