@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/proxy/tracing"
 	"github.com/sluice-proxy/sluice/routing"
 	"github.com/sluice-proxy/sluice/tls/certs"
 )
@@ -39,6 +40,9 @@ type Config struct {
 	Pools       []routing.PoolConfig `yaml:"pools"`
 	Routes      []Route              `yaml:"routes"`
 	Simulators  []Simulator          `yaml:"simulators"`
+	// Tracing exports OpenTelemetry traces over OTLP; off by default
+	// (docs/CONFIG.md "tracing").
+	Tracing tracing.Config `yaml:"tracing"`
 
 	// Admin secures the admin listener (token, allowed host names).
 	Admin Admin `yaml:"admin"`

@@ -140,8 +140,9 @@ var secretKeys = map[string]bool{"password": true, "api_key": true}
 
 // RestartRequired lists the changed settings a running node cannot apply:
 // node name and region, listener addresses and TLS listener settings, the
-// redis section, and the proxy's dial_timeout and tenant_metric_labels
-// (fixed in the node's transport and metrics at start).
+// redis section, the proxy's dial_timeout and tenant_metric_labels
+// (fixed in the node's transport and metrics at start), and the tracing
+// section (the exporter is made once, at start).
 func RestartRequired(old, new *Config) []FieldChange {
 	var out []FieldChange
 	out = append(out, diffFields("node.name", old.Node.Name, new.Node.Name)...)
@@ -150,6 +151,7 @@ func RestartRequired(old, new *Config) []FieldChange {
 	out = append(out, diffFields("redis", old.Redis, new.Redis)...)
 	out = append(out, diffFields("proxy.dial_timeout", old.Proxy.DialTimeout, new.Proxy.DialTimeout)...)
 	out = append(out, diffFields("proxy.tenant_metric_labels", old.Proxy.TenantMetricLabels, new.Proxy.TenantMetricLabels)...)
+	out = append(out, diffFields("tracing", old.Tracing, new.Tracing)...) // the exporter is made once, at start
 	return out
 }
 

@@ -12,7 +12,10 @@ import (
 // secretKeyNames are the mapping keys whose values are secrets wherever
 // they appear (redis.password, pools[].api_key, and the same names in any
 // future section). Their values are shown as Redacted.
-var secretKeyNames = map[string]bool{"password": true, "api_key": true, "token": true, "secret": true}
+var secretKeyNames = map[string]bool{"password": true, "api_key": true, "token": true, "secret": true,
+	// every value under a headers map (tracing.headers: a collector's
+	// credentials) is a secret too
+	"headers": true}
 
 // RedactedText returns the config's text for showing the active config to
 // operators (/debug/config?format=yaml): the parsed file written out
@@ -94,10 +97,10 @@ func (r *redactor) collect(n ast.Node, secret bool, depth int) {
 	case nil:
 	case *ast.MappingNode:
 		for _, mv := range x.Values {
-			r.collect(mv, false, depth+1)
+			r.collect(mv, secret, depth+1)
 		}
 	case *ast.MappingValueNode:
-		r.collect(x.Value, secretKeyNames[scalarText(r.resolve(x.Key))], depth+1)
+		r.collect(x.Value, secret || secretKeyNames[scalarText(r.resolve(x.Key))], depth+1)
 	case *ast.SequenceNode:
 		for _, it := range x.Values {
 			r.collect(it, secret, depth+1)
@@ -120,11 +123,11 @@ func (r *redactor) value(n ast.Node, secret bool, depth int) any {
 	case *ast.MappingNode:
 		out := make(yaml.MapSlice, 0, len(x.Values))
 		for _, mv := range x.Values {
-			out = append(out, r.item(mv, depth+1))
+			out = append(out, r.item(mv, secret, depth+1))
 		}
 		return out
 	case *ast.MappingValueNode:
-		return yaml.MapSlice{r.item(x, depth+1)}
+		return yaml.MapSlice{r.item(x, secret, depth+1)}
 	case *ast.SequenceNode:
 		out := make([]any, 0, len(x.Values))
 		for _, it := range x.Values {
@@ -145,9 +148,9 @@ func (r *redactor) value(n ast.Node, secret bool, depth int) any {
 	return RedactURL(s)
 }
 
-func (r *redactor) item(mv *ast.MappingValueNode, depth int) yaml.MapItem {
+func (r *redactor) item(mv *ast.MappingValueNode, secret bool, depth int) yaml.MapItem {
 	key := scalarText(r.resolve(mv.Key))
-	return yaml.MapItem{Key: RedactURL(key), Value: r.value(mv.Value, secretKeyNames[key], depth)}
+	return yaml.MapItem{Key: RedactURL(key), Value: r.value(mv.Value, secret || secretKeyNames[key], depth)}
 }
 
 // RedactURL returns s without the user info ("user:pass@") when s is an

@@ -36,6 +36,17 @@ func (v *validator) validate() {
 	v.routeHosts(leaves)
 	v.tenants()
 	v.redis()
+	v.tracing()
+}
+
+// tracing checks the tracing section, enabled or not (a typo is found
+// before the day it is turned on).
+func (v *validator) tracing() {
+	if err := v.c.Tracing.Validate(); err != nil {
+		for _, e := range unjoin(err) {
+			v.errorf("tracing", "tracing: %v", e)
+		}
+	}
 }
 
 func (v *validator) redis() {

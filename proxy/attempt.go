@@ -71,9 +71,9 @@ func (x *exchange) acquire(n int, tried []*routing.Backend, queue bool) (Attempt
 }
 
 // logAttempt logs a failed upstream attempt, once, at warn: with the
-// request id, the backend and the underlying error, a 502 can be traced
-// from the log.
+// request id, the trace id ("" without one), the backend and the
+// underlying error, a 502 can be traced from the log.
 func (x *exchange) logAttempt(b *routing.Backend, err error) {
-	x.h.log.Warn("upstream attempt failed", "request_id", x.id, "route", x.route.Name,
+	x.h.log.Warn("upstream attempt failed", "request_id", x.id, "trace_id", x.traceID(), "route", x.route.Name,
 		"pool", x.route.Pool.Name(), "backend", b.URL.Host, "err", err)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/observe"
+	"github.com/sluice-proxy/sluice/proxy/tracing"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -65,6 +66,9 @@ type Options struct {
 	Metrics *observe.Metrics
 	// Transport carries requests to backends. Nil means NewTransport(cfg).
 	Transport http.RoundTripper
+	// Tracer makes each request's spans (see trace.go). Nil means
+	// tracing is off.
+	Tracer *tracing.Tracer
 }
 
 // Handler is the request pipeline: intake, auth, route, admission, pick,
@@ -78,6 +82,7 @@ type Handler struct {
 	metrics   *observe.Metrics
 	stats     *observe.Stats
 	transport http.RoundTripper
+	tracer    *tracing.Tracer // nil: tracing off
 	started   time.Time
 	inflight  atomic.Int64
 	settling  sync.WaitGroup // settles still running after their response ended
@@ -93,6 +98,7 @@ type Handler struct {
 func NewHandler(st *State, opts Options) *Handler {
 	h := &Handler{node: opts.Node, region: opts.Region, log: opts.Log, access: opts.AccessLog,
 		metrics: opts.Metrics, stats: opts.Stats, transport: opts.Transport, started: time.Now()}
+	h.tracer = opts.Tracer
 	if h.log == nil {
 		h.log = slog.Default()
 	}
@@ -147,6 +153,7 @@ func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.Co
 	defer l.release()
 	x := &exchange{h: h, st: l.st, live: l, sink: sink, r: r, conn: conn, start: time.Now()}
 	x.id = RequestID(r.Header.Get("X-Request-Id"))
+	x.startTrace()
 	x.ownID = x.id
 	if x.id == r.Header.Get("X-Request-Id") {
 		x.ownID = newID() // the client's id is kept, and Sluice's own goes beside it
@@ -220,6 +227,8 @@ type exchange struct {
 	leg     leg   // storage for an unhedged attempt
 	hedging *race // the latest hedged race, drained before return
 	hedged  bool  // a hedge was sent
+
+	trace *reqTrace // the request's spans; nil when tracing is off (trace.go)
 
 	status      int   // sent to the client; 0 until headers are written
 	tokens      int64 // chunks carrying generated text
@@ -429,6 +438,7 @@ func (x *exchange) finish(timing bool) Outcome {
 		x.settle()
 	}
 	o := x.outcome(timing)
+	x.endTrace(time.Now())
 	x.h.observe(x)
 	x.releaseITL()
 	return o

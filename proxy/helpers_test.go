@@ -24,6 +24,7 @@ import (
 	"github.com/sluice-proxy/sluice/proxy/bridge"
 	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/observe"
+	"github.com/sluice-proxy/sluice/proxy/tracing"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -88,6 +89,8 @@ type edgeOpts struct {
 	pickers func(*routing.Pool) proxy.Picker
 	// errLog receives the handler's own log (text); nil: discarded.
 	errLog io.Writer
+	// tracer makes the handler's spans (nil: tracing off).
+	tracer *tracing.Tracer
 }
 
 // startEdge serves a handler for one pool of backends with the given routes
@@ -159,7 +162,7 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		o.metrics = observe.NewMetrics(reg, 0)
 	}
 	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, AccessLog: observe.NewAccessLog(o.log, "json"),
-		Metrics: o.metrics, Stats: observe.NewStats()})
+		Metrics: o.metrics, Stats: observe.NewStats(), Tracer: o.tracer})
 	br := bridge.New(h, bridge.Options{Log: log, Metrics: o.metrics})
 	if o.tls == nil {
 		o.tls = testTLSConfig(t)

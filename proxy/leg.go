@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/routing"
 )
@@ -54,12 +56,16 @@ type leg struct {
 	hedge bool  // the second leg of a race
 
 	sent *atomic.Bool // the whole request body was written (see accepted, watchSent)
+	span trace.Span // the attempt's CLIENT span; nil when tracing is off
 }
 
 // newLeg starts a leg on attempt a in l's storage and arms the
 // first-token watchdog.
 func (x *exchange) newLeg(a Attempt, l *leg) *leg {
 	*l = leg{x: x, att: a, b: a.Backend()}
+	if x.trace != nil {
+		l.startSpan()
+	}
 	l.ctx, l.cancel = context.WithCancelCause(x.r.Context())
 	timeout := x.st.Config.FirstTokenTimeout
 	if x.policy.FirstTokenTimeout > 0 {
@@ -77,6 +83,9 @@ func (l *leg) open() {
 	if err != nil {
 		l.fail(err, false)
 		return
+	}
+	if l.span != nil {
+		x.h.tracer.Inject(l.span, req.Header) // the backend continues the trace under this attempt
 	}
 	l.watchSent(req)
 	resp, err := x.transport().RoundTrip(req)
@@ -166,6 +175,9 @@ func (l *leg) close() {
 		l.bufp, l.ev = nil, nil
 	}
 	l.releaseWindow()
+	if l.span != nil {
+		l.endSpan()
+	}
 	l.att.End(l.outcome)
 }
 

@@ -74,6 +74,9 @@ func (x *exchange) relayEvent(l *leg, ev []byte, now time.Time) (done bool, err 
 	if data == nil { // comment, retry or id only: pass on
 		return !x.send(ev, nil), nil
 	}
+	if x.trace != nil {
+		x.traceFinish(data)
+	}
 	switch x.classify(ev, data) {
 	case eventToken:
 		x.tokens++

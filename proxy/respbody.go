@@ -140,6 +140,9 @@ func (x *exchange) relayBody(l *leg) error {
 	// body's end (not when it was cut).
 	var w io.Writer = &l.out
 	unchanged := true
+	if x.trace != nil {
+		x.traceFinish(l.body) // finish reasons for the span (the rest: below)
+	}
 
 	h := x.sink.Header()
 	copyResponseHeader(h, resp.Header)
@@ -186,6 +189,9 @@ func (x *exchange) relayBody(l *leg) error {
 			}
 			now := time.Now()
 			l.wd.tick(idle)
+			if x.trace != nil {
+				x.traceFinish(buf[:n])
+			}
 			if scan {
 				sc.feed(buf[:n])
 				l.att.Progress(now)

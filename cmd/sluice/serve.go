@@ -55,7 +55,7 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	n, err := node.Start(context.Background(), cfg, node.Options{Log: log, AccessLog: access})
+	n, err := node.Start(context.Background(), cfg, node.Options{Log: log, AccessLog: access, Version: strings.Fields(versionString())[1]})
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice: %v\n", err)
 		return 1

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel"
 
 	"github.com/sluice-proxy/sluice/configs"
 	"github.com/sluice-proxy/sluice/internal/gpusim"
@@ -23,6 +24,7 @@ import (
 	"github.com/sluice-proxy/sluice/proxy/bridge"
 	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/observe"
+	"github.com/sluice-proxy/sluice/proxy/tracing"
 	"github.com/sluice-proxy/sluice/routing"
 	"github.com/sluice-proxy/sluice/tls/certs"
 )
@@ -45,6 +47,7 @@ type Node struct {
 	bgDone   chan struct{}      // closed when the limiter's Run returns
 	workers  sync.WaitGroup     // the file watcher and retirements
 	watch    *fileWatcher       // config, tenants and certificate files
+	tracer   *tracing.Tracer    // nil: tracing off; flushed and stopped by Close
 
 	cfg    atomic.Pointer[configs.Config] // the active config
 	status reloadStatus
@@ -70,6 +73,8 @@ type Options struct {
 	Log *slog.Logger
 	// AccessLog receives one line per request. Nil means none.
 	AccessLog *observe.AccessLog
+	// Version is the service.version of the node's traces.
+	Version string
 }
 
 // Start wires a config into a running node: simulators, pools, limiter,
@@ -95,6 +100,7 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 				<-n.bgDone
 				n.limiter.Close()
 			}
+			n.stopTracer()
 		}
 	}()
 	n.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -124,9 +130,12 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 		n.limiter.Run(n.bgCtx)
 	}()
 	metrics := observe.NewMetrics(n.reg, cfg.Proxy.TenantMetricLabels)
+	if n.tracer, err = startTracer(n.bgCtx, cfg.Tracing, opts.Version, log); err != nil {
+		return nil, err
+	}
 	n.handler = proxy.NewHandler(st, proxy.Options{
 		Node: cfg.Node.Name, Region: cfg.Node.Region, Log: log, AccessLog: access,
-		Metrics: metrics, Stats: observe.NewStats(),
+		Metrics: metrics, Stats: observe.NewStats(), Tracer: n.tracer,
 	})
 	n.reg.MustRegister(routing.Collector(func() []*routing.Pool { return n.handler.State().Routes.Pools() }))
 	n.server = &listen.Server{
@@ -271,6 +280,33 @@ func (n *Node) Close() {
 	n.pools.close(poolSet{})
 	n.mu.Unlock()
 	n.limiter.Close()
+	n.stopTracer()
+}
+
+// startTracer starts the OTLP exporter when cfg enables tracing (nil
+// otherwise); export errors go to log at warn.
+func startTracer(ctx context.Context, cfg tracing.Config, version string, log *slog.Logger) (*tracing.Tracer, error) {
+	tr, err := tracing.New(ctx, cfg, version)
+	if err != nil || tr == nil {
+		return nil, err
+	}
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("tracing", "err", err) }))
+	log.Info("tracing on", "endpoint", cfg.Endpoint, "protocol", cfg.Protocol)
+	return tr, nil
+}
+
+// stopTracer flushes the spans still queued (within 5 s) and stops the
+// exporter's goroutines.
+func (n *Node) stopTracer() {
+	if n.tracer == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := n.tracer.Shutdown(ctx); err != nil {
+		n.log.Warn("tracing: flushing spans at shutdown", "err", err)
+	}
+	n.tracer = nil
 }
 
 // poolSet is a state's pools and their transports, by pool name.

@@ -223,6 +223,10 @@ func (a *AccessLog) Write(r *Record) {
 	}
 	l := a.begin(r.End)
 	l.str("request_id", r.ID)
+	if r.TraceID != "" {
+		l.raw("trace_id", r.TraceID)
+	}
+	l.str("client", r.Client)
 	l.str("tenant", r.Tenant)
 	l.str("method", r.Method)
 	l.str("path", r.Path)

@@ -76,6 +76,11 @@ type Record struct {
 	// Error classifies a failure ("upstream_timeout", "limit_tokens");
 	// empty when none.
 	Error string
+	// Client is the client's address (the connection's peer, no port).
+	Client string
+	// TraceID is the request's W3C trace id (32 hex digits); empty when
+	// it has none (see docs/TIMING.md "Traces").
+	TraceID string
 }
 
 // ITLPercentiles returns the P50, P99 and max of inter-token gaps given in

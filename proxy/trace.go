@@ -1,0 +1,261 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-proxy/sluice/proxy/observe"
+	"github.com/sluice-proxy/sluice/proxy/tracing"
+)
+
+// Attribute names. The gen_ai.* and HTTP names are those of the
+// OpenTelemetry semantic conventions v1.40.0 (GenAI spans, as renamed in
+// v1.37: gen_ai.usage.input_tokens / output_tokens,
+// gen_ai.response.finish_reasons; see semconv/v1.40.0 in
+// go.opentelemetry.io/otel v1.47.0); sluice.* are Sluice's own.
+const (
+	attrGenAIOperation    = attribute.Key("gen_ai.operation.name")
+	attrGenAIModel        = attribute.Key("gen_ai.request.model")
+	attrGenAIMaxTokens    = attribute.Key("gen_ai.request.max_tokens")
+	attrGenAIChoiceCount  = attribute.Key("gen_ai.request.choice.count")
+	attrGenAIInputTokens  = attribute.Key("gen_ai.usage.input_tokens")
+	attrGenAIOutputTokens = attribute.Key("gen_ai.usage.output_tokens")
+	attrGenAIFinish       = attribute.Key("gen_ai.response.finish_reasons")
+	attrHTTPMethod        = attribute.Key("http.request.method")
+	attrHTTPStatus        = attribute.Key("http.response.status_code")
+	attrURLPath           = attribute.Key("url.path")
+	attrClientAddress     = attribute.Key("client.address")
+	attrServerAddress     = attribute.Key("server.address")
+	attrServerPort        = attribute.Key("server.port")
+	attrProtocol          = attribute.Key("network.protocol.name")
+	attrErrorType         = attribute.Key("error.type")
+	attrTenant            = attribute.Key("sluice.tenant.id")
+	attrRequestID         = attribute.Key("sluice.request.id")
+	attrRoute             = attribute.Key("sluice.route")
+	attrPool              = attribute.Key("sluice.pool")
+	attrAttempt           = attribute.Key("sluice.attempt")
+	attrHedge             = attribute.Key("sluice.hedge")
+	attrResult            = attribute.Key("sluice.attempt.result")
+	attrRetries           = attribute.Key("sluice.retries")
+	attrHedged            = attribute.Key("sluice.hedged")
+	attrServerTiming      = attribute.Key("sluice.server_timing")
+)
+
+// reqTrace is a traced request's spans; the exchange holds one only when
+// tracing is on.
+type reqTrace struct {
+	ctx    context.Context // holds span: the parent of the others
+	span   trace.Span      // the request's SERVER span
+	finish []string        // finish reasons seen, in order, without repeats
+}
+
+// startTrace starts the request's server span when tracing is on.
+func (x *exchange) startTrace() {
+	t := x.h.tracer
+	if t == nil {
+		return
+	}
+	ctx, span := t.StartServer(x.r.Header, x.r.Method, x.start)
+	x.trace = &reqTrace{ctx: ctx, span: span}
+}
+
+// traceID is the request's trace id for the access log: the server span's
+// when tracing is on, else the client's traceparent's (which the backend
+// receives unchanged), else "".
+func (x *exchange) traceID() string {
+	if x.trace != nil {
+		return x.trace.span.SpanContext().TraceID().String()
+	}
+	return tracing.TraceIDOf(x.r.Header.Get("Traceparent"))
+}
+
+// endTrace records the stages (child spans or events, see
+// tracing.Config.StageSpans) from the exchange's timing marks, sets the
+// request's attributes and ends the server span at end.
+func (x *exchange) endTrace(end time.Time) {
+	tr := x.trace
+	if tr == nil {
+		return
+	}
+	t, s := x.h.tracer, tr.span
+	if !s.IsRecording() {
+		s.End(trace.WithTimestamp(end))
+		return
+	}
+	stage := func(name string, a, b time.Time, attrs ...attribute.KeyValue) {
+		if !a.IsZero() && !b.IsZero() {
+			if b.Before(a) {
+				b = a
+			}
+			t.Stage(tr.ctx, name, a, b, attrs...)
+		}
+	}
+	stage(observe.StageAuth, x.start, x.authDone)
+	stage(observe.StageRecv, x.authDone, x.bodyRead)
+	stage(observe.StageRoute, x.bodyRead, x.routed)
+	stage(observe.StageLimit, x.routed, x.limited)
+	if _, ok := x.stage(observe.StageQueue); ok && !x.admitted.IsZero() {
+		stage(observe.StageQueue, x.admitted.Add(-x.queueWait), x.admitted)
+	}
+	stage(observe.StagePrefill, x.upstreamHeaders, x.firstToken)
+	stage(observe.StageDecode, x.firstToken, x.lastToken, attrGenAIOutputTokens.Int64(x.outputTokens()))
+
+	status := x.status
+	if status == 0 {
+		status = 499
+	}
+	// Each attribute costs a few allocations in the exporter: the set is
+	// kept to what a trace is read for (the backend and pool are on the
+	// attempt spans).
+	attrs := make([]attribute.KeyValue, 0, 16)
+	attrs = append(attrs, attrHTTPMethod.String(x.r.Method), attrHTTPStatus.Int(status),
+		attrProtocol.String(protoOf(x.r, x.conn)), attrClientAddress.String(clientIP(x.r)), attrRequestID.String(x.id))
+	if x.tenant != nil {
+		attrs = append(attrs, attrTenant.String(x.tenant.ID))
+	}
+	if st := x.serverTiming(); st != "" { // the stages' durations, as the Server-Timing header has them
+		attrs = append(attrs, attrServerTiming.String(st))
+	}
+	name := x.r.Method
+	if x.route != nil {
+		attrs = append(attrs, attrRoute.String(x.route.Name))
+		name += " " + x.route.Name
+	} else {
+		attrs = append(attrs, attrURLPath.String(x.r.URL.Path))
+	}
+	if x.parsed {
+		attrs = append(attrs, attrGenAIOperation.String(x.operation()), attrGenAIModel.String(x.meta.Model))
+		if x.meta.OutputTokens > 0 {
+			attrs = append(attrs, attrGenAIMaxTokens.Int64(x.meta.OutputTokens))
+		}
+		if x.meta.N > 1 {
+			attrs = append(attrs, attrGenAIChoiceCount.Int64(x.meta.N))
+		}
+		if u := x.consumed(); x.usage != nil || x.tokens > 0 {
+			attrs = append(attrs, attrGenAIInputTokens.Int64(u.InputTokens), attrGenAIOutputTokens.Int64(u.OutputTokens))
+		}
+	}
+	if len(tr.finish) > 0 {
+		attrs = append(attrs, attrGenAIFinish.StringSlice(tr.finish))
+	}
+	if x.retries > 0 {
+		attrs = append(attrs, attrRetries.Int(x.retries))
+	}
+	if x.hedged {
+		attrs = append(attrs, attrHedged.Bool(true))
+	}
+	if x.err != nil {
+		class := errorClass(x)
+		attrs = append(attrs, attrErrorType.String(class))
+		if status >= 500 || status == 499 {
+			s.SetStatus(codes.Error, x.err.Error())
+		}
+	}
+	s.SetName(name)
+	s.SetAttributes(attrs...)
+	s.End(trace.WithTimestamp(end))
+}
+
+// operation is the request's gen_ai.operation.name.
+func (x *exchange) operation() string {
+	switch {
+	case strings.HasSuffix(strings.TrimSuffix(x.r.URL.Path, "/"), "/embeddings"):
+		return "embeddings"
+	case x.dialect == dialectCompletions:
+		return "text_completion"
+	}
+	return "chat"
+}
+
+var finishKeys = [][]byte{[]byte(`"finish_reason"`), []byte(`"stop_reason"`)}
+
+// traceFinish notes the finish reasons in an event's data or a whole body
+// (OpenAI's finish_reason, Anthropic's stop_reason), for
+// gen_ai.response.finish_reasons. Called only when tracing is on.
+func (x *exchange) traceFinish(data []byte) {
+	for _, k := range finishKeys {
+		for rest := data; ; {
+			i := bytes.Index(rest, k)
+			if i < 0 {
+				break
+			}
+			rest = rest[i+len(k):]
+			j := skipSpace(rest, 0)
+			if j >= len(rest) || rest[j] != ':' {
+				continue
+			}
+			j = skipSpace(rest, j+1)
+			if j >= len(rest) || rest[j] != '"' {
+				continue // null
+			}
+			end := bytes.IndexByte(rest[j+1:], '"')
+			if end < 0 || end > 64 {
+				continue
+			}
+			v := rest[j+1 : j+1+end]
+			if !slices.Contains(x.trace.finish, string(v)) && len(x.trace.finish) < 8 {
+				x.trace.finish = append(x.trace.finish, string(v))
+			}
+			rest = rest[j+1+end:]
+		}
+	}
+}
+
+// startLegSpan starts an upstream attempt's CLIENT span, a child of the
+// server span.
+func (l *leg) startSpan() {
+	x := l.x
+	if !x.trace.span.IsRecording() { // sampled out: a span only for the backend's traceparent
+		l.span = x.h.tracer.Start(x.trace.ctx, "upstream", trace.SpanKindClient, time.Time{})
+		return
+	}
+	var buf [4]attribute.KeyValue
+	attrs := append(buf[:0], attrServerAddress.String(l.b.URL.Hostname()), attrAttempt.Int(x.retries))
+	if p, err := strconv.Atoi(l.b.URL.Port()); err == nil {
+		attrs = append(attrs, attrServerPort.Int(p))
+	}
+	if x.route != nil {
+		attrs = append(attrs, attrPool.String(x.route.Pool.Name()))
+	}
+	l.span = x.h.tracer.Start(x.trace.ctx, "upstream", trace.SpanKindClient, time.Now(), attrs...)
+}
+
+// endSpan ends the attempt's span with how the attempt went.
+func (l *leg) endSpan() {
+	s := l.span
+	if !s.IsRecording() {
+		s.End()
+		return
+	}
+	var buf [4]attribute.KeyValue
+	attrs := buf[:0]
+	if l.hedge {
+		attrs = append(attrs, attrHedge.Bool(true))
+	}
+	if l.resp != nil {
+		attrs = append(attrs, attrHTTPStatus.Int(l.resp.StatusCode))
+	}
+	if !l.first.IsZero() {
+		s.AddEvent("first_token", trace.WithTimestamp(l.first))
+	}
+	switch {
+	case errors.Is(l.err, errHedgeLost) || errors.Is(context.Cause(l.ctx), errHedgeLost) && l.err != nil:
+		attrs = append(attrs, attrResult.String("hedge_lost"))
+	case l.err != nil:
+		attrs = append(attrs, attrResult.String("failed"), attrErrorType.String(ErrorOf(l.err).Code))
+		s.SetStatus(codes.Error, l.err.Error())
+	default:
+		attrs = append(attrs, attrResult.String("relayed"))
+	}
+	s.SetAttributes(attrs...)
+	s.End()
+}

@@ -1,0 +1,275 @@
+package tracing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Protocols of the OTLP exporter (the values of the standard
+// OTEL_EXPORTER_OTLP_PROTOCOL variable that Sluice supports).
+const (
+	ProtocolHTTP = "http/protobuf"
+	ProtocolGRPC = "grpc"
+)
+
+// Config is the tracing section of the config file. Every field left
+// empty is taken from the standard OTEL_* environment variables, as the
+// SDK reads them, and else from the SDK's defaults.
+type Config struct {
+	// Enabled turns tracing on. Off by default; OTEL_SDK_DISABLED=true
+	// turns it off whatever this says.
+	Enabled bool `yaml:"enabled"`
+	// Endpoint is the collector's OTLP endpoint as a URL:
+	// "http://collector:4318" (http/protobuf; the path /v1/traces is
+	// added when the URL has none) or "http://collector:4317" (grpc).
+	// Empty: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT,
+	// else localhost:4318 (http) or localhost:4317 (grpc).
+	Endpoint string `yaml:"endpoint"`
+	// Protocol is "http/protobuf" or "grpc". Empty:
+	// OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL, else
+	// http/protobuf.
+	Protocol string `yaml:"protocol"`
+	// SamplerRatio samples that fraction of the traces Sluice starts
+	// (0..1), and follows the client's sampled flag when it sent a
+	// traceparent (parent-based ratio). Nil: OTEL_TRACES_SAMPLER and
+	// OTEL_TRACES_SAMPLER_ARG, else parentbased_always_on.
+	SamplerRatio *float64 `yaml:"sampler_ratio"`
+	// Headers are sent with every export (e.g. a collector's API key),
+	// instead of OTEL_EXPORTER_OTLP_(TRACES_)HEADERS.
+	Headers map[string]string `yaml:"headers"`
+	// Insecure exports without TLS (an http:// endpoint URL already
+	// means so).
+	Insecure bool `yaml:"insecure"`
+	// ServiceName is the resource's service.name. Empty:
+	// OTEL_SERVICE_NAME, else "sluice".
+	ServiceName string `yaml:"service_name"`
+	// StageSpans records each stage (auth, recv, route, limit, queue,
+	// prefill, decode) as a child span of the request's span, drawn as a
+	// waterfall by trace viewers. Off (the default), each stage is an
+	// event on the request's span at the stage's end, and the durations
+	// are in its sluice.server_timing attribute: cheaper (see
+	// docs/TIMING.md "Traces").
+	StageSpans bool `yaml:"stage_spans"`
+}
+
+// Validate reports what is wrong with an enabled c.
+func (c Config) Validate() error {
+	var errs []error
+	switch c.Protocol {
+	case "", ProtocolHTTP, ProtocolGRPC:
+	default:
+		errs = append(errs, fmt.Errorf("protocol %q: want %q or %q", c.Protocol, ProtocolHTTP, ProtocolGRPC))
+	}
+	if r := c.SamplerRatio; r != nil && !(*r >= 0 && *r <= 1) {
+		errs = append(errs, fmt.Errorf("sampler_ratio %v: want 0 to 1", *r))
+	}
+	if c.Endpoint != "" {
+		if u, err := url.Parse(c.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("endpoint %q: want a URL such as http://collector:4318", c.Endpoint))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Tracer makes Sluice's spans; it is safe for simultaneous use by
+// multiple goroutines. Its batch span processor's goroutine is owned by
+// the Tracer and ends with Shutdown, which flushes the spans still queued.
+type Tracer struct {
+	tp     *sdktrace.TracerProvider
+	tr     trace.Tracer
+	prop   propagation.TraceContext
+	stages bool // Config.StageSpans
+}
+
+// New starts tracing as c says: nil (tracing off) when c is not enabled or
+// OTEL_SDK_DISABLED is true. version is the service.version.
+func New(ctx context.Context, c Config, version string) (*Tracer, error) {
+	if !c.Enabled || strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
+		return nil, nil
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	exp, err := newExporter(ctx, c)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	name := c.ServiceName
+	if name == "" {
+		name = "sluice"
+	}
+	attrs := []attribute.KeyValue{attribute.String("service.name", name)}
+	if version != "" {
+		attrs = append(attrs, attribute.String("service.version", version))
+	}
+	opts := []resource.Option{resource.WithAttributes(attrs...), resource.WithTelemetrySDK()}
+	if c.ServiceName == "" {
+		opts = append(opts, resource.WithFromEnv()) // OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
+	}
+	res, err := resource.New(ctx, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: resource: %w", err)
+	}
+	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp), sdktrace.WithResource(res)}
+	if c.SamplerRatio != nil { // else the SDK reads OTEL_TRACES_SAMPLER(_ARG)
+		tpOpts = append(tpOpts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(*c.SamplerRatio))))
+	}
+	tp := sdktrace.NewTracerProvider(tpOpts...)
+	return &Tracer{tp: tp, tr: tp.Tracer("github.com/sluice-proxy/sluice/proxy"), stages: c.StageSpans}, nil
+}
+
+// protocol is c's protocol, else the environment's, else http/protobuf.
+func (c Config) protocol() string {
+	if c.Protocol != "" {
+		return c.Protocol
+	}
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
+	}
+	return ProtocolHTTP
+}
+
+func newExporter(ctx context.Context, c Config) (*otlptrace.Exporter, error) {
+	switch p := c.protocol(); p {
+	case ProtocolGRPC:
+		var opts []otlptracegrpc.Option
+		if c.Endpoint != "" {
+			opts = append(opts, otlptracegrpc.WithEndpointURL(c.Endpoint))
+		}
+		if c.Insecure {
+			opts = append(opts, otlptracegrpc.WithInsecure())
+		}
+		if len(c.Headers) > 0 {
+			opts = append(opts, otlptracegrpc.WithHeaders(c.Headers))
+		}
+		return otlptracegrpc.New(ctx, opts...)
+	case ProtocolHTTP:
+		var opts []otlptracehttp.Option
+		if c.Endpoint != "" {
+			opts = append(opts, otlptracehttp.WithEndpointURL(c.Endpoint))
+			if u, err := url.Parse(c.Endpoint); err == nil && (u.Path == "" || u.Path == "/") {
+				opts = append(opts, otlptracehttp.WithURLPath("/v1/traces")) // a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT
+			}
+		}
+		if c.Insecure {
+			opts = append(opts, otlptracehttp.WithInsecure())
+		}
+		if len(c.Headers) > 0 {
+			opts = append(opts, otlptracehttp.WithHeaders(c.Headers))
+		}
+		return otlptracehttp.New(ctx, opts...)
+	default:
+		return nil, fmt.Errorf("unsupported OTLP protocol %q (want %q or %q)", p, ProtocolHTTP, ProtocolGRPC)
+	}
+}
+
+// Shutdown flushes the queued spans and stops the exporter; a nil Tracer
+// does nothing.
+func (t *Tracer) Shutdown(ctx context.Context) error {
+	if t == nil {
+		return nil
+	}
+	return t.tp.Shutdown(ctx)
+}
+
+// ForceFlush exports the spans ended so far.
+func (t *Tracer) ForceFlush(ctx context.Context) error {
+	if t == nil {
+		return nil
+	}
+	return t.tp.ForceFlush(ctx)
+}
+
+// StartServer starts a request's SERVER span at start, continuing the
+// trace of h's traceparent and tracestate when they are valid. The
+// returned context holds the span (the parent of Start's spans).
+func (t *Tracer) StartServer(h http.Header, name string, start time.Time) (context.Context, trace.Span) {
+	ctx := t.prop.Extract(context.Background(), propagation.HeaderCarrier(h))
+	return t.tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start))
+}
+
+// Start starts a child of the span in parent.
+func (t *Tracer) Start(parent context.Context, name string, kind trace.SpanKind, start time.Time, attrs ...attribute.KeyValue) trace.Span {
+	_, s := t.tr.Start(parent, name, trace.WithSpanKind(kind), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	return s
+}
+
+// StageSpans reports whether stages are child spans (else events).
+func (t *Tracer) StageSpans() bool { return t.stages }
+
+// Stage records a finished stage of the request whose span is in parent:
+// a child span from start to end, or an event on the request's span at
+// end (the request span's sluice.server_timing attribute has the
+// durations: every attribute costs a few allocations in the exporter).
+func (t *Tracer) Stage(parent context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) {
+	if t.stages {
+		t.Span(parent, name, start, end, attrs...)
+		return
+	}
+	if len(attrs) == 0 {
+		trace.SpanFromContext(parent).AddEvent(name, trace.WithTimestamp(end))
+		return
+	}
+	trace.SpanFromContext(parent).AddEvent(name, trace.WithTimestamp(end), trace.WithAttributes(attrs...))
+}
+
+// Span records a finished child of the span in parent, from start to end.
+func (t *Tracer) Span(parent context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) {
+	_, s := t.tr.Start(parent, name, trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	s.End(trace.WithTimestamp(end))
+}
+
+// Inject sets h's traceparent (and tracestate) to span's context, so the
+// backend continues the trace under span. A tracestate copied from the
+// client is replaced by the span's (the client's when it was valid).
+func (t *Tracer) Inject(span trace.Span, h http.Header) {
+	h.Del("Tracestate")
+	t.prop.Inject(trace.ContextWithSpanContext(context.Background(), span.SpanContext()), propagation.HeaderCarrier(h))
+}
+
+// TraceIDOf returns the trace id of a W3C traceparent header value
+// (version 00 layout: 00-<32 hex>-<16 hex>-<2 hex>), or "" when v is not a
+// valid one. It does not allocate: the result is a substring of v.
+func TraceIDOf(v string) string {
+	if len(v) < 55 || v[2] != '-' || v[35] != '-' || v[52] != '-' || v[:2] == "ff" {
+		return ""
+	}
+	if len(v) > 55 && (v[:2] == "00" || v[55] != '-') {
+		return ""
+	}
+	id := v[3:35]
+	zero := true
+	for i := 0; i < len(v); i++ {
+		if i == 2 || i == 35 || i == 52 || i >= 55 {
+			continue
+		}
+		c := v[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return ""
+		}
+		if i >= 3 && i < 35 && c != '0' {
+			zero = false
+		}
+	}
+	if zero || v[36:52] == "0000000000000000" {
+		return ""
+	}
+	return id
+}
