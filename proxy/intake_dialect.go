@@ -70,6 +70,7 @@ func parseNative(body []byte, d dialect) (requestMeta, error) {
 				end := stringValid(body, v)
 				if end > 0 {
 					model = body[v:end]
+					m.modelAt, m.modelEnd = v, end
 				}
 				return end
 			case 1:
