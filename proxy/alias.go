@@ -23,13 +23,19 @@ type alias struct {
 	// "/" is not escaped, non-ASCII is written either way; the served
 	// name is matched as encoding/json writes it without HTML escaping).
 	servedQ, publicQ []byte
+	// tail is servedQ without its opening quote: what restore searches
+	// for (a name's first byte is rarer in JSON than a quote, so
+	// bytes.Index skips ahead faster).
+	tail []byte
 	// buf holds the last event restore changed, reused for the next.
 	buf []byte
 }
 
 // newAlias returns the alias of a request for public served as served.
 func newAlias(public, served string) *alias {
-	return &alias{public: public, served: served, servedQ: jsonString(served), publicQ: jsonString(public)}
+	a := &alias{public: public, served: served, servedQ: jsonString(served), publicQ: jsonString(public)}
+	a.tail = a.servedQ[1:]
+	return a
 }
 
 // jsonString is s as a JSON string without HTML escaping.
@@ -69,10 +75,14 @@ func replaceSpan(body []byte, at, end int, with []byte) []byte {
 // does not hold the served name (one bytes.Index); otherwise the result is
 // a buffer of a's, valid until the next call. Safe on a nil *alias.
 func (a *alias) restore(ev []byte) []byte {
-	if a == nil || bytes.Index(ev, a.servedQ) < 0 {
+	if a == nil {
 		return ev
 	}
-	out, changed := a.appendRestored(a.buf[:0], ev, 0)
+	k := bytes.Index(ev, a.tail)
+	if k < 0 {
+		return ev
+	}
+	out, changed := a.appendRestored(a.buf[:0], ev, 0, k)
 	if !changed {
 		return ev
 	}
@@ -83,10 +93,14 @@ func (a *alias) restore(ev []byte) []byte {
 // restoreBody returns body with the alias restored, in a new slice when it
 // changed. Safe on a nil *alias.
 func (a *alias) restoreBody(body []byte) []byte {
-	if a == nil || bytes.Index(body, a.servedQ) < 0 {
+	if a == nil {
 		return body
 	}
-	out, changed := a.appendRestored(nil, body, 0)
+	k := bytes.Index(body, a.tail)
+	if k < 0 {
+		return body
+	}
+	out, changed := a.appendRestored(nil, body, 0, k)
 	if !changed {
 		return body
 	}
@@ -95,24 +109,25 @@ func (a *alias) restoreBody(body []byte) []byte {
 
 // appendRestored appends data[from:] to dst with every model member's
 // served value replaced by the public name; data[:from] is context only
-// (what precedes the value, for isModelValue).
-func (a *alias) appendRestored(dst, data []byte, from int) ([]byte, bool) {
+// (what precedes the value, for isModelValue). first is where a search of
+// a.tail in data[from:] found it first.
+func (a *alias) appendRestored(dst, data []byte, from, first int) ([]byte, bool) {
 	changed := false
 	last := from
-	for i := from; ; {
-		j := bytes.Index(data[i:], a.servedQ)
+	for i := max(from+1, first); i <= len(data); {
+		j := bytes.Index(data[i:], a.tail)
 		if j < 0 {
 			break
 		}
-		at := i + j
-		if isModelValue(data, at) {
+		at := i + j - 1 // the opening quote's place
+		if data[at] == '"' && isModelValue(data, at) {
 			dst = append(dst, data[last:at]...)
 			dst = append(dst, a.publicQ...)
 			last = at + len(a.servedQ)
 			changed = true
-			i = last
+			i = last + 1
 		} else {
-			i = at + 1
+			i = at + 2 // past this tail's first byte
 		}
 	}
 	return append(dst, data[last:]...), changed
