@@ -52,6 +52,7 @@ var aliasCases = []aliasCase{
 	{"responses", "/v1/responses", `{"model":"gpt-small","max_output_tokens":5,"input":"hi"}`, ""},
 	{"messages stream", "/v1/messages", `{"model":"gpt-small","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, "message_stop"},
 	{"messages", "/v1/messages", `{"model":"gpt-small","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`, ""},
+	{"embeddings", "/v1/embeddings", `{"model":"gpt-small","input":"hi"}`, ""},
 }
 
 // modelsIn collects the values of every "model" member in v, at any depth.
