@@ -151,3 +151,34 @@ func BenchmarkAliasRestore(b *testing.B) {
 		}
 	})
 }
+
+// Responses and Messages bodies: the model's span, and n and best_of read
+// as parseOpenAI reads them (choicesOf used to decode every dialect's
+// body for them).
+func TestParseNativeSpanAndChoices(t *testing.T) {
+	cases := []struct {
+		d     dialect
+		in    string
+		model string
+		n     int64
+		err   string
+	}{
+		{dialectResponses, `{"input":"x", "model" : "gpt\u002dsmall","n":3}`, "gpt-small", 3, ""},
+		{dialectMessages, `{"model":"m","best_of":4,"n":2,"messages":[]}`, "m", 4, ""},
+		{dialectMessages, `{"model":"m","N":4}`, "", 0, "duplicate_field"},
+		{dialectResponses, `{"model":"m","best_of":0}`, "", 0, "invalid_value"},
+		{dialectResponses, `{"model":"m"}`, "m", 1, ""},
+	}
+	for _, c := range cases {
+		m, err := parseNative([]byte(c.in), c.d)
+		if c.err != "" {
+			if ae, ok := err.(*APIError); !ok || ae.Code != c.err {
+				t.Errorf("%s: got %v; want %s", c.in, err, c.err)
+			}
+			continue
+		}
+		if err != nil || m.Model != c.model || m.N != c.n || unquote([]byte(c.in[m.modelAt:m.modelEnd])) != c.model {
+			t.Errorf("%s: got %+v %v; want model %q n %d", c.in, m, err, c.model, c.n)
+		}
+	}
+}
