@@ -19,9 +19,11 @@ import (
 type alias struct {
 	public, served string
 	// servedQ and publicQ are the names as JSON strings, with their
-	// quotes, as engines write them (Python's json and pydantic, serde:
-	// "/" is not escaped, non-ASCII is written either way; the served
-	// name is matched as encoding/json writes it without HTML escaping).
+	// quotes, as encoding/json writes them without HTML escaping: "/" and
+	// non-ASCII unescaped, as vLLM's pydantic (model_dump_json) and serde
+	// (TGI) write them. A backend that escapes the served name (Python's
+	// json.dumps with ensure_ascii, "\/") is not matched: its answers
+	// keep the served name.
 	servedQ, publicQ []byte
 	// tail is servedQ without its opening quote: what restore searches
 	// for (a name's first byte is rarer in JSON than a quote, so
@@ -176,8 +178,12 @@ const maxLookBehind = 64
 // in any number of writes: a served name split across writes is held back
 // (at most its length minus one byte) until the next write or Close, so a
 // "model" member is restored wherever the reads cut it. It is for a
-// non-streamed body relayed as it is read; events of a stream are whole
-// and go through alias.restore. A nil alias writes through unchanged.
+// non-streamed body relayed as it is read (today passThrough has the whole
+// body and calls restoreBody; a relay that streams the body wraps its
+// writer in newRestoreWriter(x.alias, w), calls Close at the end, and
+// drops Content-Length when x.alias is set, since the length changes).
+// Events of a stream are whole and go through alias.restore. A nil alias
+// writes through unchanged.
 type restoreWriter struct {
 	a *alias
 	w io.Writer
