@@ -3,8 +3,10 @@ package configs
 import (
 	"crypto/x509"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -327,11 +329,70 @@ func (v *validator) routes(pools map[string]bool) {
 			v.errorf(path+".class", "%s: class %q must be interactive or batch", path, r.Class)
 		}
 		v.routePolicy(path, r)
+		v.routeModels(path, r)
 		key := r.Host + " " + r.Path + " " + strings.Join(r.Models, ",")
 		if j, dup := seen[key]; dup {
 			v.errorf(path, "%s: same host, path and models as routes[%d]", path, j)
 		}
 		seen[key] = i
+	}
+	v.aliasCollisions()
+}
+
+// routeModels checks route r's model names and aliases (served_models):
+// no empty name, every alias a public name of the route's models, served
+// under another, non-empty name, on a route whose bodies are read.
+func (v *validator) routeModels(path string, r Route) {
+	for i, m := range r.Models {
+		if strings.TrimSpace(m) == "" {
+			v.errorf(fmt.Sprintf("%s.models[%d]", path, i), "%s.models[%d]: empty model name", path, i)
+		}
+	}
+	if len(r.ServedModels) == 0 {
+		return
+	}
+	if r.Kind != proxy.KindOpenAI {
+		v.errorf(path+".served_models", "%s: served_models needs kind openai (the model is rewritten in the JSON body)", path)
+		return
+	}
+	for _, pub := range slices.Sorted(maps.Keys(r.ServedModels)) {
+		served := r.ServedModels[pub]
+		key := path + ".served_models." + pub
+		switch {
+		case strings.TrimSpace(pub) == "":
+			v.errorf(path+".served_models", "%s.served_models: empty public model name", path)
+		case !slices.Contains(r.Models, pub):
+			v.errorf(key, "%s.served_models: %q is not one of the route's models; list the public name in models", path, pub)
+		case strings.TrimSpace(served) == "":
+			v.errorf(key, "%s.served_models: %q maps to an empty served name", path, pub)
+		case served == pub:
+			v.errorf(key, "%s.served_models: %q maps to itself; remove the entry", path, pub)
+		}
+	}
+}
+
+// aliasCollisions refuses a public name that one route serves under
+// another name (an alias) while another route that can match the same
+// requests (same host, one path a prefix of the other) lists it too: the
+// name would mean a different model depending on the path, or one of the
+// routes would never see it.
+func (v *validator) aliasCollisions() {
+	rs := v.c.Routes
+	for i, a := range rs {
+		for _, pub := range slices.Sorted(maps.Keys(a.ServedModels)) {
+			for j, b := range rs {
+				if i == j || !strings.EqualFold(a.Host, b.Host) ||
+					!(strings.HasPrefix(a.Path, b.Path) || strings.HasPrefix(b.Path, a.Path)) ||
+					!slices.Contains(b.Models, pub) {
+					continue
+				}
+				if j < i && len(b.ServedModels[pub]) > 0 {
+					continue // reported from routes[j]
+				}
+				v.errorf(fmt.Sprintf("routes[%d].models", j), "routes[%d]: model %q is an alias of routes[%d] (served as %q); a public name must name one model on a host and path",
+					j, pub, i, a.ServedModels[pub])
+			}
+		}
 	}
 }
 

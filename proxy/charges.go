@@ -22,48 +22,6 @@ var capFields = [...]string{"max_completion_tokens", "max_tokens", "max_output_t
 // capKeys are capFields as quoted JSON keys.
 var capKeys = [...][]byte{[]byte(`"max_completion_tokens"`), []byte(`"max_tokens"`), []byte(`"max_output_tokens"`)}
 
-// errTooManyChoices refuses an n the limiter cannot reserve for.
-var errTooManyChoices = badRequest("invalid_n", "n must be an integer from 1 to 128")
-
-// choicesOf reads how many sequences the request makes the backend
-// generate: its n (the choices returned), or best_of when larger (legacy
-// completions: vLLM generates best_of sequences and returns the n best);
-// 1 when both are absent or null. It decodes the body only when it could
-// name either (a key may be written with \u escapes).
-func choicesOf(body []byte) (int64, error) {
-	if !bytes.Contains(body, []byte(`"n"`)) && !bytes.Contains(body, []byte(`"best_of"`)) &&
-		!bytes.Contains(body, []byte(`\u`)) {
-		return 1, nil
-	}
-	var v struct {
-		N      json.RawMessage `json:"n"`
-		BestOf json.RawMessage `json:"best_of"`
-	}
-	if err := json.Unmarshal(body, &v); err != nil {
-		return 0, errTooManyChoices
-	}
-	n, err := choiceCount(v.N)
-	if err != nil {
-		return 0, err
-	}
-	b, err := choiceCount(v.BestOf)
-	if err != nil {
-		return 0, badRequest("invalid_best_of", "best_of must be an integer from 1 to 128")
-	}
-	return max(n, b), nil
-}
-
-func choiceCount(raw json.RawMessage) (int64, error) {
-	if raw == nil || string(raw) == "null" {
-		return 1, nil
-	}
-	n, err := strconv.ParseInt(string(raw), 10, 64)
-	if err != nil || n < 1 || n > maxChoices {
-		return 0, errTooManyChoices
-	}
-	return n, nil
-}
-
 // maxTokensCeiling applies the tenant's max_tokens ceiling (limits for the
 // request's model, else the node's proxy max_tokens) to the request: over
 // it, refused (400 max_tokens_too_large) or clamped per the policy; when

@@ -203,6 +203,7 @@ type exchange struct {
 	body     []byte
 	bodyMem  int64 // capacity reserved from h.bodies for body
 	meta     requestMeta
+	alias    *alias // the route serves meta.Model under another name; see alias.go
 	ticket   *limiter.Ticket
 	decision limiter.Decision
 	backend  *routing.Backend
@@ -332,19 +333,13 @@ func (x *exchange) intake(pre *routing.Route) error {
 	// The body was read as JSON whatever the client declared: the backend
 	// is told so too (a form or vnd type could be read otherwise there).
 	r.Header.Set("Content-Type", "application/json")
-	// best_of (legacy completions) generates that many sequences: reserve
-	// the larger of it and n.
-	choices, err := choicesOf(x.body)
-	if err != nil {
-		return err
-	}
-	x.meta.N = max(x.meta.N, choices)
 	route, err := x.st.Routes.Match(r.Host, r.URL.Path, meta.Model)
 	if err != nil {
 		return &APIError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
 			Message: "the model " + strconv.Quote(meta.Model) + " does not exist or is not served here"}
 	}
 	x.route, x.policy = route, x.st.policy(route)
+	x.applyAlias(route) // the route's served name in the body; see alias.go
 	x.routed = time.Now()
 	return nil
 }

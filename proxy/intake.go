@@ -21,9 +21,15 @@ type requestMeta struct {
 	InputTokens int64
 	// OutputTokens is max_completion_tokens or max_tokens, zero if absent.
 	OutputTokens int64
-	// N is the number of choices asked for ("n"): 1 when absent or null,
-	// else 1..maxChoices.
+	// N is the number of sequences the backend generates: the choices
+	// asked for ("n"), or best_of when larger (legacy completions: vLLM
+	// generates best_of sequences and returns the n best); 1 when both are
+	// absent or null, else 1..maxChoices.
 	N int64
+	// modelAt and modelEnd are the span of the model member's string value
+	// (with its quotes) in the body parseRequest returns; both 0 when the
+	// body has no model string. The alias rewrite replaces it in place.
+	modelAt, modelEnd int
 }
 
 // maxChoices is the largest "n" accepted (vLLM and OpenAI take up to 128).
@@ -54,9 +60,13 @@ func parseOpenAI(body []byte) (requestMeta, []byte, error) {
 		}
 		return requestMeta{}, nil, badRequest("invalid_json", "request body is not a JSON object")
 	}
-	m := requestMeta{Model: f.model, Stream: f.stream, ClientUsage: f.options && f.includeUsage, N: 1}
+	m := requestMeta{Model: f.model, Stream: f.stream, ClientUsage: f.options && f.includeUsage, N: 1,
+		modelAt: f.modelAt, modelEnd: f.modelEnd}
 	if f.hasN {
 		m.N = f.n
+	}
+	if f.hasBestOf {
+		m.N = max(m.N, f.bestOf)
 	}
 	switch {
 	case f.hasMaxCompletion:
@@ -68,13 +78,23 @@ func parseOpenAI(body []byte) (requestMeta, []byte, error) {
 	if !m.Stream || m.ClientUsage {
 		return m, body, nil
 	}
-	return m, askForUsage(body, &f), nil
+	out := askForUsage(body, &f)
+	if m.modelEnd > 0 && f.editAt <= m.modelAt { // the edit is never inside the model's value
+		shift := len(out) - len(body)
+		m.modelAt += shift
+		m.modelEnd += shift
+	}
+	return m, out, nil
 }
 
 // openAIFields is what parseOpenAI reads of a body.
 type openAIFields struct {
 	model  string
 	stream bool
+	// modelAt and modelEnd are the model string's span, 0 when absent.
+	modelAt, modelEnd int
+	// editAt is where askForUsage edited the body.
+	editAt int
 	// options is set when stream_options is an object (null and absent
 	// are alike); optStart and optEnd are its value's span (of null too),
 	// 0 when absent.
@@ -91,6 +111,8 @@ type openAIFields struct {
 	hasMaxCompletion bool
 	n                int64
 	hasN             bool
+	bestOf           int64
+	hasBestOf        bool
 	// chars is the length of the messages' raw contents plus 16 each
 	// (role and framing cost a few tokens).
 	chars int
@@ -111,6 +133,7 @@ const (
 	fieldMaxCompletion
 	fieldMaxOutput
 	fieldN
+	fieldBestOf
 	openAIUnique
 
 	fieldMessages = iota - 1
@@ -122,7 +145,7 @@ const (
 // member, add its name here (before openAIUnique when the edge acts on
 // it) and a case to scan.
 var openAINames = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-	"max_output_tokens", "n", "messages", "prompt", "input"}
+	"max_output_tokens", "n", "best_of", "messages", "prompt", "input"}
 
 var (
 	includeUsageName = []string{"include_usage"}
@@ -181,9 +204,11 @@ func (f *openAIFields) scan(body []byte) bool {
 				end := stringValid(body, v)
 				if end > 0 {
 					model = body[v:end]
+					f.modelAt, f.modelEnd = v, end
 				}
 				return end
 			case 'n':
+				model, f.modelAt, f.modelEnd = nil, 0, 0
 				return literalEnd(body, v, "null")
 			}
 			f.err = wrongType("model", "a string")
@@ -199,12 +224,9 @@ func (f *openAIFields) scan(body []byte) bool {
 		case fieldMaxCompletion:
 			return f.intValue(body, v, "max_completion_tokens", &f.maxCompletion, &f.hasMaxCompletion)
 		case fieldN:
-			end := f.intValue(body, v, "n", &f.n, &f.hasN)
-			if end >= 0 && f.hasN && (f.n < 1 || f.n > maxChoices) {
-				f.err = badRequest("invalid_value", fmt.Sprintf("field \"n\" must be an integer from 1 to %d", maxChoices))
-				return -1
-			}
-			return end
+			return f.choices(body, v, "n", &f.n, &f.hasN)
+		case fieldBestOf:
+			return f.choices(body, v, "best_of", &f.bestOf, &f.hasBestOf)
 		case fieldMessages:
 			return f.scanMessages(body, v)
 		case fieldPrompt:
@@ -293,6 +315,17 @@ func (f *openAIFields) scanMessages(body []byte, v int) int {
 	return -1
 }
 
+// choices reads the sequence count at body[v] (n or best_of): null or an
+// integer from 1 to maxChoices.
+func (f *openAIFields) choices(body []byte, v int, name string, n *int64, set *bool) int {
+	end := f.intValue(body, v, name, n, set)
+	if end >= 0 && *set && (*n < 1 || *n > maxChoices) {
+		f.err = badRequest("invalid_value", fmt.Sprintf("field %q must be an integer from 1 to %d", name, maxChoices))
+		return -1
+	}
+	return end
+}
+
 // boolValue reads a bool at body[v] into b; null leaves b.
 func boolValue(body []byte, v int, b *bool) int {
 	switch body[v] {
@@ -367,6 +400,7 @@ func askForUsage(body []byte, f *openAIFields) []byte {
 			insert = `"stream_options":{"include_usage":true}`
 		}
 	}
+	f.editAt = at
 	out := make([]byte, 0, len(body)-(to-at)+len(insert))
 	out = append(out, body[:at]...)
 	out = append(out, insert...)

@@ -26,12 +26,14 @@ func (x *exchange) parseRequest(body []byte) (requestMeta, []byte, error) {
 }
 
 var (
-	responsesNames = []string{"model", "stream", "max_output_tokens", "input", "instructions"}
-	messagesNames  = []string{"model", "stream", "max_tokens", "messages", "system"}
+	responsesNames = []string{"model", "stream", "max_output_tokens", "n", "best_of", "input", "instructions"}
+	messagesNames  = []string{"model", "stream", "max_tokens", "n", "best_of", "messages", "system"}
 )
 
 // parseNative reads a Responses or Messages request: model, stream, the
-// output bound, and the size of the prompt members (4 bytes a token, as
+// output bound, n and best_of (neither API defines them, but a backend
+// that takes them generates that many sequences: reserved as parseOpenAI
+// does), and the size of the prompt members (4 bytes a token, as
 // parseOpenAI estimates).
 func parseNative(body []byte, d dialect) (requestMeta, error) {
 	names := responsesNames
@@ -44,7 +46,7 @@ func parseNative(body []byte, d dialect) (requestMeta, error) {
 		prompt int
 		has    bool
 		f      openAIFields // for intValue's type error
-		seen   [3]bool
+		seen   [5]bool
 		bad    error
 	)
 	i := skipSpace(body, 0)
@@ -53,8 +55,9 @@ func parseNative(body []byte, d dialect) (requestMeta, error) {
 		end = scanObject(body, i, 1, func(key []byte, v int) int {
 			exact, fold := fieldIndex(key, names)
 			if fold >= 0 && fold < len(seen) {
-				// model, stream and the output bound are acted on here: one
-				// exact spelling, once (as parseOpenAI's openAIUnique).
+				// model, stream, the output bound, n and best_of are acted
+				// on here: one exact spelling, once (as parseOpenAI's
+				// openAIUnique).
 				if exact < 0 || seen[fold] {
 					bad = badRequest("duplicate_field", "the field "+strconv.Quote(names[fold])+
 						" is repeated or spelled in another case; send it once, spelled exactly")
@@ -70,13 +73,18 @@ func parseNative(body []byte, d dialect) (requestMeta, error) {
 				end := stringValid(body, v)
 				if end > 0 {
 					model = body[v:end]
+					m.modelAt, m.modelEnd = v, end
 				}
 				return end
 			case 1:
 				return boolValue(body, v, &m.Stream)
 			case 2:
 				return f.intValue(body, v, names[2], &m.OutputTokens, &has)
-			case 3, 4:
+			case 3:
+				return f.choices(body, v, "n", &f.n, &f.hasN)
+			case 4:
+				return f.choices(body, v, "best_of", &f.bestOf, &f.hasBestOf)
+			case 5, 6:
 				end := skipValue(body, v, 1)
 				prompt += end - v
 				return end
@@ -99,6 +107,12 @@ func parseNative(body []byte, d dialect) (requestMeta, error) {
 	m.OutputTokens = max(m.OutputTokens, 0)
 	m.InputTokens = int64(prompt+3) / 4
 	m.N = 1
+	if f.hasN {
+		m.N = f.n
+	}
+	if f.hasBestOf {
+		m.N = max(m.N, f.bestOf)
+	}
 	m.ClientUsage = true // the stream's usage events are the client's own
 	return m, nil
 }

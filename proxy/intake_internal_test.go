@@ -22,6 +22,7 @@ func parseOpenAIReference(body []byte) (requestMeta, string) {
 		return requestMeta{}, "invalid_json"
 	}
 	m := requestMeta{N: 1}
+	choices := map[string]int64{"n": 1, "best_of": 1} // the last of each wins
 	var maxTokens, maxCompletion *int64
 	var chars, prompt, input int
 	seen := map[string]bool{}
@@ -86,13 +87,13 @@ func parseOpenAIReference(body []byte) (requestMeta, string) {
 		case "max_completion_tokens":
 			maxCompletion = nil
 			err = json.Unmarshal(raw, &maxCompletion)
-		case "n":
+		case "n", "best_of":
 			var n *int64
 			if err = json.Unmarshal(raw, &n); err == nil && n != nil {
 				if *n < 1 || *n > maxChoices {
 					return requestMeta{}, "invalid_value"
 				}
-				m.N = *n
+				choices[k] = *n
 			}
 		case "messages":
 			var msgs []json.RawMessage
@@ -124,6 +125,7 @@ func parseOpenAIReference(body []byte) (requestMeta, string) {
 		m.OutputTokens = max(*maxTokens, 0)
 	}
 	m.InputTokens = int64(chars+prompt+input+3) / 4
+	m.N = max(choices["n"], choices["best_of"])
 	return m, ""
 }
 
@@ -238,6 +240,14 @@ func TestParseOpenAI(t *testing.T) {
 		{name: "n zero", in: `{"n":0}`, err: "invalid_value"},
 		{name: "n too large", in: `{"n":129}`, err: "invalid_value"},
 		{name: "n largest", in: `{"n":128}`, want: requestMeta{N: 128}},
+		{name: "best_of above n", in: `{"n":2,"best_of":5}`, want: requestMeta{N: 5}},
+		{name: "best_of below n", in: `{"best_of":2,"n":3}`, want: requestMeta{N: 3}},
+		{name: "best_of escaped", in: `{"best_\u006ff":4}`, want: requestMeta{N: 4}},
+		{name: "best_of repeated", in: `{"best_of":4,"best_of":1}`, err: "duplicate_field"},
+		{name: "best_of case", in: `{"Best_Of":4}`, err: "ambiguous_field"},
+		{name: "best_of zero", in: `{"best_of":0}`, err: "invalid_value"},
+		{name: "best_of string", in: `{"best_of":"4"}`, err: "invalid_type"},
+		{name: "best_of null", in: `{"best_of":null}`, want: requestMeta{}},
 		{name: "n fraction", in: `{"n":1.5}`, err: "invalid_type"},
 		{name: "completion tokens win", in: `{"max_tokens":5,"max_completion_tokens":9}`, want: requestMeta{OutputTokens: 9}},
 		{name: "null completion tokens", in: `{"max_completion_tokens":null,"max_tokens":5}`, want: requestMeta{OutputTokens: 5}},
@@ -278,6 +288,7 @@ func TestParseOpenAI(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			checkParseOpenAI(t, []byte(c.in))
 			m, out, err := parseOpenAI([]byte(c.in))
+			m.modelAt, m.modelEnd = 0, 0 // checked by checkParseOpenAI
 			if c.want.N == 0 {
 				c.want.N = 1
 			}
@@ -315,6 +326,17 @@ func checkParseOpenAI(t *testing.T, body []byte) {
 		t.Errorf("%q: validJSON %v, json.Valid %v", body, got, want)
 	}
 	m, out, err := parseOpenAI(bytes.Clone(body))
+	if err == nil {
+		// The model's span, in the body sent on, is the model's string.
+		if m.modelEnd > 0 {
+			if got := unquote(out[m.modelAt:m.modelEnd]); got != m.Model || out[m.modelAt] != '"' {
+				t.Fatalf("%q: model span %d:%d is %q; want the string %q", body, m.modelAt, m.modelEnd, out[m.modelAt:m.modelEnd], m.Model)
+			}
+		} else if m.modelAt != 0 || (m.Model != "" && m.modelEnd == 0) {
+			t.Fatalf("%q: model %q without a span (%d:%d)", body, m.Model, m.modelAt, m.modelEnd)
+		}
+		m.modelAt, m.modelEnd = 0, 0
+	}
 	rm, rcode := parseOpenAIReference(body)
 	code := ""
 	if err != nil {

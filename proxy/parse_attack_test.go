@@ -6,8 +6,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
 	"testing"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/routing"
@@ -41,7 +44,14 @@ type parseEdge struct {
 	lim        *admitLog
 	urls       map[string]string // protocol -> base URL
 	clients    map[string]*http.Client
+	edge       *testEdge
+	ws         *websocket.Conn // the bridge's socket, dialled on first use
+	frames     int             // request frames sent on ws
 }
+
+// parseProtos are the ways a body reaches the intake: HTTP/1.1, HTTP/2
+// (TLS), HTTP/3 (quic-go) and a request frame of the WebSocket bridge.
+var parseProtos = []string{"h1", "h2", "h3", "ws"}
 
 func startParseEdge(t *testing.T) *parseEdge {
 	const sse = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"
@@ -58,8 +68,9 @@ func startParseEdge(t *testing.T) *parseEdge {
 			{RouteConfig: routing.RouteConfig{Name: "big", Models: []string{"big"}, Pool: "big"}},
 			{RouteConfig: routing.RouteConfig{Name: "small", Models: []string{"small"}, Pool: "small"}},
 		}})
-	p.urls = map[string]string{"h1": e.http, "h2": e.https}
-	p.clients = map[string]*http.Client{"h1": h1Client(), "h2": h2Client()}
+	p.urls = map[string]string{"h1": e.http, "h2": e.https, "h3": e.h3}
+	p.clients = map[string]*http.Client{"h1": h1Client(), "h2": h2Client(), "h3": h3Client(t)}
+	p.edge = e
 	return p
 }
 
@@ -67,17 +78,41 @@ func startParseEdge(t *testing.T) *parseEdge {
 // and the error code of a refusal.
 func (p *parseEdge) send(t *testing.T, proto, body, contentType string) (int, string) {
 	t.Helper()
+	if proto == "ws" {
+		return p.sendFrame(t, body)
+	}
 	resp := post(t, p.clients[proto], p.urls[proto]+"/v1/chat/completions", body, "Content-Type", contentType)
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	if proto == "h2" && resp.ProtoMajor != 2 {
-		t.Fatalf("h2 request served over %s", resp.Proto)
+	if proto == "h2" && resp.ProtoMajor != 2 || proto == "h3" && resp.ProtoMajor != 3 {
+		t.Fatalf("%s request served over %s", proto, resp.Proto)
 	}
 	var e struct {
 		Error struct{ Code string } `json:"error"`
 	}
 	json.Unmarshal(b, &e)
 	return resp.StatusCode, e.Error.Code
+}
+
+// sendFrame sends body in a request frame of the WebSocket bridge (which
+// declares JSON itself) and returns the status and error code of its
+// terminal frame: 200 and "" for done.
+func (p *parseEdge) sendFrame(t *testing.T, body string) (int, string) {
+	t.Helper()
+	if p.ws == nil {
+		p.ws = dialWS(t, wsURL(p.edge), keyHeader())
+	}
+	p.frames++
+	request(t, p.ws, "r"+strconv.Itoa(p.frames), body)
+	frames := readUntilTerminal(t, p.ws, 1)
+	f := frames[len(frames)-1]
+	switch {
+	case f.Type == "done":
+		return http.StatusOK, ""
+	case f.Error == nil:
+		t.Fatalf("error frame without an error: %+v", f)
+	}
+	return f.Status, f.Error.Code
 }
 
 func (p *parseEdge) received() (big, small []string) {
@@ -90,10 +125,11 @@ func (p *parseEdge) received() (big, small []string) {
 	return big, small
 }
 
-// refusedEverywhere checks that body is refused with a 400 code on h1 and
-// h2, no backend receives it and the limiter is never asked.
+// refusedEverywhere checks that body is refused with a 400 code on h1,
+// h2, h3 and the WebSocket bridge, no backend receives it and the limiter
+// is never asked.
 func refusedEverywhere(t *testing.T, body, code string) {
-	for _, proto := range []string{"h1", "h2"} {
+	for _, proto := range parseProtos {
 		t.Run(proto, func(t *testing.T) {
 			p := startParseEdge(t)
 			status, got := p.send(t, proto, body, "application/json")
@@ -143,7 +179,7 @@ func TestAttackStreamOptionsCaseDuplicate(t *testing.T) {
 // the backend gets one stream_options with include_usage true, and the
 // client's other bytes.
 func TestAttackStreamOptionsNullNotDuplicated(t *testing.T) {
-	for _, proto := range []string{"h1", "h2"} {
+	for _, proto := range parseProtos {
 		t.Run(proto, func(t *testing.T) {
 			p := startParseEdge(t)
 			for _, c := range []struct{ in, want string }{
@@ -166,8 +202,9 @@ func TestAttackStreamOptionsNullNotDuplicated(t *testing.T) {
 // A body sent as a form or another JSON type is read as JSON all the same:
 // routed by its model, charged its tokens, and forwarded as
 // application/json; a body that is not JSON is refused.
+// (The bridge's request frames have no content type: h1, h2 and h3 only.)
 func TestAttackNonJSONContentType(t *testing.T) {
-	for _, proto := range []string{"h1", "h2"} {
+	for _, proto := range []string{"h1", "h2", "h3"} {
 		t.Run(proto, func(t *testing.T) {
 			p := startParseEdge(t)
 			body := `{"model":"small","max_tokens":777,"n":2,"messages":[{"role":"user","content":"hello"}]}`
@@ -202,4 +239,27 @@ func TestParseNRange(t *testing.T) {
 	refusedEverywhere(t, `{"model":"small","n":0}`, "invalid_value")
 	refusedEverywhere(t, `{"model":"small","n":129}`, "invalid_value")
 	refusedEverywhere(t, `{"model":"small","n":"2"}`, "invalid_type")
+}
+
+// best_of multiplies the sequences generated as n does: the intake reads
+// it (exact name, once, 1..128) and reserves by the larger of the two; a
+// case-folded or repeated best_of would multiply the output unseen.
+func TestAttackBestOfSpellings(t *testing.T) {
+	refusedEverywhere(t, `{"model":"small","BEST_OF":64,"prompt":"x"}`, "ambiguous_field")
+	refusedEverywhere(t, `{"model":"small","best_of":1,"best_of":64,"prompt":"x"}`, "duplicate_field")
+	refusedEverywhere(t, `{"model":"small","best_of":0}`, "invalid_value")
+	refusedEverywhere(t, `{"model":"small","best_of":129}`, "invalid_value")
+	refusedEverywhere(t, `{"model":"small","best_of":"4"}`, "invalid_type")
+	for _, proto := range parseProtos {
+		t.Run(proto, func(t *testing.T) {
+			p := startParseEdge(t)
+			if status, code := p.send(t, proto, `{"model":"small","n":2,"best_\u006ff":5,"max_tokens":3,"prompt":"x"}`, "application/json"); status != 200 {
+				t.Fatalf("%d %s", status, code)
+			}
+			reqs := p.lim.all()
+			if n := reqs[len(reqs)-1].N; n != 5 {
+				t.Fatalf("reserved for %d sequences; want best_of's 5", n)
+			}
+		})
+	}
 }

@@ -70,6 +70,7 @@ func (x *exchange) relayOpenAI(l *leg) error {
 // tokens and sends the event on (the usage-only chunk only when the client
 // asked for it). done is true after [DONE] or when the client is gone.
 func (x *exchange) relayEvent(l *leg, ev []byte, now time.Time) (done bool, err error) {
+	ev = x.alias.restore(ev) // the public model name back (alias.go)
 	data := EventData(ev)
 	if data == nil { // comment, retry or id only: pass on
 		return !x.send(ev, nil), nil
@@ -215,6 +216,7 @@ func (x *exchange) relayRaw(l *leg) error {
 // (the last attempt's 5xx, read up to 64KiB; see relayBody for the
 // non-streamed answers of the winning leg).
 func (x *exchange) passThrough(resp *http.Response, body []byte) {
+	body = x.alias.restoreBody(body) // the public model name back (alias.go)
 	h := x.sink.Header()
 	copyResponseHeader(h, resp.Header)
 	h.Set("Content-Length", strconv.Itoa(len(body)))

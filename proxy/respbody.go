@@ -140,6 +140,14 @@ func (x *exchange) relayBody(l *leg) error {
 	// body's end (not when it was cut).
 	var w io.Writer = &l.out
 	unchanged := true
+	head := l.body
+	if x.alias != nil {
+		if l.more {
+			w, unchanged = newRestoreWriter(x.alias, w), false
+		} else {
+			head = x.alias.restoreBody(l.body) // whole: its exact length below
+		}
+	}
 	if x.trace != nil {
 		x.traceFinish(l.body) // finish reasons for the span (the rest: below)
 	}
@@ -149,7 +157,7 @@ func (x *exchange) relayBody(l *leg) error {
 	switch {
 	case !unchanged:
 	case !l.more:
-		h.Set("Content-Length", strconv.Itoa(len(l.body)))
+		h.Set("Content-Length", strconv.Itoa(len(head)))
 	case resp.ContentLength >= 0:
 		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
 	}
@@ -160,7 +168,7 @@ func (x *exchange) relayBody(l *leg) error {
 		h.Set("Server-Timing", x.serverTiming())
 		x.status = resp.StatusCode
 		x.sink.Start(resp.StatusCode, false)
-		if _, err := w.Write(l.body); err == nil {
+		if _, err := w.Write(head); err == nil {
 			closeBody(w)
 		}
 		return nil

@@ -27,6 +27,13 @@ type RouteConfig struct {
 	// Models lists the model names this route serves (the "model" field of
 	// the JSON body). Empty matches any model.
 	Models []string `yaml:"models"`
+	// ServedModels maps public names of Models to the names the pool
+	// serves them under (aliases), e.g. gpt-small:
+	// meta-llama/Llama-3.1-8B-Instruct. A request for a key is forwarded
+	// with the value as its "model", and the value is replaced by the key
+	// again in the responses. Routing, limits, metrics and logs use the
+	// public name. Nil means every model is served under its public name.
+	ServedModels map[string]string `yaml:"served_models"`
 	// Pool names the backend pool.
 	Pool string `yaml:"pool"`
 	// Class is "interactive" (default) or "batch".
