@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -279,5 +280,53 @@ func TestAliasModelsListsPublicNames(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(string(raw), `"model":"`+servedName+`"`) {
 		t.Fatalf("served name listed as public: %d %s", resp.StatusCode, raw)
+	}
+}
+
+// A non-streamed answer longer than the edge's head window is streamed
+// through; the served name is restored in it wherever it falls, also at
+// the end of the body and split across the backend's writes, and the
+// length is the restored body's (no stale Content-Length of the backend).
+func TestAliasRestoredInLongNonStreamedBody(t *testing.T) {
+	filler := strings.Repeat("a", 100<<10)
+	body := `{"id":"c1","object":"chat.completion","model":"` + servedName + `","choices":[{"index":0,"message":{"role":"assistant","content":"` +
+		filler + `"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":7},"model":"` + servedName + `"}`
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		rc := http.NewResponseController(w)
+		// Cut the last model value in two writes.
+		cut := len(body) - len(servedName)/2 - 2
+		io.WriteString(w, body[:cut])
+		rc.Flush()
+		time.Sleep(5 * time.Millisecond)
+		io.WriteString(w, body[cut:])
+	}))
+	defer backend.Close()
+	e := startEdge(t, edgeOpts{pool: poolOf(backend.URL),
+		routes: []testRoute{{RouteConfig: routing.RouteConfig{Pool: "p", Models: []string{publicName},
+			ServedModels: map[string]string{publicName: servedName}}}}})
+	for _, pc := range []string{"h1", "h2"} {
+		t.Run(pc, func(t *testing.T) {
+			client, url := h1Client(), e.http
+			if pc == "h2" {
+				client, url = h2Client(), e.https
+			}
+			resp := post(t, client, url+"/v1/chat/completions", `{"model":"gpt-small","messages":[{"role":"user","content":"hi"}]}`)
+			raw, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || err != nil {
+				t.Fatalf("status %d, %v", resp.StatusCode, err)
+			}
+			want := strings.ReplaceAll(body, servedName, publicName)
+			if string(raw) != want {
+				t.Fatalf("got %d bytes (served name present: %v); want the %d-byte restored body",
+					len(raw), strings.Contains(string(raw), servedName), len(want))
+			}
+			if resp.ContentLength != -1 && resp.ContentLength != int64(len(want)) {
+				t.Fatalf("Content-Length %d; body %d", resp.ContentLength, len(want))
+			}
+		})
 	}
 }

@@ -56,7 +56,7 @@ type leg struct {
 	hedge bool  // the second leg of a race
 
 	sent *atomic.Bool // the whole request body was written (see accepted, watchSent)
-	span trace.Span // the attempt's CLIENT span; nil when tracing is off
+	span trace.Span   // the attempt's CLIENT span; nil when tracing is off
 }
 
 // newLeg starts a leg on attempt a in l's storage and arms the
