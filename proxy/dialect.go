@@ -196,7 +196,13 @@ func hasString(data []byte, keys [][]byte) bool {
 	return false
 }
 
-var usageTokenNames = []string{"input_tokens", "output_tokens", "prompt_tokens", "completion_tokens"}
+// usageTokenNames: input and output in turn, then Anthropic's prompt-cache
+// counts, which its input_tokens leaves out (Messages API "usage":
+// input_tokens + cache_creation_input_tokens + cache_read_input_tokens is
+// the whole prompt; OpenAI's cached_tokens is a detail already inside
+// prompt_tokens/input_tokens).
+var usageTokenNames = []string{"input_tokens", "output_tokens", "prompt_tokens", "completion_tokens",
+	"cache_creation_input_tokens", "cache_read_input_tokens"}
 
 var (
 	responsePath = []string{"response"}
@@ -221,7 +227,7 @@ func (x *exchange) readUsage(data []byte) bool {
 	if u < 0 || data[u] != '{' {
 		return false
 	}
-	var in, out int64
+	var in, cached, out int64
 	var hasIn, hasOut bool
 	end := scanObject(data, u, 3, func(key []byte, v int) int {
 		idx, _ := fieldIndex(key, usageTokenNames)
@@ -229,9 +235,12 @@ func (x *exchange) readUsage(data []byte) bool {
 			return skipValue(data, v, 3)
 		}
 		n, end := intNumber(data, v)
-		if idx%2 == 0 {
+		switch {
+		case idx >= 4:
+			cached += n
+		case idx%2 == 0:
 			in, hasIn = n, true
-		} else {
+		default:
 			out, hasOut = n, true
 		}
 		return end
@@ -243,7 +252,7 @@ func (x *exchange) readUsage(data []byte) bool {
 		x.usage = &limiter.Usage{InputTokens: x.meta.InputTokens}
 	}
 	if hasIn {
-		x.usage.InputTokens = in
+		x.usage.InputTokens = in + cached
 	}
 	if hasOut {
 		x.usage.OutputTokens = out

@@ -68,6 +68,16 @@ var dialectFixtures = map[string]string{
 	"responses-nousage": responsesStream(false),
 	// 3 text + 2 thinking + 2 input_json deltas; usage says 30 out, 25 in.
 	"messages": messagesStream(),
+	// Anthropic's prompt caching: input_tokens leaves out the cached
+	// prompt, written (cache_creation_input_tokens) or read
+	// (cache_read_input_tokens); the whole prompt is 25 + 10 + 100. The
+	// message_delta usage is cumulative and, in the current API
+	// (anthropic-sdk-typescript MessageDeltaUsage), repeats the input counts.
+	"messages-cache": strings.Replace(strings.Replace(messagesStream(),
+		`"usage":{"input_tokens":25,"output_tokens":1}`,
+		`"usage":{"input_tokens":25,"cache_creation_input_tokens":10,"cache_read_input_tokens":100,"output_tokens":1}`, 1),
+		`"usage":{"output_tokens":30}`,
+		`"usage":{"input_tokens":25,"cache_creation_input_tokens":10,"cache_read_input_tokens":100,"output_tokens":30}`, 1),
 }
 
 func responsesStream(usage bool) string {
@@ -171,6 +181,7 @@ func TestDialectTokensSettle(t *testing.T) {
 		{"responses", "/v1/responses", 17, 40, "response.completed"},
 		{"responses-nousage", "/v1/responses", -1, 7, "response.completed"},
 		{"messages", "/v1/messages", 25, 30, "message_stop"},
+		{"messages-cache", "/v1/messages", 135, 30, "message_stop"},
 	}
 	for _, pc := range []struct{ name, base string }{{"h1", "http"}, {"h2c", "h2c"}, {"h2", "https"}, {"h3", "h3"}} {
 		t.Run(pc.name, func(t *testing.T) {

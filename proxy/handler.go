@@ -243,9 +243,11 @@ type exchange struct {
 	// (meta holds its fields).
 	parsed bool
 	// prefillOnAccept is set when the tenant's charge_prefill is
-	// "accepted": prefills counts the attempts whose backend accepted the
-	// request (leg.accepted; hedged legs run on their own goroutines), and
-	// winnerAccepted says whether the relayed one is among them.
+	// "accepted": prefills counts the attempts, other than the relayed
+	// one, whose backend accepted the request (leg.accepted; hedged legs
+	// run on their own goroutines), and winnerAccepted says whether the
+	// relayed one was accepted, judged when it closes (the transport may
+	// mark a body sent only after the answer's head has arrived).
 	prefillOnAccept bool
 	prefills        atomic.Int32
 	winnerAccepted  bool
@@ -510,11 +512,11 @@ func (x *exchange) consumed() limiter.Usage {
 		charged = false
 	}
 	if x.prefillOnAccept {
-		n := int64(x.prefills.Load())
-		if charged && x.winnerAccepted {
-			n-- // its prefill is in u already
+		n := int64(x.prefills.Load()) // the other attempts a backend accepted
+		if !charged && x.winnerAccepted {
+			n++ // the relayed one, when nothing else charged its prompt
 		}
-		u.InputTokens += max(n, 0) * x.meta.InputTokens
+		u.InputTokens += n * x.meta.InputTokens
 	}
 	return u
 }

@@ -52,8 +52,9 @@ type leg struct {
 	outcome        routing.Outcome // ended with, for the backend's health
 	closed         bool
 
-	race  *race // nil unless hedging
-	hedge bool  // the second leg of a race
+	race   *race // nil unless hedging
+	hedge  bool  // the second leg of a race
+	winner bool  // relayed to the client
 
 	sent *atomic.Bool // the whole request body was written (see accepted, watchSent)
 	span trace.Span   // the attempt's CLIENT span; nil when tracing is off
@@ -158,7 +159,11 @@ func (l *leg) close() {
 	}
 	l.closed = true
 	if l.accepted() {
-		l.x.prefills.Add(1)
+		if l.winner {
+			l.x.winnerAccepted = true
+		} else {
+			l.x.prefills.Add(1)
+		}
 	}
 	if l.resp != nil {
 		l.resp.Body.Close()
@@ -186,7 +191,7 @@ func (l *leg) close() {
 func (x *exchange) relay(l *leg) error {
 	defer l.close()
 	x.backend, x.upstreamHeaders = l.b, l.headers
-	x.winnerAccepted = l.accepted()
+	l.winner = true // judged accepted at close: the transport may mark the body sent after the answer's head
 	switch l.mode {
 	case modeEvents:
 		return x.relayOpenAI(l)
