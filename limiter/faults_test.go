@@ -376,3 +376,68 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// redisUptime is Redis' INFO server uptime_in_seconds.
+func redisUptime(t testing.TB, srv *redistest.Server) int64 {
+	t.Helper()
+	v, err := srv.Do("INFO", "server")
+	if err != nil {
+		t.Fatalf("INFO: %v", err)
+	}
+	_, rest, ok := strings.Cut(v, "uptime_in_seconds:")
+	n, err := strconv.ParseInt(strings.TrimSpace(strings.SplitN(rest, "\n", 2)[0]), 10, 64)
+	if !ok || err != nil {
+		t.Fatalf("no uptime in INFO server: %v", err)
+	}
+	return n
+}
+
+// TestFaultsNewTenantNoGrace (issue 20): a new tenant's first shared
+// admission on a warm Redis (older than the restart window) takes no epoch
+// grace: the scope's epoch starts now. On a Redis that just started (it
+// may have restarted empty under nodes that hold leases) a new scope still
+// waits the grace, so TestFaultsRestartReassertsLeases keeps its guarantee.
+func TestFaultsNewTenantNoGrace(t *testing.T) {
+	srv := startRedis(t)
+	r := newRedis(t, srv.Addr(), RedisOptions{}) // grace 300ms, window 2s
+	grace := r.Options().epochGrace()
+	lim := Limits{MaxConcurrency: 5}
+
+	start := time.Now()
+	d := admit(t, r, Request{Tenant: "cold-redis", Limits: lim})
+	if cold := time.Since(start); !d.Allowed || cold < grace {
+		t.Fatalf("new scope on a Redis up %ds: allowed %v after %v; want the %v grace",
+			redisUptime(t, srv), d.Allowed, cold, grace)
+	}
+	settle(t, r, d.Ticket, Usage{})
+
+	deadline := time.Now().Add(10 * time.Second)
+	for redisUptime(t, srv) <= r.Options().restartWindow() {
+		if time.Now().After(deadline) {
+			t.Fatal("Redis uptime does not pass the restart window")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var worst time.Duration
+	for i := range 5 {
+		tenant := "new-" + strconv.Itoa(i)
+		start := time.Now()
+		d := admit(t, r, Request{Tenant: tenant, Limits: lim})
+		took := time.Since(start)
+		worst = max(worst, took)
+		if !d.Allowed {
+			t.Fatalf("new tenant %s refused: %+v", tenant, d)
+		}
+		// The epoch written is not in the future: nothing waited for it.
+		v, err := srv.Do("GET", scopePrefix(tenant, "", false)+":e")
+		epoch, _ := strconv.ParseInt(v, 10, 64)
+		if err != nil || epoch == 0 || epoch > time.Now().Add(time.Second).UnixMicro() {
+			t.Fatalf("tenant %s epoch %q %v; want the admission's time", tenant, v, err)
+		}
+		settle(t, r, d.Ticket, Usage{})
+	}
+	if worst >= grace/2 {
+		t.Fatalf("slowest first admission of a new tenant on a warm Redis: %v; want well under the %v grace", worst, grace)
+	}
+	t.Logf("first admission of 5 new tenants on a warm Redis: slowest %v (grace %v)", worst, grace)
+}

@@ -44,18 +44,33 @@ type RedisOptions struct {
 	// EpochPoll is how often Run checks, for every scope where this node
 	// holds leases, that Redis still has the scope's epoch (a Redis
 	// restarted empty has none): on a change the node re-asserts its
-	// leases at once. A scope whose epoch is new admits nothing for
-	// 3×EpochPoll, the time every node has to re-assert. Zero means 100ms.
+	// leases at once. A scope whose epoch goes missing while Redis is
+	// younger than the restart window (see restartWindow) admits nothing
+	// for 3×EpochPoll, the time every node has to re-assert; a scope
+	// without an epoch on an older Redis (a new tenant, or one unused for
+	// the epoch key's TTL) is new and admits at once. Zero means 100ms.
 	EpochPoll time.Duration
 }
 
 // epochKeyTTL is the life of a scope's epoch key, renewed by every
-// heartbeat that renews leases in the scope: a scope unused for longer
-// waits 3×EpochPoll once on its next admission.
+// heartbeat that renews leases in the scope. A scope unused for longer
+// loses it, and is then new again (no wait, see restartWindow).
 const epochKeyTTL = 7 * 24 * time.Hour
 
 // epochGrace is how long a new epoch admits nothing.
 func (o RedisOptions) epochGrace() time.Duration { return 3 * o.EpochPoll }
+
+// restartWindow is how young a Redis process (INFO server
+// uptime_in_seconds, read by admit.lua only when a scope has no epoch) must
+// be for a missing epoch to mean lost data: within it the nodes holding
+// leases may not have re-asserted them yet, so the scope waits the grace;
+// past it every live node has polled (every EpochPoll) and re-asserted,
+// which rewrites the epochs of its scopes, so a scope still without one
+// holds no lease and is simply new. Whole seconds, as INFO reports them:
+// 10 polls, at least 2s.
+func (o RedisOptions) restartWindow() int64 {
+	return int64(max(10*o.EpochPoll, 2*time.Second)+time.Second-1) / int64(time.Second)
+}
 
 func (o RedisOptions) withDefaults() RedisOptions {
 	if o.LeaseTTL <= 0 {
@@ -237,7 +252,7 @@ func (r *Redis) Admit(ctx context.Context, req Request) (Decision, error) {
 			p.req.rate, p.req.burst, p.tok.rate, p.tok.burst,
 			p.in.rate, p.in.burst, p.out.rate, p.out.burst,
 			p.costIn, p.costOut, boolArg(p.enforce), dl,
-			r.opt.epochGrace().Microseconds(), epochKeyTTL.Milliseconds()).Int64Slice()
+			r.opt.epochGrace().Microseconds(), epochKeyTTL.Milliseconds(), r.opt.restartWindow()).Int64Slice()
 		if err != nil {
 			return Decision{}, fmt.Errorf("admission script: %w", err)
 		}

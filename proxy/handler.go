@@ -86,6 +86,7 @@ type Handler struct {
 	started   time.Time
 	inflight  atomic.Int64
 	settling  sync.WaitGroup // settles still running after their response ended
+	settles   *limiter.SettleQueue
 	// bodies is the node's request-body memory in use; sending counts
 	// each tenant's bodies being received (see body.go).
 	bodies    bodyBudget
@@ -97,7 +98,8 @@ type Handler struct {
 // NewHandler builds a handler serving st.
 func NewHandler(st *State, opts Options) *Handler {
 	h := &Handler{node: opts.Node, region: opts.Region, log: opts.Log, access: opts.AccessLog,
-		metrics: opts.Metrics, stats: opts.Stats, transport: opts.Transport, started: time.Now()}
+		metrics: opts.Metrics, stats: opts.Stats, transport: opts.Transport, started: time.Now(),
+		settles: limiter.NewSettleQueue(0, 0, time.Second)}
 	h.tracer = opts.Tracer
 	if h.log == nil {
 		h.log = slog.Default()
@@ -448,32 +450,25 @@ func (x *exchange) finish(timing bool) Outcome {
 // settle goes on in the background, bounded by its own timeout.
 const settleWait = 20 * time.Millisecond
 
-// settle settles the ticket, waiting for it up to settleWait. Settle runs
-// even when the client is gone, with a fresh, short context; the state it
-// uses stays acquired until it returns, and Handler.WaitSettles waits for
-// it.
+// settle settles the ticket, waiting for it up to settleWait, on the
+// handler's settle queue (no goroutine, channel or timer per request; a
+// local ticket settles at once). Settle runs even when the client is gone;
+// the state it uses stays acquired until it has run (SettleDone), and
+// Handler.WaitSettles waits for it.
 func (x *exchange) settle() {
-	lim, t, u := x.st.Limiter, x.ticket, x.consumed()
-	id, tenant, log, l := x.id, x.tenant.ID, x.h.log, x.live
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), time.Second)
-	done := make(chan struct{})
-	l.refs.Add(1)
+	x.live.refs.Add(1)
 	x.h.settling.Add(1)
-	go func() {
-		defer x.h.settling.Done()
-		defer l.release()
-		defer close(done)
-		defer cancel()
-		if err := lim.Settle(ctx, t, u); err != nil {
-			log.Warn("settle failed", "request_id", id, "tenant", tenant, "err", err)
-		}
-	}()
-	tm := time.NewTimer(settleWait)
-	select {
-	case <-done:
-	case <-tm.C:
+	x.h.settles.Settle(x.st.Limiter, x.ticket, x.consumed(), settleWait, x)
+}
+
+// SettleDone implements limiter.SettleDone: it runs once the settle has,
+// possibly after the handler returned (it reads only fields set before).
+func (x *exchange) SettleDone(err error) {
+	if err != nil {
+		x.h.log.Warn("settle failed", "request_id", x.id, "tenant", x.tenant.ID, "err", err)
 	}
-	tm.Stop()
+	x.live.release()
+	x.h.settling.Done()
 }
 
 // WaitSettles waits for the settles still running after their responses

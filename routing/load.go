@@ -32,6 +32,9 @@ type Load struct {
 	KVCache float64
 	// Sample is the sample used, nil when none is fresh.
 	Sample *Sample
+	// Failures is the decaying penalty of the backend's recent failed
+	// attempts, in requests (see FailureLoad); the score adds it.
+	Failures float64
 }
 
 // sample returns the freshest of the backend's samples, or nil when none
@@ -50,7 +53,7 @@ func (b *Backend) sample(now time.Time) *Sample {
 // Load estimates the backend's load at now.
 func (b *Backend) Load(now time.Time) Load {
 	in := b.inflight.Load()
-	l := Load{InFlight: in, Total: float64(in), Waiting: -1, KVCache: -1}
+	l := Load{InFlight: in, Total: float64(in), Waiting: -1, KVCache: -1, Failures: b.FailureLoad(now)}
 	slots := float64(b.Config.MaxBatch)
 	if s := b.sample(now); s != nil {
 		delta := float64(in - s.inflight)
@@ -74,15 +77,73 @@ func (b *Backend) capacity() float64 {
 }
 
 // Score is the backend's load score for least_queued at now: (Total +
-// Waiting) / (weight × max_batch), so that queued requests count twice
-// (they wait for a slot and then run) and a larger or heavier-weighted
+// Waiting + Failures) / (weight × max_batch), so that queued requests
+// count twice (they wait for a slot and then run), recent failures count
+// as requests held (see failPenalty) and a larger or heavier-weighted
 // backend takes proportionally more. Lower is better.
 func (b *Backend) Score(now time.Time) float64 {
 	return b.Load(now).score(b)
 }
 
 func (l Load) score(b *Backend) float64 {
-	return (l.Total + max(l.Waiting, 0)) / b.capacity()
+	return (l.Total + max(l.Waiting, 0) + l.Failures) / b.capacity()
+}
+
+// Failed attempts weigh on a backend's score for a while (issue 20): a
+// backend that aborts its streams mid-way (or fails them before the first
+// event) frees its slots early, so by its load alone it looks the least
+// loaded and would draw most picks until passive health ejects it. Each
+// failure counts as failPenalty requests in flight, decaying by half
+// every failHalfLife (about a stream's length).
+const (
+	failPenalty  = 4.0
+	failHalfLife = 10 * time.Second
+)
+
+// failLoad is a backend's failure penalty v as of time at (unix ns).
+type failLoad struct {
+	v  float64
+	at int64
+}
+
+// decayed is the penalty at now.
+func (f *failLoad) decayed(now int64) float64 {
+	if f == nil {
+		return 0
+	}
+	if dt := now - f.at; dt > 0 {
+		return f.v * math.Exp2(-float64(dt)/float64(failHalfLife))
+	}
+	return f.v
+}
+
+// addFailLoad adds one failure's penalty at t.
+func (b *Backend) addFailLoad(t time.Time) {
+	now := t.UnixNano()
+	for {
+		old := b.failLoad.Load()
+		nf := &failLoad{v: old.decayed(now) + failPenalty, at: max(now, atOf(old))}
+		if b.failLoad.CompareAndSwap(old, nf) {
+			return
+		}
+	}
+}
+
+func atOf(f *failLoad) int64 {
+	if f == nil {
+		return 0
+	}
+	return f.at
+}
+
+// FailureLoad is the penalty of the backend's recent failures at now, in
+// requests in flight (see failPenalty); below 0.01 it is 0.
+func (b *Backend) FailureLoad(now time.Time) float64 {
+	v := b.failLoad.Load().decayed(now.UnixNano())
+	if v < 0.01 {
+		return 0
+	}
+	return v
 }
 
 // unlimited is the room of a backend that no queue target limits.

@@ -56,7 +56,8 @@ type Backend struct {
 	ejections    atomic.Int32 // consecutive, for backoff
 	ejectedUntil atomic.Int64 // unix nanoseconds
 	probeDown    atomic.Bool
-	progressAt   atomic.Int64 // unix nanoseconds of the last answer or event seen
+	progressAt   atomic.Int64             // unix nanoseconds of the last answer or event seen
+	failLoad     atomic.Pointer[failLoad] // decaying penalty of recent failures
 
 	// loadFormat is the endpoint-load-metrics-format request header's
 	// value for this backend ("TEXT", "JSON"), empty for none.
@@ -115,6 +116,7 @@ func (b *Backend) report(ok bool, t time.Time) {
 		b.ejections.Store(0)
 		return
 	}
+	b.addFailLoad(t)
 	if int(b.failures.Add(1)) < b.pool.cfg.EjectAfter {
 		return
 	}

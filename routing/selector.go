@@ -67,18 +67,19 @@ func (LeastQueued) Select(cands []*Backend, now time.Time) *Backend {
 	return coin(a, b)
 }
 
-// LeastRequest is power of two choices on this node's in-flight requests
-// per unit of weight; it ignores the engines' gauges.
+// LeastRequest is power of two choices on this node's in-flight requests,
+// plus the penalty of recent failures (FailureLoad), per unit of weight;
+// it ignores the engines' gauges.
 type LeastRequest struct{}
 
 // Select implements Selector.
-func (LeastRequest) Select(cands []*Backend, _ time.Time) *Backend {
+func (LeastRequest) Select(cands []*Backend, now time.Time) *Backend {
 	a, b := twoOf(cands)
 	if b == nil {
 		return a
 	}
-	la := a.InFlight() * int64(max(b.Config.Weight, 1))
-	lb := b.InFlight() * int64(max(a.Config.Weight, 1))
+	la := (float64(a.InFlight()) + a.FailureLoad(now)) * float64(max(b.Config.Weight, 1))
+	lb := (float64(b.InFlight()) + b.FailureLoad(now)) * float64(max(a.Config.Weight, 1))
 	switch {
 	case la < lb:
 		return a

@@ -9,7 +9,9 @@
 --       14 charged output, 15 enforce (1) or shadow (0), 16 deadline in
 --       Redis µs (0 = none): an admission that reaches Redis after it (its
 --       caller gave up and decided without it) writes nothing,
---       17 epoch grace us, 18 epoch key TTL ms.
+--       17 epoch grace us, 18 epoch key TTL ms, 19 restart window s: a
+--       missing epoch on a Redis whose uptime is at most this is treated as
+--       lost data (grace), on an older one as a new scope (no grace).
 -- Returns: {status, reason, wait us, in-flight, now us,
 --           requests TAT, tokens TAT, input TAT, output TAT,
 --           charged input, charged output, epoch}
@@ -17,8 +19,9 @@
 --         3 admitted in shadow mode although the limits refused,
 --         4 abandoned: the client gave up on this id (nothing written),
 --         5 expired: Redis ran it after its deadline (nothing written),
---         6 epoch not ready: the scope's epoch key was missing (a new scope,
---           or Redis restarted empty): it now holds now + grace, and no
+--         6 epoch not ready: the scope's epoch key was missing and Redis
+--           started within the restart window (it may have restarted
+--           empty): the key now holds now + grace, and no
 --           admission is made before then, so that every node holding
 --           leases in the scope sees the new epoch and re-asserts them
 --           first. wait is the time left.
@@ -36,7 +39,15 @@ if deadline > 0 and now > deadline then
 end
 local epoch = tonumber(redis.call('GET', KEYS[7]) or '0')
 if epoch == 0 then
-  epoch = now + tonumber(ARGV[17])
+  -- No epoch: a new scope, or Redis lost its data. Only a Redis process
+  -- younger than the restart window can have lost leases that nodes still
+  -- hold (every live node re-asserts its leases within the window); on an
+  -- older one the scope is new and admits at once.
+  epoch = now
+  local up = string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)')
+  if tonumber(up or '0') <= tonumber(ARGV[19] or '0') then
+    epoch = now + tonumber(ARGV[17])
+  end
   redis.call('SET', KEYS[7], string.format('%.0f', epoch), 'PX', ARGV[18])
 end
 if now < epoch then

@@ -86,6 +86,11 @@ const (
 	// h3CloseGrace is how long Shutdown waits, after the last handler
 	// returned, for HTTP/3 clients to read their final bytes and close.
 	h3CloseGrace = 500 * time.Millisecond
+	// tcpCloseGrace is how long Shutdown waits, after the last handler
+	// returned, for TCP connections to deliver their final bytes and end
+	// (see finishConns): past the one second after which an h2 server
+	// closes a connection whose streams have all ended after a GOAWAY.
+	tcpCloseGrace = 1500 * time.Millisecond
 	// portTries bounds the attempts to find a port number free on both
 	// TCP and UDP when the HTTPS address asks for any port (":0").
 	portTries = 8
@@ -315,6 +320,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-time.After(5 * time.Second):
 		s.Log.Warn("handlers still running 5s after cancel; closing connections")
 	}
+	s.finishConns()
 	if s.h3 != nil {
 		// The cancelled streams' last events are on their way; give
 		// clients a moment to read them and close after the GOAWAY.
@@ -326,6 +332,25 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		t.Stop()
 	}
 	return s.Close()
+}
+
+// finishConns lets the TCP connections end gracefully once the handlers
+// have returned: a returned handler's last bytes (the shutting_down error
+// event, h1's last chunk, h2's END_STREAM) may still wait in the
+// connection's writer, and closing the connection under them cuts the
+// stream with a transport error (an h2 client reports the GOAWAY it got
+// at the start of the drain). Shutdown again waits, up to tcpCloseGrace,
+// for h1 connections to go idle (then closes them) and for h2 connections
+// to close after their GOAWAY (the client closes once its streams ended;
+// the server closes one second after its last stream ended).
+func (s *Server) finishConns() {
+	ctx, cancel := context.WithTimeout(context.Background(), tcpCloseGrace)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, srv := range s.servers {
+		wg.Go(func() { srv.Shutdown(ctx) })
+	}
+	wg.Wait()
 }
 
 // handlerDone counts a handler out; the last one out during a drain wakes
