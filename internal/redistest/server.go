@@ -35,6 +35,7 @@ type Server struct {
 	port int
 	dir  string
 	args []string // extra arguments (cluster mode)
+	conf string   // sentinel: the config file, run with --sentinel
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -90,6 +91,9 @@ func (s *Server) launch() error {
 		"--logfile", filepath.Join(s.dir, "redis.log"),
 	}
 	args = append(args, s.args...)
+	if s.conf != "" {
+		args = append([]string{s.conf, "--sentinel"}, args...)
+	}
 	cmd := exec.Command(ServerBinary, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
