@@ -36,6 +36,7 @@ type Server struct {
 	dir  string
 	args []string // extra arguments (cluster mode)
 	conf string   // sentinel: the config file, run with --sentinel
+	tlsPort int   // StartTLS: the TLS port beside the plain one
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
