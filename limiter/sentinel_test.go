@@ -178,10 +178,16 @@ func checkAfterFailover(t *testing.T, ss *redistest.SentinelSet, nodes []*Shared
 	if res.admitted == 0 {
 		t.Fatal("nothing admitted: the load did not run")
 	}
-	// Shared mode allows the limit; each degraded node may round its share
-	// up (docs/SCALING.md): N−1 over.
-	if allow := int64(lim.MaxConcurrency); res.degraded == 0 && res.peak > allow || res.peak > allow+int64(len(nodes)-1) {
-		t.Errorf("peak in flight %d; want at most %d (+%d only with degraded decisions, got %d)", res.peak, allow, len(nodes)-1, res.degraded)
+	// Shared decisions alone never exceed the limit. A degraded node
+	// admits up to its share (rounded up) locally, without a lease in
+	// Redis; when the store answers again the shared decisions do not see
+	// those requests, so until they end the region may hold the limit plus
+	// every node's share: limit + N×ceil(limit/N) (docs/SCALING.md, "Redis
+	// topologies").
+	limit := int64(lim.MaxConcurrency)
+	share := (limit + int64(len(nodes)) - 1) / int64(len(nodes))
+	if bound := limit + int64(len(nodes))*share; res.degraded == 0 && res.peak > limit || res.peak > bound {
+		t.Errorf("peak in flight %d; want at most %d (%d only with degraded decisions, got %d)", res.peak, limit, bound, res.degraded)
 	}
 	master := ss.CurrentMaster()
 	if master != ss.Replica {
@@ -191,17 +197,18 @@ func checkAfterFailover(t *testing.T, ss *redistest.SentinelSet, nodes []*Shared
 	// settle the old master took after the promotion is lost with its
 	// writes; the lease it ended is not renewed and expires within one
 	// lease_ttl, so that is the bound on a leak.
-	var left int64
-	deadline := time.Now().Add(leaseTTL + time.Second)
-	for left = inFlight(t, master.Addr(), tenant, lim); left != 0 && time.Now().Before(deadline); left = inFlight(t, master.Addr(), tenant, lim) {
+	first := inFlight(t, master.Addr(), tenant, lim)
+	left, waited := first, time.Now()
+	for deadline := time.Now().Add(leaseTTL + time.Second); left != 0 && time.Now().Before(deadline); left = inFlight(t, master.Addr(), tenant, lim) {
 		time.Sleep(50 * time.Millisecond)
 	}
+	t.Logf("leases on the new master once every request settled: %d at once, %d after %v", first, left, time.Since(waited).Round(time.Millisecond))
 	if left != 0 {
 		t.Errorf("%d leases left on the new master %v after every request settled; want 0", left, leaseTTL+time.Second)
 	}
 	// Shared again: the limit is enforced exactly through the new master,
 	// from every node, with the leases there.
-	deadline = time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for nodes[0].Degraded() || nodes[len(nodes)-1].Degraded() {
 		if time.Now().After(deadline) {
 			t.Fatal("breaker still open 20s after the failover")
