@@ -393,3 +393,66 @@ func TestRedisACLUserLeastPrivilege(t *testing.T) {
 		t.Errorf("PING with a wrong password: %v; want WRONGPASS", err)
 	}
 }
+
+// sentinelACL is the least a sentinel user needs for go-redis' failover
+// client (v9.23.0 sentinel.go: SENTINEL GET-MASTER-ADDR-BY-NAME, SENTINEL
+// SENTINELS, SUBSCRIBE +switch-master +replica-reconf-done, PING).
+var sentinelACL = []string{"on", ">s3cret-sentinel", "-@all", "+sentinel|get-master-addr-by-name",
+	"+sentinel|sentinels", "+subscribe", "+ping", "+hello", "resetchannels", "&+switch-master", "&+replica-reconf-done"}
+
+func TestSentinelACLUsersAcrossFailover(t *testing.T) {
+	t.Parallel()
+	ss := redistest.StartSentinel(t)
+	for _, s := range []*redistest.Server{ss.Master, ss.Replica} {
+		if _, err := s.Do(append([]string{"ACL", "SETUSER", "sluice"}, sluiceACL...)...); err != nil {
+			t.Fatalf("ACL SETUSER sluice on %s: %v", s.Addr(), err)
+		}
+	}
+	for _, s := range ss.Sentinels {
+		if _, err := s.Do(append([]string{"ACL", "SETUSER", "sluice-sentinel"}, sentinelACL...)...); err != nil {
+			t.Fatalf("ACL SETUSER on sentinel %s: %v", s.Addr(), err)
+		}
+	}
+	cfg := sentinelConfig(ss)
+	cfg.Sentinel.Username, cfg.Sentinel.Password = "sluice-sentinel", "s3cret-sentinel"
+	cfg.Username, cfg.Password = "sluice", "s3cret-acl"
+	cfg.AdmissionTimeout, cfg.ReadTimeout, cfg.WriteTimeout = storeTimeout, storeTimeout, storeTimeout
+	s := runNode(t, cfg)
+	lim := Limits{MaxConcurrency: 1}
+	d := admit(t, s, Request{Tenant: "acl-sn", Limits: lim})
+	if !d.Allowed || d.Degraded {
+		t.Fatalf("decision %+v; want shared through the sentinels' ACL user", d)
+	}
+	settle(t, s, d.Ticket, Usage{})
+	ss.Failover()
+	// The client follows the switch; admissions are shared on the new
+	// master as its ACL user (a few may fail while it switches).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		d, err := s.Store().Admit(context.Background(), Request{ID: nextID(), Tenant: "acl-sn", Limits: lim})
+		if err == nil && d.Allowed {
+			settle(t, s.Store(), d.Ticket, Usage{})
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no admission on the new master within 20s: %+v, %v", d, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got, err := ss.Replica.Do("CLIENT", "LIST"); err != nil || !strings.Contains(got, "user=sluice ") {
+		t.Errorf("CLIENT LIST on the new master: %q, %v; want the sluice user's connections", got, err)
+	}
+	for _, srv := range append([]*redistest.Server{ss.Master, ss.Replica}, ss.Sentinels...) {
+		if got, err := srv.Do("ACL", "LOG"); err != nil || got != "" {
+			t.Errorf("ACL LOG on %s: %q, %v; want no denial", srv.Addr(), got, err)
+		}
+	}
+	var subscribed bool
+	for _, srv := range ss.Sentinels {
+		got, _ := srv.Do("CLIENT", "LIST")
+		subscribed = subscribed || strings.Contains(got, "user=sluice-sentinel")
+	}
+	if !subscribed {
+		t.Error("no sentinel has a connection of user sluice-sentinel")
+	}
+}
