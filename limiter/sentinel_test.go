@@ -99,14 +99,18 @@ type failoverLoad struct {
 func admitAcrossFailover(t *testing.T, nodes []*Shared, lim Limits, tenant string, trigger func(), settleFor time.Duration) failoverLoad {
 	t.Helper()
 	var (
-		res     failoverLoad
-		mu      sync.Mutex
-		cur     atomic.Int64
-		total   atomic.Int64
-		stop    = make(chan struct{})
-		wg      sync.WaitGroup
-		deadln  = time.Now().Add(60 * time.Second)
-		errorf  = func(format string, args ...any) { mu.Lock(); res.errs = append(res.errs, fmt.Sprintf(format, args...)); mu.Unlock() }
+		res    failoverLoad
+		mu     sync.Mutex
+		cur    atomic.Int64
+		total  atomic.Int64
+		stop   = make(chan struct{})
+		wg     sync.WaitGroup
+		deadln = time.Now().Add(60 * time.Second)
+		errorf = func(format string, args ...any) {
+			mu.Lock()
+			res.errs = append(res.errs, fmt.Sprintf(format, args...))
+			mu.Unlock()
+		}
 		workers = 3 * len(nodes)
 	)
 	for w := 0; w < workers; w++ {

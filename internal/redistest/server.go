@@ -31,12 +31,12 @@ const startTimeout = 10 * time.Second
 // Server is one private redis-server process on a loopback port.
 // Its methods are safe for simultaneous use by multiple goroutines.
 type Server struct {
-	tb   testing.TB
-	port int
-	dir  string
-	args []string // extra arguments (cluster mode)
-	conf string   // sentinel: the config file, run with --sentinel
-	tlsPort int   // StartTLS: the TLS port beside the plain one
+	tb      testing.TB
+	port    int
+	dir     string
+	args    []string // extra arguments (cluster mode)
+	conf    string   // sentinel: the config file, run with --sentinel
+	tlsPort int      // StartTLS: the TLS port beside the plain one
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
