@@ -460,3 +460,49 @@ func TestSentinelACLUsersAcrossFailover(t *testing.T) {
 		t.Error("no sentinel has a connection of user sluice-sentinel")
 	}
 }
+
+func TestRedisTopologyValidate(t *testing.T) {
+	sn := SentinelConfig{MasterName: "m", Addrs: []string{"127.0.0.1:26379"}}
+	for _, c := range []struct {
+		name string
+		cfg  RedisConfig
+		want []string // fields of the errors, in order; none: valid
+	}{
+		{"sentinel", RedisConfig{Sentinel: sn}, nil},
+		{"sentinel without master", RedisConfig{Sentinel: SentinelConfig{Addrs: sn.Addrs}}, []string{"sentinel.master_name"}},
+		{"master without sentinels", RedisConfig{Sentinel: SentinelConfig{MasterName: "m"}}, []string{"sentinel.addrs"}},
+		{"bad sentinel address", RedisConfig{Sentinel: SentinelConfig{MasterName: "m", Addrs: []string{"x"}}}, []string{"sentinel.addrs[0]"}},
+		{"addrs and sentinel", RedisConfig{Addrs: []string{"127.0.0.1:6379"}, Sentinel: sn}, []string{"addrs"}},
+		{"cluster and sentinel", RedisConfig{Cluster: true, Sentinel: sn}, []string{"cluster"}},
+		{"tls file without tls", RedisConfig{Sentinel: sn, TLSServerName: "r"}, []string{"tls_server_name"}},
+		{"cert without key", RedisConfig{Sentinel: sn, TLS: true, TLSCertFile: "c.pem"}, []string{"tls_cert_file"}},
+		{"tls with system roots", RedisConfig{Sentinel: sn, TLS: true, TLSServerName: "r"}, nil},
+	} {
+		err := c.cfg.WithDefaults().Validate()
+		var got []string
+		for _, e := range unjoinErr(err) {
+			var fe *FieldError
+			if !errors.As(e, &fe) {
+				t.Errorf("%s: %v is not a FieldError", c.name, e)
+				continue
+			}
+			got = append(got, fe.Field)
+		}
+		if strings.Join(got, ",") != strings.Join(c.want, ",") {
+			t.Errorf("%s: errors on %v (%v); want %v", c.name, got, err, c.want)
+		}
+		if c.want == nil && !c.cfg.Enabled() {
+			t.Errorf("%s: not Enabled", c.name)
+		}
+	}
+}
+
+func unjoinErr(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
