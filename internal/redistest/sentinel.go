@@ -23,6 +23,8 @@ type SentinelSet struct {
 	Master, Replica *Server
 	// Sentinels are the three sentinel processes.
 	Sentinels []*Server
+
+	tls *TLSFiles // StartSentinelTLS
 }
 
 // readyTimeout bounds every wait of the set-up and of Failover. It is
@@ -38,9 +40,58 @@ const readyTimeout = 30 * time.Second
 // other sentinels, so a failover can start at once.
 func StartSentinel(tb testing.TB) *SentinelSet {
 	tb.Helper()
-	ss := &SentinelSet{tb: tb}
-	ss.Master = Start(tb)
-	ss.Replica = start(tb, []string{"--replicaof", "127.0.0.1", strconv.Itoa(ss.Master.Port())}, false)
+	return startSentinel(tb, nil)
+}
+
+// StartSentinelTLS is StartSentinel with TLS everywhere a client goes: the
+// data nodes and the sentinels also listen with TLS (f's server
+// certificate, tls-auth-clients no), replication and the sentinels' own
+// links use TLS (tls-replication yes), and the sentinels name the TLS
+// ports (replica-announce-port, sentinel announce-port), so a client
+// that asks them gets TLS addresses only. The plain ports stay open for
+// Do and the set-up's checks.
+func StartSentinelTLS(tb testing.TB, f TLSFiles) *SentinelSet {
+	tb.Helper()
+	return startSentinel(tb, &f)
+}
+
+func tlsArgs(f *TLSFiles, port int) []string {
+	return []string{"--tls-port", strconv.Itoa(port), "--tls-cert-file", f.ServerCert, "--tls-key-file", f.ServerKey,
+		"--tls-ca-cert-file", f.CA, "--tls-auth-clients", "no", "--tls-replication", "yes"}
+}
+
+// startData starts a data node, with TLS when f is set; replicaOf is the
+// master (nil: none).
+func (ss *SentinelSet) startData(replicaOf *Server) *Server {
+	tb := ss.tb
+	tb.Helper()
+	var args []string
+	tlsPort := 0
+	if ss.tls != nil {
+		p, err := freePort(false)
+		if err != nil {
+			tb.Fatalf("redistest: %v", err)
+		}
+		tlsPort = p
+		args = append(tlsArgs(ss.tls, p), "--replica-announce-port", strconv.Itoa(p))
+	}
+	if replicaOf != nil {
+		mport := replicaOf.Port()
+		if ss.tls != nil {
+			mport = replicaOf.tlsPort
+		}
+		args = append(args, "--replicaof", "127.0.0.1", strconv.Itoa(mport))
+	}
+	s := start(tb, args, false)
+	s.tlsPort = tlsPort
+	return s
+}
+
+func startSentinel(tb testing.TB, f *TLSFiles) *SentinelSet {
+	tb.Helper()
+	ss := &SentinelSet{tb: tb, tls: f}
+	ss.Master = ss.startData(nil)
+	ss.Replica = ss.startData(ss.Master)
 	if err := waitFor(readyTimeout, func() (bool, string) {
 		info, err := ss.Replica.Do("INFO", "replication")
 		return err == nil && strings.Contains(info, "master_link_status:up"), info
@@ -80,15 +131,28 @@ func (ss *SentinelSet) startSentinel() *Server {
 		}
 		dir := tb.TempDir()
 		conf := filepath.Join(dir, "sentinel.conf")
+		mport, tlsPort := ss.Master.Port(), 0
+		var extra []string
+		if ss.tls != nil {
+			if tlsPort, err = freePort(false); err != nil {
+				lastErr = err
+				continue
+			}
+			mport = ss.Master.tlsPort
+			extra = tlsArgs(ss.tls, tlsPort)
+		}
 		text := fmt.Sprintf("sentinel resolve-hostnames no\n"+
 			"sentinel monitor %[1]s 127.0.0.1 %[2]d 2\n"+
 			"sentinel down-after-milliseconds %[1]s 1000\n"+
 			"sentinel failover-timeout %[1]s 3000\n"+
-			"sentinel parallel-syncs %[1]s 1\n", MasterName, ss.Master.Port())
+			"sentinel parallel-syncs %[1]s 1\n", MasterName, mport)
+		if tlsPort != 0 {
+			text += fmt.Sprintf("sentinel announce-port %d\n", tlsPort)
+		}
 		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 			tb.Fatalf("redistest: %v", err)
 		}
-		s := &Server{tb: tb, port: port, dir: dir, conf: conf}
+		s := &Server{tb: tb, port: port, dir: dir, conf: conf, args: extra, tlsPort: tlsPort}
 		if err := s.launch(); err != nil {
 			lastErr = err
 			continue
@@ -100,17 +164,22 @@ func (ss *SentinelSet) startSentinel() *Server {
 	return nil
 }
 
-// Addrs are the sentinels' addresses.
+// Addrs are the sentinels' addresses (their TLS ports after
+// StartSentinelTLS).
 func (ss *SentinelSet) Addrs() []string {
 	addrs := make([]string, len(ss.Sentinels))
 	for i, s := range ss.Sentinels {
 		addrs[i] = s.Addr()
+		if ss.tls != nil {
+			addrs[i] = s.TLSAddr()
+		}
 	}
 	return addrs
 }
 
 // MasterAddr is the master's address as the first sentinel that answers
-// knows it (SENTINEL GET-MASTER-ADDR-BY-NAME).
+// knows it (SENTINEL GET-MASTER-ADDR-BY-NAME; its TLS port after
+// StartSentinelTLS).
 func (ss *SentinelSet) MasterAddr() (string, error) {
 	var lastErr error
 	for _, s := range ss.Sentinels {
@@ -145,7 +214,7 @@ func (ss *SentinelSet) CurrentMaster() *Server {
 		addr = a
 	}
 	for _, s := range []*Server{ss.Master, ss.Replica} {
-		if s.Addr() == addr {
+		if s.Addr() == addr || s.tlsPort != 0 && s.TLSAddr() == addr {
 			return s
 		}
 	}

@@ -89,3 +89,17 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatalf("SET on the new master: %v", err)
 	}
 }
+
+func TestSentinelTLSFailover(t *testing.T) {
+	t.Parallel()
+	ss := StartSentinelTLS(t, WriteTLSFiles(t))
+	if got, err := ss.MasterAddr(); err != nil || got != ss.Master.TLSAddr() {
+		t.Fatalf("MasterAddr() = %q, %v; want the TLS address %s", got, err, ss.Master.TLSAddr())
+	}
+	if now := ss.Failover(); now != ss.Replica {
+		t.Fatalf("new master %s; want the replica", now.Addr())
+	}
+	if got, _ := ss.MasterAddr(); got != ss.Replica.TLSAddr() {
+		t.Fatalf("MasterAddr() after the failover = %q; want %s", got, ss.Replica.TLSAddr())
+	}
+}
