@@ -506,3 +506,49 @@ func unjoinErr(err error) []error {
 	}
 	return []error{err}
 }
+
+func TestSentinelOverTLSAcrossFailover(t *testing.T) {
+	t.Parallel()
+	f := redistest.WriteTLSFiles(t)
+	ss := redistest.StartSentinelTLS(t, f)
+	cfg := sentinelConfig(ss) // the sentinels' TLS ports; they name the data nodes' TLS ports
+	cfg.TLS, cfg.TLSCAFile, cfg.TLSServerName = true, f.CA, redistest.TLSServerName
+	cfg.AdmissionTimeout, cfg.ReadTimeout, cfg.WriteTimeout = storeTimeout, storeTimeout, storeTimeout
+	s := runNode(t, cfg)
+	lim := Limits{MaxConcurrency: 1}
+	d := admit(t, s, Request{Tenant: "tls-sn", Limits: lim})
+	if !d.Allowed || d.Degraded {
+		t.Fatalf("decision %+v; want shared over TLS through the sentinels", d)
+	}
+	if got := inFlight(t, ss.Master.Addr(), "tls-sn", lim); got != 1 {
+		t.Errorf("leases on the master = %d; want 1", got)
+	}
+	settle(t, s, d.Ticket, Usage{})
+	ss.Failover()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		d, err := s.Store().Admit(context.Background(), Request{ID: nextID(), Tenant: "tls-sn", Limits: lim})
+		if err == nil && d.Allowed {
+			if got := inFlight(t, ss.Replica.Addr(), "tls-sn", lim); got != 1 {
+				t.Errorf("leases on the new master = %d; want 1", got)
+			}
+			settle(t, s.Store(), d.Ticket, Usage{})
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no admission on the new master over TLS within 20s: %+v, %v", d, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Without the private CA the sentinels themselves are not trusted.
+	plain := cfg
+	plain.TLSCAFile = ""
+	c, err := newUniversalClient(plain.WithDefaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Ping(context.Background()).Err(); err == nil {
+		t.Error("PING through the sentinels with the system roots succeeded; want the certificate refused")
+	}
+}
