@@ -2,6 +2,7 @@ package configs
 
 import (
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -66,7 +67,11 @@ func (v *validator) redis() {
 	}
 	if err := r.Validate(); err != nil {
 		for _, e := range unjoin(err) {
-			v.errorf("redis", "redis: %v", e)
+			path := "redis"
+			if fe, ok := errors.AsType[*limiter.FieldError](e); ok {
+				path += "." + fe.Field // at the field's own line:col
+			}
+			v.errorf(path, "redis: %v", e)
 		}
 	}
 }

@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 )
 
 // RedisConfig is the `redis:` section of the configuration. Without it
@@ -28,6 +26,18 @@ type RedisConfig struct {
 	// TLS connects with TLS (system roots; each server's name is taken from
 	// its address).
 	TLS bool `yaml:"tls"`
+	// TLSCAFile is a PEM file of the CAs that sign the servers'
+	// certificates (instead of the system roots); TLSCertFile and
+	// TLSKeyFile a client certificate (tls-auth-clients); TLSServerName
+	// the name checked in every server's certificate instead of the host
+	// dialled. Each needs tls: true.
+	TLSCAFile     string `yaml:"tls_ca_file"`
+	TLSCertFile   string `yaml:"tls_cert_file"`
+	TLSKeyFile    string `yaml:"tls_key_file"`
+	TLSServerName string `yaml:"tls_server_name"`
+	// Sentinel, with a master name, finds the master through Redis
+	// Sentinel (addrs is then empty): see SentinelConfig.
+	Sentinel SentinelConfig `yaml:"sentinel"`
 	// DialTimeout, ReadTimeout and WriteTimeout bound network operations.
 	// Zero means 1s, 500ms and 500ms.
 	DialTimeout  time.Duration `yaml:"dial_timeout"`
@@ -60,8 +70,27 @@ type RedisConfig struct {
 	BreakerCooldown time.Duration `yaml:"breaker_cooldown"`
 }
 
+// SentinelConfig is `redis.sentinel`: a master and its replicas watched by
+// Redis Sentinel. The client asks the sentinels for the master, follows it
+// through failovers, and sends everything to the master.
+type SentinelConfig struct {
+	// MasterName is the name the sentinels monitor (`sentinel monitor
+	// NAME ...`).
+	MasterName string `yaml:"master_name"`
+	// Addrs are the sentinels' host:port addresses (26379 by default in
+	// Redis); list several, any of them answers.
+	Addrs []string `yaml:"addrs"`
+	// Username and Password authenticate to the sentinels (their own ACL
+	// or requirepass); the data nodes use redis.username and
+	// redis.password.
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+}
+
 // Enabled reports whether a Redis store is configured.
-func (c RedisConfig) Enabled() bool { return len(c.Addrs) > 0 }
+func (c RedisConfig) Enabled() bool {
+	return len(c.Addrs) > 0 || c.Sentinel.MasterName != "" || len(c.Sentinel.Addrs) > 0
+}
 
 // WithDefaults returns c with every zero field set to its default.
 func (c RedisConfig) WithDefaults() RedisConfig {
@@ -89,10 +118,40 @@ func (c RedisConfig) WithDefaults() RedisConfig {
 func (c RedisConfig) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, args...)})
 	}
-	if len(c.Addrs) == 0 {
+	if sn := c.Sentinel; sn.MasterName != "" || len(sn.Addrs) > 0 {
+		if sn.MasterName == "" {
+			bad("sentinel.master_name", "is required with sentinel.addrs (the name the sentinels monitor)")
+		}
+		if len(sn.Addrs) == 0 {
+			bad("sentinel.addrs", "at least one sentinel host:port is required with sentinel.master_name")
+		}
+		for i, a := range sn.Addrs {
+			if host, port, err := net.SplitHostPort(a); err != nil || host == "" || port == "" {
+				bad(fmt.Sprintf("sentinel.addrs[%d]", i), "%q is not host:port", a)
+			}
+		}
+		if len(c.Addrs) > 0 {
+			bad("addrs", "must be empty with sentinel (the sentinels name the master; list them in sentinel.addrs)")
+		}
+		if c.Cluster {
+			bad("cluster", "cluster and sentinel are exclusive (a Cluster fails over by itself)")
+		}
+	} else if len(c.Addrs) == 0 {
 		bad("addrs", "at least one host:port is required")
+	}
+	if !c.TLS {
+		for _, f := range []struct{ field, v string }{{"tls_ca_file", c.TLSCAFile}, {"tls_cert_file", c.TLSCertFile},
+			{"tls_key_file", c.TLSKeyFile}, {"tls_server_name", c.TLSServerName}} {
+			if f.v != "" {
+				bad(f.field, "is set but tls is false (set tls: true)")
+			}
+		}
+	} else if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		bad("tls_cert_file", "tls_cert_file and tls_key_file go together (a client certificate and its key)")
+	} else if _, err := c.tlsConfig(); err != nil {
+		errs = append(errs, err)
 	}
 	for i, a := range c.Addrs {
 		if host, port, err := net.SplitHostPort(a); err != nil || host == "" || port == "" {
@@ -149,7 +208,10 @@ func NewFromConfig(cfg RedisConfig, reg prometheus.Registerer, log *slog.Logger)
 		log = slog.Default()
 	}
 	SetRedisLogger(log)
-	client := newUniversalClient(cfg)
+	client, err := newUniversalClient(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("redis config: %w", err)
+	}
 	s := NewShared(NewRedis(client, RedisOptions{LeaseTTL: cfg.LeaseTTL, Heartbeat: cfg.Heartbeat}),
 		SharedOptions{AdmissionTimeout: cfg.AdmissionTimeout, SettleTimeout: cfg.SettleTimeout, FailureThreshold: cfg.BreakerFailures,
 			Cooldown: cfg.BreakerCooldown, Nodes: cfg.Nodes, Registerer: reg, Logger: log})
@@ -158,27 +220,7 @@ func NewFromConfig(cfg RedisConfig, reg prometheus.Registerer, log *slog.Logger)
 	defer cancel()
 	if err := client.Ping(ctx).Err(); err != nil {
 		log.Warn("limiter: redis not reachable at start; store-failure policies apply until it is",
-			"addrs", cfg.Addrs, "err", err)
+			"addrs", cfg.Addrs, "sentinels", cfg.Sentinel.Addrs, "err", err)
 	}
 	return s, nil
-}
-
-func newUniversalClient(cfg RedisConfig) redis.UniversalClient {
-	var tlsConf *tls.Config
-	if cfg.TLS {
-		// No ServerName: crypto/tls takes it from each node's address.
-		tlsConf = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	if cfg.Cluster || len(cfg.Addrs) > 1 {
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: cfg.Addrs, Username: cfg.Username, Password: cfg.Password, TLSConfig: tlsConf,
-			DialTimeout: cfg.DialTimeout, ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout,
-			PoolSize: cfg.PoolSize, ContextTimeoutEnabled: true,
-		})
-	}
-	return redis.NewClient(&redis.Options{
-		Addr: cfg.Addrs[0], Username: cfg.Username, Password: cfg.Password, TLSConfig: tlsConf,
-		DialTimeout: cfg.DialTimeout, ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout,
-		PoolSize: cfg.PoolSize, ContextTimeoutEnabled: true,
-	})
 }

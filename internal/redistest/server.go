@@ -31,10 +31,12 @@ const startTimeout = 10 * time.Second
 // Server is one private redis-server process on a loopback port.
 // Its methods are safe for simultaneous use by multiple goroutines.
 type Server struct {
-	tb   testing.TB
-	port int
-	dir  string
-	args []string // extra arguments (cluster mode)
+	tb      testing.TB
+	port    int
+	dir     string
+	args    []string // extra arguments (cluster mode)
+	conf    string   // sentinel: the config file, run with --sentinel
+	tlsPort int      // StartTLS: the TLS port beside the plain one
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -90,6 +92,9 @@ func (s *Server) launch() error {
 		"--logfile", filepath.Join(s.dir, "redis.log"),
 	}
 	args = append(args, s.args...)
+	if s.conf != "" {
+		args = append([]string{s.conf, "--sentinel"}, args...)
+	}
 	cmd := exec.Command(ServerBinary, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

@@ -68,3 +68,38 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("CLUSTER INFO = %q, %v; want all slots assigned", info, err)
 	}
 }
+
+func TestSentinelFailover(t *testing.T) {
+	t.Parallel()
+	ss := StartSentinel(t)
+	if got, err := ss.MasterAddr(); err != nil || got != ss.Master.Addr() {
+		t.Fatalf("MasterAddr() = %q, %v; want %s", got, err, ss.Master.Addr())
+	}
+	if _, err := ss.Master.Do("SET", "k", "v"); err != nil {
+		t.Fatalf("SET: %v", err)
+	}
+	now := ss.Failover()
+	if now != ss.Replica {
+		t.Fatalf("new master %s; want the replica %s", now.Addr(), ss.Replica.Addr())
+	}
+	if got, _ := now.Do("GET", "k"); got != "v" {
+		t.Fatalf("GET k on the new master = %q; want the replicated %q", got, "v")
+	}
+	if _, err := now.Do("SET", "k2", "v"); err != nil {
+		t.Fatalf("SET on the new master: %v", err)
+	}
+}
+
+func TestSentinelTLSFailover(t *testing.T) {
+	t.Parallel()
+	ss := StartSentinelTLS(t, WriteTLSFiles(t))
+	if got, err := ss.MasterAddr(); err != nil || got != ss.Master.TLSAddr() {
+		t.Fatalf("MasterAddr() = %q, %v; want the TLS address %s", got, err, ss.Master.TLSAddr())
+	}
+	if now := ss.Failover(); now != ss.Replica {
+		t.Fatalf("new master %s; want the replica", now.Addr())
+	}
+	if got, _ := ss.MasterAddr(); got != ss.Replica.TLSAddr() {
+		t.Fatalf("MasterAddr() after the failover = %q; want %s", got, ss.Replica.TLSAddr())
+	}
+}
