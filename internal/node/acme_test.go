@@ -344,12 +344,23 @@ func acmeRequest(t *testing.T, addr, name string, roots *x509.CertPool, h3 bool)
 
 func startACMENode(t *testing.T, cfg *configs.Config) (*Node, *logBuffer, func()) {
 	t.Helper()
+	n, logs, stop := startACMENodeNoFatal(t, cfg)
+	if n == nil {
+		t.FailNow()
+	}
+	return n, logs, stop
+}
+
+// startACMENodeNoFatal is startACMENode for other goroutines than the
+// test's: on error it reports and returns a nil node.
+func startACMENodeNoFatal(t *testing.T, cfg *configs.Config) (*Node, *logBuffer, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	logs := &logBuffer{}
 	n, err := Start(ctx, cfg, Options{Log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		cancel()
-		t.Fatal(err)
+		t.Error(err)
+		return nil, nil, nil
 	}
 	var once sync.Once
 	stop := func() { once.Do(func() { n.Shutdown(); cancel(); n.Close() }) }
@@ -441,4 +452,35 @@ func TestACMERenewalServedWithoutRestart(t *testing.T) {
 		return c.SerialNumber.Cmp(first.SerialNumber) != 0 && c.NotAfter.After(first.NotAfter)
 	})
 	acmeRequest(t, addr, "renew.sluice.test", roots, false)
+}
+
+// Two nodes on one storage directory (as on a shared mount): one order for
+// the name, whichever node takes the lock, and both serve the certificate.
+// Pebble validates only the first node's port, so when the second orders,
+// the first answers the challenge from the shared storage.
+func TestACMESharedStorageOneOrderTwoNodes(t *testing.T) {
+	httpsA, httpsB := freePort(t), freePort(t)
+	p := startPebble(t, freePort(t), httpsA)
+	roots := p.root(t)
+	storage := t.TempDir()
+	extra := "      challenges: [tls-alpn-01]\n      profile: default\n"
+	cfgA := acmeNodeConfig(t, p, "shared.sluice.test", 0, httpsA, storage, extra)
+	cfgB := acmeNodeConfig(t, p, "shared.sluice.test", 0, httpsB, storage, extra)
+	var a, b *Node
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); a, _, _ = startACMENodeNoFatal(t, cfgA) }()
+	go func() { defer wg.Done(); b, _, _ = startACMENodeNoFatal(t, cfgB) }()
+	wg.Wait()
+	if a == nil || b == nil {
+		t.FailNow()
+	}
+	ca := servedCert(t, a.Server().Addr(listen.ListenerHTTPS), "shared.sluice.test", roots, 30*time.Second)
+	cb := servedCert(t, b.Server().Addr(listen.ListenerHTTPS), "shared.sluice.test", roots, 30*time.Second)
+	if ca.SerialNumber.Cmp(cb.SerialNumber) != 0 {
+		t.Fatalf("the nodes serve serials %v and %v; want the one shared certificate", ca.SerialNumber, cb.SerialNumber)
+	}
+	if got := p.orders(); got != 1 {
+		t.Fatalf("%d certificates issued for two nodes on one storage; want 1", got)
+	}
 }
