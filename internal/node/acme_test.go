@@ -2,10 +2,12 @@ package node
 
 import (
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,6 +23,7 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go/http3"
+	"golang.org/x/crypto/ocsp"
 	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/sluice-proxy/sluice/configs"
@@ -158,11 +161,19 @@ type pebble struct {
 // on tlsPort of 127.0.0.1. Profiles: "default" (90 days) and "shortlived"
 // (20 seconds, for renewals); Pebble picks one at random for an order that
 // names none, so every test names one.
-func startPebble(t *testing.T, httpPort, tlsPort int) *pebble {
+//
+// ocspURL, when not empty, is written into the certificates as their OCSP
+// responder, and Pebble's keys are RSA (its management endpoint exports
+// only RSA intermediate keys, which the test responder signs with).
+func startPebble(t *testing.T, httpPort, tlsPort int, ocspURL string) *pebble {
 	t.Helper()
 	bin, mod := buildPebble(t)
 	dns := startDNS(t)
 	listenPort, mgmtPort := freePort(t), freePort(t)
+	keyAlg := "ecdsa"
+	if ocspURL != "" {
+		keyAlg = "rsa"
+	}
 	cfg := map[string]any{"pebble": map[string]any{
 		"listenAddress":                  "127.0.0.1:" + strconv.Itoa(listenPort),
 		"managementListenAddress":        "127.0.0.1:" + strconv.Itoa(mgmtPort),
@@ -172,7 +183,8 @@ func startPebble(t *testing.T, httpPort, tlsPort int) *pebble {
 		"tlsPort":                        tlsPort,
 		"externalAccountBindingRequired": false,
 		"retryAfter":                     map[string]int{"authz": 1, "order": 1},
-		"keyAlgorithm":                   "ecdsa",
+		"keyAlgorithm":                   keyAlg,
+		"ocspResponderURL":               ocspURL,
 		"profiles": map[string]any{
 			"default":    map[string]any{"description": "90 days", "validityPeriod": 7776000},
 			"shortlived": map[string]any{"description": "20 seconds", "validityPeriod": 20},
@@ -390,7 +402,7 @@ func solved(logs *logBuffer, typ string) bool {
 // without a new order.
 func TestACMETLSALPN01ObtainsServesAndReusesStorage(t *testing.T) {
 	httpsPort := freePort(t)
-	p := startPebble(t, freePort(t), httpsPort)
+	p := startPebble(t, freePort(t), httpsPort, "")
 	roots := p.root(t)
 	storage := t.TempDir()
 	cfg := acmeNodeConfig(t, p, "alpn.sluice.test", 0, httpsPort, storage, "      challenges: [tls-alpn-01]\n      profile: default\n")
@@ -421,7 +433,7 @@ func TestACMETLSALPN01ObtainsServesAndReusesStorage(t *testing.T) {
 // HTTP-01 on the plain http listener, answered before routing and auth.
 func TestACMEHTTP01Obtains(t *testing.T) {
 	httpPort, httpsPort := freePort(t), freePort(t)
-	p := startPebble(t, httpPort, httpsPort)
+	p := startPebble(t, httpPort, httpsPort, "")
 	roots := p.root(t)
 	cfg := acmeNodeConfig(t, p, "http.sluice.test", httpPort, httpsPort, t.TempDir(), "      challenges: [http-01]\n      profile: default\n")
 	n, logs, _ := startACMENode(t, cfg)
@@ -437,7 +449,7 @@ func TestACMEHTTP01Obtains(t *testing.T) {
 // served to new handshakes without a restart.
 func TestACMERenewalServedWithoutRestart(t *testing.T) {
 	httpsPort := freePort(t)
-	p := startPebble(t, freePort(t), httpsPort)
+	p := startPebble(t, freePort(t), httpsPort, "")
 	roots := p.root(t)
 	cfg := acmeNodeConfig(t, p, "renew.sluice.test", 0, httpsPort, t.TempDir(),
 		"      profile: shortlived\n      renew_window_ratio: 0.7\n      check_interval: 500ms\n")
@@ -460,7 +472,7 @@ func TestACMERenewalServedWithoutRestart(t *testing.T) {
 // the first answers the challenge from the shared storage.
 func TestACMESharedStorageOneOrderTwoNodes(t *testing.T) {
 	httpsA, httpsB := freePort(t), freePort(t)
-	p := startPebble(t, freePort(t), httpsA)
+	p := startPebble(t, freePort(t), httpsA, "")
 	roots := p.root(t)
 	storage := t.TempDir()
 	extra := "      challenges: [tls-alpn-01]\n      profile: default\n"
@@ -482,5 +494,118 @@ func TestACMESharedStorageOneOrderTwoNodes(t *testing.T) {
 	}
 	if got := p.orders(); got != 1 {
 		t.Fatalf("%d certificates issued for two nodes on one storage; want 1", got)
+	}
+}
+
+// ocspResponder answers OCSP requests "good" for any serial, signed by
+// Pebble's intermediate (the issuer), as an OCSP responder run by the CA
+// would (RFC 6960; the request and response are built and parsed with
+// golang.org/x/crypto/ocsp, the package certmagic fetches staples with).
+type ocspResponder struct {
+	mu      sync.Mutex
+	issuer  *x509.Certificate
+	key     crypto.Signer
+	answers int
+}
+
+func (o *ocspResponder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<16))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	req, err := ocsp.ParseRequest(body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	o.mu.Lock()
+	issuer, key := o.issuer, o.key
+	o.answers++
+	o.mu.Unlock()
+	if issuer == nil {
+		http.Error(w, "issuer not known yet", http.StatusServiceUnavailable)
+		return
+	}
+	now := time.Now().Truncate(time.Second)
+	resp, err := ocsp.CreateResponse(issuer, issuer, ocsp.Response{
+		Status: ocsp.Good, SerialNumber: req.SerialNumber,
+		ThisUpdate: now.Add(-time.Minute), NextUpdate: now.Add(time.Hour),
+	}, key)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/ocsp-response")
+	w.Write(resp)
+}
+
+// pemGet fetches one PEM block from Pebble's management interface.
+func (p *pebble) pemGet(t *testing.T, path string) *pem.Block {
+	t.Helper()
+	resp, err := p.client(t).Get(p.mgmt + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		t.Fatalf("pebble's %s: no PEM block (status %d): %q", path, resp.StatusCode, b)
+	}
+	return blk
+}
+
+// The certificate names an OCSP responder: the node fetches a response and
+// staples it to its TLS handshakes, and the staple verifies against the
+// issuer as "good" for the served certificate.
+func TestACMEOCSPStapled(t *testing.T) {
+	resp := &ocspResponder{}
+	ocspLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ocspSrv := &http.Server{Handler: resp, ReadHeaderTimeout: 5 * time.Second}
+	go ocspSrv.Serve(ocspLn)
+	t.Cleanup(func() { ocspSrv.Close() })
+
+	httpsPort := freePort(t)
+	p := startPebble(t, freePort(t), httpsPort, "http://"+ocspLn.Addr().String()+"/")
+	issuer, err := x509.ParseCertificate(p.pemGet(t, "/intermediates/0").Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := x509.ParsePKCS1PrivateKey(p.pemGet(t, "/intermediate-keys/0").Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.mu.Lock()
+	resp.issuer, resp.key = issuer, key
+	resp.mu.Unlock()
+
+	roots := p.root(t)
+	cfg := acmeNodeConfig(t, p, "ocsp.sluice.test", 0, httpsPort, t.TempDir(), "      challenges: [tls-alpn-01]\n      profile: default\n")
+	n, _, _ := startACMENode(t, cfg)
+	addr := n.Server().Addr(listen.ListenerHTTPS)
+	leaf := servedCert(t, addr, "ocsp.sluice.test", roots, 30*time.Second)
+	if len(leaf.OCSPServer) != 1 {
+		t.Fatalf("the certificate names OCSP responders %q; want the test's", leaf.OCSPServer)
+	}
+	var staple []byte
+	waitUntil(t, 15*time.Second, "an OCSP staple in the handshake", func() bool {
+		c, err := tls.Dial("tcp", addr, &tls.Config{ServerName: "ocsp.sluice.test", RootCAs: roots})
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		staple = c.ConnectionState().OCSPResponse
+		return len(staple) > 0
+	})
+	r, err := ocsp.ParseResponseForCert(staple, leaf, issuer)
+	if err != nil {
+		t.Fatalf("the staple does not verify against the issuer: %v", err)
+	}
+	if r.Status != ocsp.Good || r.SerialNumber.Cmp(leaf.SerialNumber) != 0 {
+		t.Fatalf("staple status %d for serial %v; want good (%d) for %v", r.Status, r.SerialNumber, ocsp.Good, leaf.SerialNumber)
 	}
 }
