@@ -464,6 +464,16 @@ func TestACMERenewalServedWithoutRestart(t *testing.T) {
 		return c.SerialNumber.Cmp(first.SerialNumber) != 0 && c.NotAfter.After(first.NotAfter)
 	})
 	acmeRequest(t, addr, "renew.sluice.test", roots, false)
+	metrics := get(t, "http://"+n.Server().Addr(listen.ListenerAdmin)+"/metrics")
+	for _, want := range []string{
+		`sluice_tls_acme_certificates_obtained_total{renewal="false"} 1`,
+		`sluice_tls_acme_certificates_obtained_total{renewal="true"}`,
+		`sluice_tls_acme_cert_expiry_timestamp_seconds{name="renew.sluice.test"}`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
 }
 
 // Two nodes on one storage directory (as on a shared mount): one order for

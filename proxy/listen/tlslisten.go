@@ -110,10 +110,6 @@ func (l *tlsListener) handshake(raw net.Conn, accepted time.Time) {
 		l.handshakeFailed(raw, err)
 		return
 	}
-	if tc.ConnectionState().NegotiatedProtocol == "acme-tls/1" {
-		tc.Close() // a TLS-ALPN-01 validation: done once the handshake is (RFC 8737 §3)
-		return
-	}
 	raw.SetDeadline(time.Time{})
 	cs.handshake = time.Since(accepted)
 	if tc.ConnectionState().NegotiatedProtocol == "h2" {

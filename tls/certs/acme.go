@@ -198,20 +198,23 @@ func newACMEManager(c ACMEConfig, log *slog.Logger, reg prometheus.Registerer) (
 	for _, d := range c.Domains {
 		m.domains[strings.ToLower(d)] = true
 	}
-	var err error
-	m.obtained, err = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.obtained = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_tls_acme_certificates_obtained_total",
 		Help: "Certificates obtained from the ACME CA, by renewal (\"true\" or \"false\").",
-	}, []string{"renewal"}))
-	if err != nil {
-		return nil, err
-	}
-	m.failed, err = register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+	}, []string{"renewal"})
+	m.failed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_tls_acme_failures_total",
 		Help: "Failed attempts to obtain or renew a certificate from the ACME CA (certmagic retries with backoff).",
-	}))
-	if err != nil {
-		return nil, err
+	})
+	var err error
+	if reg != nil {
+		var err1, err2, err3 error
+		m.obtained, err1 = register(reg, m.obtained)
+		m.failed, err2 = register(reg, m.failed)
+		_, err3 = register(reg, prometheus.Collector(&acmeExpiry{m: m}))
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return nil, fmt.Errorf("registering metrics: %w", err)
+		}
 	}
 	zl := zap.New(&slogCore{log: log})
 	check := c.CheckInterval
@@ -258,6 +261,30 @@ func newACMEManager(c ACMEConfig, log *slog.Logger, reg prometheus.Registerer) (
 	m.issuer = certmagic.NewACMEIssuer(m.magic, tmpl)
 	m.magic.Issuers = []certmagic.Issuer{m.issuer}
 	return m, nil
+}
+
+var acmeExpiryDesc = prometheus.NewDesc("sluice_tls_acme_cert_expiry_timestamp_seconds",
+	"NotAfter of the ACME certificate served for each https.acme domain (absent until one is obtained or loaded), in Unix seconds.",
+	[]string{"name"}, nil)
+
+// acmeExpiry reports the expiry of the certificates in certmagic's cache
+// at scrape time, so renewals show without bookkeeping of ours.
+type acmeExpiry struct{ m *acmeManager }
+
+func (e *acmeExpiry) Describe(ch chan<- *prometheus.Desc) { ch <- acmeExpiryDesc }
+
+func (e *acmeExpiry) Collect(ch chan<- prometheus.Metric) {
+	for _, d := range e.m.cfg.Domains {
+		var latest time.Time
+		for _, c := range e.m.cache.AllMatchingCertificates(strings.ToLower(d)) {
+			if c.Leaf != nil && c.Leaf.NotAfter.After(latest) {
+				latest = c.Leaf.NotAfter
+			}
+		}
+		if !latest.IsZero() {
+			ch <- prometheus.MustNewConstMetric(acmeExpiryDesc, prometheus.GaugeValue, float64(latest.Unix()), d)
+		}
+	}
 }
 
 // onEvent counts certificates obtained and failures.
