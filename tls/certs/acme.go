@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -217,6 +218,7 @@ func newACMEManager(c ACMEConfig, log *slog.Logger, reg prometheus.Registerer) (
 		}
 	}
 	zl := zap.New(&slogCore{log: log})
+	var magic atomic.Pointer[certmagic.Config] // set below; the cache's goroutine may ask first
 	check := c.CheckInterval
 	if check == 0 {
 		check = DefaultACMECheckInterval
@@ -226,7 +228,12 @@ func newACMEManager(c ACMEConfig, log *slog.Logger, reg prometheus.Registerer) (
 		ratio = DefaultACMEWindowRatio
 	}
 	m.cache = certmagic.NewCache(certmagic.CacheOptions{
-		GetConfigForCert:   func(certmagic.Certificate) (*certmagic.Config, error) { return m.magic, nil },
+		GetConfigForCert: func(certmagic.Certificate) (*certmagic.Config, error) {
+			if c := magic.Load(); c != nil {
+				return c, nil
+			}
+			return nil, errors.New("acme: not configured yet")
+		},
 		RenewCheckInterval: check,
 		OCSPCheckInterval:  check,
 		Logger:             zl,
@@ -239,6 +246,7 @@ func newACMEManager(c ACMEConfig, log *slog.Logger, reg prometheus.Registerer) (
 		Logger:             zl,
 		OnEvent:            m.onEvent,
 	})
+	magic.Store(m.magic)
 	tmpl := certmagic.ACMEIssuer{
 		CA:      c.CA,
 		Email:   c.Email,
