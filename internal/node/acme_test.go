@@ -477,26 +477,18 @@ func TestACMERenewalServedWithoutRestart(t *testing.T) {
 }
 
 // Two nodes on one storage directory (as on a shared mount): one order for
-// the name, whichever node takes the lock, and both serve the certificate.
-// Pebble validates only the first node's port, so when the second orders,
-// the first answers the challenge from the shared storage.
+// the name, and both serve the certificate. Node B starts first and takes
+// the storage lock, so B orders; but Pebble validates only node A's port,
+// so the TLS-ALPN-01 challenge of B's order is answered by A from the
+// shared storage. A waits for the lock and loads B's certificate.
 func TestACMESharedStorageOneOrderTwoNodes(t *testing.T) {
 	httpsA, httpsB := freePort(t), freePort(t)
 	p := startPebble(t, freePort(t), httpsA, "")
 	roots := p.root(t)
 	storage := t.TempDir()
 	extra := "      challenges: [tls-alpn-01]\n      profile: default\n"
-	cfgA := acmeNodeConfig(t, p, "shared.sluice.test", 0, httpsA, storage, extra)
-	cfgB := acmeNodeConfig(t, p, "shared.sluice.test", 0, httpsB, storage, extra)
-	var a, b *Node
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); a, _, _ = startACMENodeNoFatal(t, cfgA) }()
-	go func() { defer wg.Done(); b, _, _ = startACMENodeNoFatal(t, cfgB) }()
-	wg.Wait()
-	if a == nil || b == nil {
-		t.FailNow()
-	}
+	b, logsB, _ := startACMENode(t, acmeNodeConfig(t, p, "shared.sluice.test", 0, httpsB, storage, extra))
+	a, logsA, _ := startACMENode(t, acmeNodeConfig(t, p, "shared.sluice.test", 0, httpsA, storage, extra))
 	ca := servedCert(t, a.Server().Addr(listen.ListenerHTTPS), "shared.sluice.test", roots, 30*time.Second)
 	cb := servedCert(t, b.Server().Addr(listen.ListenerHTTPS), "shared.sluice.test", roots, 30*time.Second)
 	if ca.SerialNumber.Cmp(cb.SerialNumber) != 0 {
@@ -504,6 +496,9 @@ func TestACMESharedStorageOneOrderTwoNodes(t *testing.T) {
 	}
 	if got := p.orders(); got != 1 {
 		t.Fatalf("%d certificates issued for two nodes on one storage; want 1", got)
+	}
+	if !solved(logsB, "tls-alpn-01") || solved(logsA, "tls-alpn-01") {
+		t.Fatalf("solved by B: %v, by A: %v; want B to have ordered (A answering from storage)", solved(logsB, "tls-alpn-01"), solved(logsA, "tls-alpn-01"))
 	}
 }
 
