@@ -60,3 +60,22 @@ func TestACMEConfigErrors(t *testing.T) {
 	wantErrors(t, head+ok+"      ca_root_file: /nonexistent/root.pem\n"+rest, `7:21: listeners.https.acme.ca_root_file: open /nonexistent/root.pem`)
 	wantErrors(t, head+ok+"      domain: [x.example.com]\n"+rest, `7:7: unknown key "domain" in listeners.https.acme (did you mean "domains"?)`)
 }
+
+// Changing https.acme is a listener change: it needs a restart.
+func TestACMEChangeNeedsRestart(t *testing.T) {
+	rest := strings.TrimPrefix(valid, "listeners:\n  http: 127.0.0.1:8080\n")
+	cfg := func(domain string) *Config {
+		c, err := Parse("t.yaml", []byte("listeners:\n  https:\n    addr: 127.0.0.1:8443\n    acme:\n      domains: ["+domain+"]\n      storage: /tmp/acme\n"+rest))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	var paths []string
+	for _, c := range RestartRequired(cfg("a.example.com"), cfg("b.example.com")) {
+		paths = append(paths, c.Path)
+	}
+	if len(paths) != 1 || !strings.Contains(paths[0], "acme") {
+		t.Fatalf("restart required for %q; want the acme domains", paths)
+	}
+}
