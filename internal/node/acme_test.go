@@ -389,7 +389,7 @@ func startACMENodeNoFatal(t *testing.T, cfg *configs.Config) (*Node, *logBuffer,
 // challenge of type typ ("tls-alpn-01", "http-01").
 func solved(logs *logBuffer, typ string) bool {
 	for _, line := range strings.Split(logs.String(), "\n") {
-		if strings.Contains(line, "trying to solve challenge") && strings.Contains(line, "challenge_type="+typ+" ") {
+		if strings.Contains(line, "trying to solve challenge") && (strings.Contains(line, "challenge_type="+typ+" ") || strings.HasSuffix(line, "challenge_type="+typ)) {
 			return true
 		}
 	}

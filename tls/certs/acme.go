@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -425,8 +426,8 @@ func (c *slogCore) Write(e zapcore.Entry, f []zapcore.Field) error {
 	if e.LoggerName != "" {
 		args = append(args, "logger", e.LoggerName)
 	}
-	for k, v := range enc.Fields {
-		args = append(args, k, v)
+	for _, k := range slices.Sorted(maps.Keys(enc.Fields)) { // a stable order to read and grep
+		args = append(args, k, enc.Fields[k])
 	}
 	c.log.Log(context.Background(), slogLevel(e.Level), "certmagic: "+e.Message, args...)
 	return nil
