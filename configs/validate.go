@@ -123,8 +123,13 @@ func (v *validator) listeners() []*x509.Certificate {
 		} else {
 			v.addr("listeners.https.addr", s.Addr)
 		}
-		if !s.DevCert && len(s.Certificates) == 0 {
-			v.errorf("listeners.https", "listeners.https: set certificates (cert_file, key_file) or dev_cert: true")
+		if !s.DevCert && len(s.Certificates) == 0 && s.ACME == nil {
+			v.errorf("listeners.https", "listeners.https: set certificates (cert_file, key_file), acme or dev_cert: true")
+		}
+		if s.ACME != nil {
+			for _, fe := range s.ACME.Check(l.HTTP != "") {
+				v.errorf("listeners.https.acme."+fe.Key, "listeners.https.%s", fe.Msg)
+			}
 		}
 		switch s.MinVersion {
 		case "", "1.2", "1.3":
@@ -495,7 +500,7 @@ func (v *validator) routeHosts(leaves []*x509.Certificate) {
 		return
 	}
 	for i, r := range v.c.Routes {
-		if r.Host != "" && !certs.Covers(leaves, r.Host) {
+		if r.Host != "" && !certs.Covers(leaves, r.Host) && !s.ACMECovers(r.Host) {
 			path := fmt.Sprintf("routes[%d].host", i)
 			v.errorf(path, "routes[%d]: no certificate of listeners.https covers host %q", i, r.Host)
 		}

@@ -96,6 +96,9 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 		if !started {
 			n.stopBg()
 			n.stopSimulators()
+			if n.certs != nil {
+				n.certs.Close()
+			}
 			if n.bgDone != nil {
 				<-n.bgDone
 				n.limiter.Close()
@@ -149,6 +152,7 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 		}
 		n.server.HTTPSAddr, n.server.TLSConfig = h.Addr, n.certs.TLSConfig()
 		n.server.HTTP3, n.server.QUICTLSConfig = h.HTTP3, n.certs.QUICConfig()
+		n.server.Handler = n.certs.ACMEHTTPHandler(n.server.Handler) // HTTP-01 before routing and auth
 	}
 	admin := observe.NewAdmin(n.reg, n.server.Draining, n.handler.Snapshot)
 	n.adminRoutes(admin)
@@ -158,6 +162,9 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 	}
 	if err := n.server.Listen(); err != nil {
 		return nil, err
+	}
+	if n.certs != nil {
+		n.certs.StartACME(n.server.Addr(listen.ListenerHTTP), n.server.Addr(listen.ListenerHTTPS))
 	}
 	pools.start(n.bgCtx, poolSet{})
 	n.status.loaded(cfg, time.Now())
@@ -280,6 +287,9 @@ func (n *Node) Close() {
 	n.pools.close(poolSet{})
 	n.mu.Unlock()
 	n.limiter.Close()
+	if n.certs != nil {
+		n.certs.Close() // ACME renewals
+	}
 	n.stopTracer()
 }
 

@@ -33,6 +33,11 @@ type Config struct {
 	// compared by content hash, in case file system events were missed.
 	// Zero means 5s; a negative value disables polling (events only).
 	PollInterval time.Duration `yaml:"poll_interval"`
+	// ACME obtains and renews certificates for its domains from an ACME
+	// CA (see ACMEConfig); they are chosen for those names (and for
+	// handshakes without SNI when there are no other certificates). Nil:
+	// none.
+	ACME *ACMEConfig `yaml:"acme"`
 }
 
 // DefaultPollInterval is the PollInterval used when the field is zero.
@@ -46,8 +51,13 @@ func (c Config) Validate() error {
 	if _, err := parseMinVersion(c.MinVersion); err != nil {
 		errs = append(errs, err)
 	}
-	if len(c.Certificates) == 0 && !c.DevCert {
+	if len(c.Certificates) == 0 && !c.DevCert && c.ACME == nil {
 		errs = append(errs, ErrNoCertificates)
+	}
+	if c.ACME != nil {
+		if err := c.ACME.Validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for i, p := range c.Certificates {
 		if p.CertFile == "" {

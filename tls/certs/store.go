@@ -34,6 +34,8 @@ type Store struct {
 	exp     map[string]bool // label values of the expiry gauge in use
 
 	devPEM []byte // set by New, never changed
+
+	acme *acmeManager // nil without https.acme
 }
 
 // entry is one certificate source: a file pair, or the dev certificate.
@@ -83,6 +85,11 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Store, error
 			return nil, fmt.Errorf("certs: %w", err)
 		}
 	}
+	if cfg.ACME != nil {
+		if s.acme, err = newACMEManager(*cfg.ACME, log, reg); err != nil {
+			return nil, fmt.Errorf("certs: %w", err)
+		}
+	}
 	s.publish()
 	return s, nil
 }
@@ -114,6 +121,9 @@ func (s *Store) publish() {
 // GetCertificate chooses the certificate for a handshake (see the package
 // documentation for the order). It is meant for tls.Config.GetCertificate.
 func (s *Store) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if s.acme != nil && (s.acme.wants(hello) || len(s.cur.Load().certs) == 0) {
+		return s.acme.magic.GetCertificate(hello)
+	}
 	if c := s.cur.Load().lookup(hello); c != nil {
 		return c, nil
 	}
@@ -161,13 +171,18 @@ var modernSuites = []uint16{
 
 // TLSConfig returns a new *tls.Config for a TCP listener (HTTP/1.1 and
 // HTTP/2): the configured MinVersion, ECDHE+AEAD suites for TLS 1.2, ALPN
-// "h2" then "http/1.1", and certificates from the Store. Each call returns
+// "h2" then "http/1.1" (then "acme-tls/1" when ACME may use TLS-ALPN-01),
+// and certificates from the Store. Each call returns
 // a fresh value that the caller may change.
 func (s *Store) TLSConfig() *tls.Config {
+	protos := []string{"h2", "http/1.1"}
+	if s.acme != nil && s.acme.cfg.challenge(ChallengeTLSALPN) {
+		protos = append(protos, ALPNACME) // last: never chosen by browsers
+	}
 	return &tls.Config{
 		MinVersion:     s.minVersion,
 		CipherSuites:   append([]uint16(nil), modernSuites...),
-		NextProtos:     []string{"h2", "http/1.1"},
+		NextProtos:     protos,
 		GetCertificate: s.GetCertificate,
 	}
 }
