@@ -330,6 +330,9 @@ func testQUICHandshakes(t *testing.T, early bool) {
 	released()
 	wg.Wait()
 	close(conns)
+	// The clients' handshakes are done; the server counts its side done
+	// when the client's Finished arrives, a moment later.
+	waitQUICCounts(t, s, 4, 0)
 	c, err := dialQUICFrom(ctx, t, "127.0.0.3", addr, nil)
 	if err != nil {
 		t.Fatalf("after the held handshakes finished: %v", err)
