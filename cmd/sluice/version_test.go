@@ -83,3 +83,29 @@ func TestConfigFromEnvironment(t *testing.T) {
 		}
 	}
 }
+
+// sluice check reads the secret files and variables a config names: a
+// missing one is reported at its key; -diff between two files says that
+// a rotated key changed and never prints it.
+func TestCheckReadsSecrets(t *testing.T) {
+	dir := t.TempDir()
+	cfg := "listeners: {http: 127.0.0.1:8080}\npools:\n  - name: p\n    api_key_file: pool.key\n    backends: [{url: \"http://127.0.0.1:8000\"}]\nroutes:\n  - pool: p\n"
+	path := filepath.Join(dir, "sluice.yaml")
+	os.WriteFile(path, []byte(cfg), 0o600)
+	if code, _, errs := runCmd(t, "", "check", "-c", path); code != 1 || !strings.HasPrefix(errs, path+":4:19: pools[0].api_key_file: open ") {
+		t.Fatalf("check without the key file: code %d %q", code, errs)
+	}
+	os.WriteFile(filepath.Join(dir, "pool.key"), []byte("sk-old-backend-key\n"), 0o600)
+	old := filepath.Join(dir, "old.yaml")
+	os.WriteFile(old, []byte(cfg), 0o600)
+	if code, out, errs := runCmd(t, "", "check", "-c", path, "-diff", old); code != 0 || !strings.Contains(out, "no changes") {
+		t.Fatalf("check -diff, same key: code %d %q %q", code, out, errs)
+	}
+	// old.yaml names a key file of its own, rotated
+	os.WriteFile(filepath.Join(dir, "old.key"), []byte("sk-older-backend-key\n"), 0o600)
+	os.WriteFile(old, []byte(strings.Replace(cfg, "pool.key", "old.key", 1)), 0o600)
+	code, out, errs := runCmd(t, "", "check", "-c", path, "-diff", old)
+	if code != 0 || !strings.Contains(out, `api_key (changed)`) || strings.Contains(out+errs, "backend-key") {
+		t.Fatalf("check -diff, rotated key: code %d %q %q", code, out, errs)
+	}
+}
