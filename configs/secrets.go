@@ -3,6 +3,7 @@ package configs
 import (
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -186,26 +187,56 @@ func (c *Config) readSecret(s secretSlot) (val, path string, err error) {
 		return val, s.path, err
 	}
 	v, ok := os.LookupEnv(arg)
-	switch {
-	case !ok:
+	if !ok {
 		return "", s.path, fmt.Errorf("%s: environment variable %s is not set", s.path, arg)
-	case strings.TrimSpace(v) == "":
-		return "", s.path, fmt.Errorf("%s: environment variable %s is empty", s.path, arg)
 	}
-	return strings.TrimSpace(v), s.path, nil
+	val, err = checkSecret(v)
+	if err != nil {
+		return "", s.path, fmt.Errorf("%s: environment variable %s %v", s.path, arg, err)
+	}
+	return val, s.path, nil
 }
 
+// MaxSecretBytes bounds a secret file: a path pointing at a device or a
+// log by mistake fails fast instead of filling memory.
+const MaxSecretBytes = 64 << 10
+
 // readSecretFile reads a secret file (relative to the config's
-// directory), surrounding white space removed; an empty file is an error.
+// directory), surrounding white space removed.
 func (c *Config) readSecretFile(key, name string) (string, error) {
 	path := c.relPath(name)
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return "", fmt.Errorf("%s: %v", key, err)
 	}
-	v := strings.TrimSpace(string(data))
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxSecretBytes+1))
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("%s: %s: %v", key, path, err)
+	case len(data) > MaxSecretBytes:
+		return "", fmt.Errorf("%s: %s is larger than %d bytes", key, path, MaxSecretBytes)
+	}
+	v, err := checkSecret(string(data))
+	if err != nil {
+		return "", fmt.Errorf("%s: %s %v", key, path, err)
+	}
+	return v, nil
+}
+
+// checkSecret trims a secret read from a file or variable and refuses an
+// empty one, or one with a control character inside (a line break would
+// end the Authorization header a pool's key is sent in). The value is
+// never quoted in the error.
+func checkSecret(v string) (string, error) {
+	v = strings.TrimSpace(v)
 	if v == "" {
-		return "", fmt.Errorf("%s: %s holds no secret", key, path)
+		return "", errors.New("holds no secret")
+	}
+	for _, r := range v {
+		if r < 0x20 || r == 0x7f {
+			return "", errors.New("holds a control character (a line break?) inside the secret")
+		}
 	}
 	return v, nil
 }

@@ -163,6 +163,8 @@ func TestAttackDiffShowsTracingHeaderValues(t *testing.T) {
 func TestSecretErrorsHaveLineAndColumn(t *testing.T) {
 	dir := t.TempDir()
 	writeSecret(t, filepath.Join(dir, "empty.key"), " \n")
+	writeSecret(t, filepath.Join(dir, "two-lines.key"), "sk-part-one\nX-Injected: yes\n")
+	writeSecret(t, filepath.Join(dir, "big.key"), strings.Repeat("k", MaxSecretBytes+1))
 	os.Unsetenv("SLUICE_TEST_UNSET")
 	cases := []struct {
 		name, yaml string
@@ -172,6 +174,10 @@ func TestSecretErrorsHaveLineAndColumn(t *testing.T) {
 			"5:19: pools[0].api_key_file: open " + filepath.Join(dir, "nope.key")},
 		{"empty file", strings.Replace(valid, "  - name: p\n", "  - name: p\n    api_key_file: empty.key\n", 1),
 			"5:19: pools[0].api_key_file: " + filepath.Join(dir, "empty.key") + " holds no secret"},
+		{"two lines", strings.Replace(valid, "  - name: p\n", "  - name: p\n    api_key_file: two-lines.key\n", 1),
+			"5:19: pools[0].api_key_file: " + filepath.Join(dir, "two-lines.key") + " holds a control character"},
+		{"too large", strings.Replace(valid, "  - name: p\n", "  - name: p\n    api_key_file: big.key\n", 1),
+			"5:19: pools[0].api_key_file: " + filepath.Join(dir, "big.key") + " is larger than 65536 bytes"},
 		{"unset variable", strings.Replace(valid, "  - name: p\n", "  - name: p\n    api_key: ${env:SLUICE_TEST_UNSET}\n", 1),
 			"5:14: pools[0].api_key: environment variable SLUICE_TEST_UNSET is not set"},
 		{"missing ${file:}", valid + "tracing:\n  headers:\n    authorization: ${file:/nonexistent/sluice-token}\n",
