@@ -136,14 +136,14 @@ func (c FieldChange) String() string {
 const hidden = "(hidden)"
 
 // secretPath reports whether a changed setting is a secret, never
-// printed: a key of secretKeyNames (password, api_key, token, secret) or
-// anything under one (every tracing.headers value).
+// printed: a secret key (isSecretKey: password, api_key, token, secret,
+// *_password ...) or anything under one (every tracing.headers value).
 func secretPath(path string) bool {
 	for seg := range strings.SplitSeq(path, ".") {
 		if i := strings.IndexByte(seg, '['); i >= 0 {
 			seg = seg[:i]
 		}
-		if secretKeyNames[seg] {
+		if isSecretKey(seg) {
 			return true
 		}
 	}

@@ -39,6 +39,23 @@ const (
 	fileRefPrefix = "${file:"
 )
 
+// isSecretKey reports whether a mapping key's value is a secret: a name
+// of secretKeyNames (password, api_key, token, secret, headers) or one
+// ending in "_password", "_api_key", "_token" or "_secret" (a
+// sentinel_password, a client_secret added later is redacted without a
+// change here). "*_file" keys name files and are shown.
+func isSecretKey(k string) bool {
+	if secretKeyNames[k] {
+		return true
+	}
+	for _, s := range [...]string{"_password", "_api_key", "_token", "_secret"} {
+		if strings.HasSuffix(k, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // secretRef splits a "${env:NAME}" or "${file:PATH}" value; ok is false
 // for any other value.
 func secretRef(s string) (kind, arg string, ok bool) {
