@@ -137,7 +137,7 @@ const hidden = "(hidden)"
 
 // secretPath reports whether a changed setting is a secret, never
 // printed: a secret key (isSecretKey: password, api_key, token, secret,
-// *_password ...) or anything under one (every tracing.headers value).
+// *_password, *_api_key, *_secret) or anything under one (every tracing.headers value).
 func secretPath(path string) bool {
 	for seg := range strings.SplitSeq(path, ".") {
 		if i := strings.IndexByte(seg, '['); i >= 0 {

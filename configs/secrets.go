@@ -41,14 +41,15 @@ const (
 
 // isSecretKey reports whether a mapping key's value is a secret: a name
 // of secretKeyNames (password, api_key, token, secret, headers) or one
-// ending in "_password", "_api_key", "_token" or "_secret" (a
-// sentinel_password, a client_secret added later is redacted without a
-// change here). "*_file" keys name files and are shown.
+// ending in "_password", "_api_key" or "_secret" (a sentinel_password, a
+// client_secret added later is redacted without a change here). Not
+// "_token": prefill_per_token is a duration. "*_file" keys name files and
+// are shown.
 func isSecretKey(k string) bool {
 	if secretKeyNames[k] {
 		return true
 	}
-	for _, s := range [...]string{"_password", "_api_key", "_token", "_secret"} {
+	for _, s := range [...]string{"_password", "_api_key", "_secret"} {
 		if strings.HasSuffix(k, s) {
 			return true
 		}

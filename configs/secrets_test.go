@@ -210,21 +210,22 @@ func TestSecretErrorsHaveLineAndColumn(t *testing.T) {
 
 // Keys that end like a secret's name (a sentinel_password, a
 // client_secret another section adds) are redacted and hidden in diffs
-// too; *_file keys and look-alikes (max_tokens) are not.
+// too; *_file keys and look-alikes (max_tokens, prefill_per_token) are
+// not.
 func TestSecretKeySuffixes(t *testing.T) {
-	out := string(RedactYAML([]byte("redis:\n  sentinel_password: s3nt1nel\n  password_file: /run/pw\nacme:\n  eab: {client_secret: cl13nt, hmac_token: hm4c}\nproxy: {max_tokens: 100}\n")))
+	out := string(RedactYAML([]byte("redis:\n  sentinel_password: s3nt1nel\n  password_file: /run/pw\nacme:\n  eab: {client_secret: cl13nt, hmac_api_key: hm4c}\nproxy: {max_tokens: 100}\nsimulators: [{prefill_per_token: 7ms}]\n")))
 	for _, s := range []string{"s3nt1nel", "cl13nt", "hm4c"} {
 		if strings.Contains(out, s) {
 			t.Errorf("%q shown:\n%s", s, out)
 		}
 	}
-	for _, s := range []string{"/run/pw", "max_tokens: 100"} {
+	for _, s := range []string{"/run/pw", "max_tokens: 100", "prefill_per_token: 7ms"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("%q not shown:\n%s", s, out)
 		}
 	}
 	for path, want := range map[string]bool{"redis.sentinel_password": true, "tracing.headers.x": true, "pools[0].api_key": true,
-		"redis.password_file": false, "pools[0].api_key_file": false, "proxy.max_tokens": false, "admin.token_file": false} {
+		"redis.password_file": false, "pools[0].api_key_file": false, "proxy.max_tokens": false, "admin.token_file": false, "simulators[0].prefill_per_token": false} {
 		if secretPath(path) != want {
 			t.Errorf("secretPath(%q) = %v; want %v", path, !want, want)
 		}
