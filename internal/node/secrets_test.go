@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/internal/gpusim"
+	"github.com/sluice-proxy/sluice/internal/redistest"
 )
 
 // authRecorder is a real simulated engine (gpusim) behind a loopback
@@ -101,4 +102,43 @@ func TestPoolAPIKeyFileRotatesOnReload(t *testing.T) {
 		t.Fatalf("reload with a missing key file: %d %+v", code, res)
 	}
 	ask(keyTwo)
+}
+
+// redis.password_file authenticates the node to a real redis-server (an
+// ACL user whose password is only in the file): the node's connections
+// show up as that user in CLIENT LIST, and /debug/config never shows the
+// password.
+func TestRedisPasswordFromFile(t *testing.T) {
+	srv := redistest.Start(t)
+	const pw = "redis-acl-password-from-file"
+	if r, err := srv.Do("ACL", "SETUSER", "sluice-edge", "on", ">"+pw, "~*", "&*", "+@all"); err != nil || r != "OK" {
+		t.Fatalf("ACL SETUSER: %q %v", r, err)
+	}
+	cfg := nodeConfig{}.String() + "redis:\n  addrs: [\"" + srv.Addr() + "\"]\n  username: sluice-edge\n  password_file: redis.pw\n"
+	tn := startFileNode(t, cfg, "redis.pw", pw+"\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if r := stream(ctx, tn.base, key1, "sim-small", 4); r.err != nil || r.status != 200 || !r.done {
+		t.Fatalf("request: %+v", r)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		list, err := srv.Do("CLIENT", "LIST")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(list, "user=sluice-edge") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no connection authenticated as sluice-edge:\n%s\nnode log:\n%s", list, tn.logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if y := tn.get(tn.admin + "/debug/config?format=yaml"); strings.Contains(y, pw) || !strings.Contains(y, "password_file: redis.pw") {
+		t.Fatalf("/debug/config?format=yaml:\n%s", y)
+	}
+	if strings.Contains(tn.logs.String(), pw) {
+		t.Fatal("the node's log shows the password")
+	}
 }
