@@ -56,6 +56,9 @@ type Config struct {
 	// FileTenants are the tenants read from TenantsFile; nil without one.
 	FileTenants *TenantSet `yaml:"-"`
 	pos         map[string]Pos
+	// secretRefs are the "${env:...}" and "${file:...}" references by
+	// path ("pools[1].api_key"), for ResolveSecrets (secrets.go).
+	secretRefs map[string]string
 }
 
 // Node describes this edge node.
@@ -157,6 +160,10 @@ func Load(path string) (*Config, error) {
 	if _, err := c.AdminToken(); err != nil {
 		return nil, &Error{File: path, Pos: c.Pos("admin.token_file"), Msg: err.Error()}
 	}
+	// So are secrets from files and environment variables (secrets.go).
+	if err := c.ResolveSecrets(); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -165,7 +172,9 @@ func Load(path string) (*Config, error) {
 type TenantsReader func(path string) ([]byte, error)
 
 // Parse decodes, defaults and validates config text; name is used in
-// errors. A tenants file it names is read from disk.
+// errors. A tenants file it names is read from disk. Secrets from files
+// and environment variables are not read: they are Redacted until
+// ResolveSecrets (Load calls it).
 func Parse(name string, data []byte) (*Config, error) {
 	return ParseWith(name, data, ReadFile)
 }
@@ -210,6 +219,7 @@ func ParseWith(name string, data []byte, read TenantsReader) (*Config, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
+	c.hideSecretRefs() // unknown until ResolveSecrets reads them
 	return c, nil
 }
 

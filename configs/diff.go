@@ -135,8 +135,20 @@ func (c FieldChange) String() string {
 
 const hidden = "(hidden)"
 
-// secretKeys are never printed.
-var secretKeys = map[string]bool{"password": true, "api_key": true}
+// secretPath reports whether a changed setting is a secret, never
+// printed: a secret key (isSecretKey: password, api_key, token, secret,
+// *_password, *_api_key, *_secret) or anything under one (every tracing.headers value).
+func secretPath(path string) bool {
+	for seg := range strings.SplitSeq(path, ".") {
+		if i := strings.IndexByte(seg, '['); i >= 0 {
+			seg = seg[:i]
+		}
+		if isSecretKey(seg) {
+			return true
+		}
+	}
+	return false
+}
 
 // RestartRequired lists the changed settings a running node cannot apply:
 // node name and region, listener addresses and TLS listener settings, the
@@ -236,7 +248,7 @@ func mapKeys(a, b reflect.Value) []string {
 
 func change(path string, a, b reflect.Value) FieldChange {
 	c := FieldChange{Path: path, Old: show(a), New: show(b), old: a, new: b}
-	if secretKeys[path[strings.LastIndexByte(path, '.')+1:]] {
+	if secretPath(path) {
 		c.Old, c.New = hidden, hidden
 	}
 	if c.Old == c.New && c.Old != hidden {

@@ -100,7 +100,7 @@ func (r *redactor) collect(n ast.Node, secret bool, depth int) {
 			r.collect(mv, secret, depth+1)
 		}
 	case *ast.MappingValueNode:
-		r.collect(x.Value, secret || secretKeyNames[scalarText(r.resolve(x.Key))], depth+1)
+		r.collect(x.Value, secret || isSecretKey(scalarText(r.resolve(x.Key))), depth+1)
 	case *ast.SequenceNode:
 		for _, it := range x.Values {
 			r.collect(it, secret, depth+1)
@@ -150,7 +150,7 @@ func (r *redactor) value(n ast.Node, secret bool, depth int) any {
 
 func (r *redactor) item(mv *ast.MappingValueNode, secret bool, depth int) yaml.MapItem {
 	key := scalarText(r.resolve(mv.Key))
-	return yaml.MapItem{Key: RedactURL(key), Value: r.value(mv.Value, secret || secretKeyNames[key], depth)}
+	return yaml.MapItem{Key: RedactURL(key), Value: r.value(mv.Value, secret || isSecretKey(key), depth)}
 }
 
 // RedactURL returns s without the user info ("user:pass@") when s is an

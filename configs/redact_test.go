@@ -120,7 +120,7 @@ func TestRedactedExamplesRoundTrip(t *testing.T) {
 	}
 }
 
-// check --diff never prints URL user info, and a node's redacted URL is
+// check -diff never prints URL user info, and a node's redacted URL is
 // not a change against the file that has the credentials.
 func TestAttackDiffShowsURLUserInfo(t *testing.T) {
 	base := "listeners: {http: \"127.0.0.1:8080\"}\nroutes: [{pool: p}, {pool: q, path: /q/}]\npools:\n"

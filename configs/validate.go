@@ -40,6 +40,7 @@ func (v *validator) validate() {
 	v.tenants()
 	v.redis()
 	v.tracing()
+	v.secrets()
 }
 
 // tracing checks the tracing section, enabled or not (a typo is found
@@ -55,7 +56,7 @@ func (v *validator) tracing() {
 func (v *validator) redis() {
 	r := v.c.Redis
 	if !r.Enabled() {
-		if r.Cluster || r.Password != "" || r.Username != "" {
+		if r.Cluster || r.Password != "" || r.PasswordFile != "" || r.Username != "" {
 			v.errorf("redis", "redis: addrs is required")
 		}
 		return

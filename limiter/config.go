@@ -23,6 +23,10 @@ type RedisConfig struct {
 	// requirepass). Empty means none.
 	Username string `yaml:"username"`
 	Password string `yaml:"password"`
+	// PasswordFile names a file holding the password instead (read by
+	// the configs package on load and reload; docs/OPERATIONS.md
+	// "Secrets"). Empty means none.
+	PasswordFile string `yaml:"password_file"`
 	// TLS connects with TLS (system roots; each server's name is taken from
 	// its address).
 	TLS bool `yaml:"tls"`

@@ -72,6 +72,9 @@ type PoolConfig struct {
 	// APIKey, when set, is sent to the backends as "Authorization: Bearer"
 	// (tenants' own keys are never forwarded).
 	APIKey string `yaml:"api_key"`
+	// APIKeyFile names a file holding the api_key instead (read by the
+	// configs package on load and reload; docs/OPERATIONS.md "Secrets").
+	APIKeyFile string `yaml:"api_key_file"`
 	// EjectAfter is how many consecutive failures (connect errors, 5xx)
 	// eject a backend. Default 3.
 	EjectAfter int `yaml:"eject_after"`

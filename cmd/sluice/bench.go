@@ -24,7 +24,7 @@ TTFT, ITL and end-to-end latency at P50/P95/P99/max, throughput, status
 counts and truncated streams, and the stage split from Server-Timing.
 
 Token delay: when the backend stamps its chunks with "sluice_emit_ns" (its
-wall-clock write time in Unix ns: sluice sim --stamp-tokens), every token's
+wall-clock write time in Unix ns: sluice sim -stamp-tokens), every token's
 arrival minus that time is reported as "token delay" (JSON token_delay,
 same host only). With -compare (target through the proxy, baseline the
 simulator directly) its delta is the delay the proxy adds to each token.
@@ -38,7 +38,7 @@ Examples:
   sluice bench -target http://127.0.0.1:8080 -api-key sk-sluice-demo -sweep concurrency=1,2,4,8,16,32 -svg curve.svg
   sluice bench -target http://127.0.0.1:8080 -compare http://127.0.0.1:8000 -api-key sk-sluice-demo
   sluice bench -target http://127.0.0.1:8080 -compare http://127.0.0.1:8000 -api-key sk-sluice-demo \
-    -output-tokens 200 -concurrency 2000 -ramp 10s -duration 60s   (sim: --pace 10ms --stamp-tokens)
+    -output-tokens 200 -concurrency 2000 -ramp 10s -duration 60s   (sim: -pace 10ms -stamp-tokens)
 
 `)
 		fs.PrintDefaults()

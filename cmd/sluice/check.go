@@ -15,21 +15,23 @@ import (
 func cmdCheck(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	file := fs.String("c", "", "config `file` to validate (required)")
+	file := configFlag(fs, "config `file` to validate (required; default $SLUICE_CONFIG)")
 	against := fs.String("diff", "", "compare with the config in `OLD`: a file, or a running node's admin URL (http://127.0.0.1:9090)")
-	tokenFile := fs.String("admin-token-file", "", "with --diff URL: read the running node's admin token from `FILE`")
+	tokenFile := fs.String("admin-token-file", "", "with -diff URL: read the running node's admin token from `FILE`")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, `Usage: sluice check -c FILE [--diff OLD]
+		fmt.Fprintf(stderr, `Usage: sluice check -c FILE [-diff OLD]
 
-Validates a config file (and its tenants_file). Prints every problem as
+Validates a config file (-c, else $SLUICE_CONFIG) and what it names: its
+tenants_file, admin.token_file and the files and environment variables
+its secrets come from. Prints every problem as
 file:line:col: message and exits 1, or prints ok and exits 0.
 
-With --diff, also prints what changing from OLD to FILE does: routes, pools
+With -diff, also prints what changing from OLD to FILE does: routes, pools
 and backends added, removed or changed, tenants added and removed, key
 rotations, limits raised or lowered, and the keys a running node cannot
 change without a restart. OLD is a file, or the admin URL of a running node
 (its active config is read from /debug/config?format=yaml; pass the node's
-admin token with --admin-token-file when it has one).
+admin token with -admin-token-file when it has one).
 
 Prints a WARNING when the admin listener binds a non-loopback address
 without admin.token_file.

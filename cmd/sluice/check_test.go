@@ -9,7 +9,7 @@ import (
 	"github.com/sluice-proxy/sluice/configs"
 )
 
-// check --diff on a crafted pair of files, and against a running node.
+// check -diff on a crafted pair of files, and against a running node.
 func TestCheckDiff(t *testing.T) {
 	dir := t.TempDir()
 	oldCfg := nodeConfig{Tenants: tenant("acme", "max_concurrency: 64, tokens_per_minute: 400000", key1) + tenant("gone", "", "sk-gone")}.String()
@@ -100,7 +100,7 @@ func TestAttackAdminExposedCheckWarns(t *testing.T) {
 	}
 }
 
-// check --diff and diagnose read a running node that requires an admin
+// check -diff and diagnose read a running node that requires an admin
 // token when given --admin-token-file.
 func TestCheckDiffAdminToken(t *testing.T) {
 	dir := t.TempDir()

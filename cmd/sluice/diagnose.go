@@ -23,7 +23,7 @@ func cmdDiagnose(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&th.ITLP99, "itl-p99", 0, "high ITL P99 in `ms` when the node has no SLO (default 100)")
 	fs.IntVar(&th.MinRequests, "min-requests", 0, "requests a window needs to be judged (default 20)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, `Usage: sluice diagnose [--admin URL] [flags]
+		fmt.Fprintf(stderr, `Usage: sluice diagnose [-admin URL] [flags]
 
 Reads a node's /debug/stats, prints each route's stage breakdown
 (P50/P95/P99) and names the bottleneck in plain words. Exits 1 when a

@@ -6,26 +6,24 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime/debug"
 )
-
-// version is set at build time with -ldflags "-X main.version=v1.2.3".
-var version = "dev"
 
 const usage = `sluice: an edge proxy for streaming LLM inference
 
 Usage:
-  sluice                      serve the embedded default configuration
+  sluice                      serve $SLUICE_CONFIG, or the embedded default without it
   sluice serve -c FILE        serve a configuration file
-  sluice check -c FILE        validate a configuration file (--diff OLD: what the change does)
+  sluice check -c FILE        validate a configuration file (-diff OLD: what the change does)
   sluice hash-key KEY         print the hash of an API key for the config ("-" reads stdin)
   sluice sim [flags]          run one simulated OpenAI-compatible GPU backend
   sluice bench -target URL    load generator: TTFT/ITL percentiles, sweeps, comparisons
-  sluice diagnose [--admin URL]  name a node's bottleneck stage from its /debug/stats
+  sluice diagnose [-admin URL]  name a node's bottleneck stage from its /debug/stats
   sluice config default       print the embedded default configuration
-  sluice version              print the version
+  sluice version              print the version and build info (VCS revision, Go version)
 
-Run "sluice COMMAND --help" for a command's flags.
+Flags are written Go's way, with one dash: -c FILE, -diff OLD (two dashes
+are accepted too). -c defaults to $SLUICE_CONFIG in serve and check.
+Run "sluice COMMAND -help" for a command's flags.
 `
 
 func main() {
@@ -58,8 +56,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "config":
 		return cmdConfig(args[1:], stdout, stderr)
 	case "version":
-		fmt.Fprintln(stdout, versionString())
-		return 0
+		return cmdVersion(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -68,19 +65,16 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return 2
 }
 
-func versionString() string {
-	v := version
-	if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		v = bi.Main.Version
-	}
-	goVersion := "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		goVersion = bi.GoVersion
-	}
-	return fmt.Sprintf("sluice %s (%s)", v, goVersion)
+// configEnv names the environment variable that is the default for -c
+// (serve, check).
+const configEnv = "SLUICE_CONFIG"
+
+// configFlag defines -c on fs with $SLUICE_CONFIG as its default.
+func configFlag(fs *flag.FlagSet, usage string) *string {
+	return fs.String("c", os.Getenv(configEnv), usage)
 }
 
-// flagExit is the exit code for a flag parsing error: 0 for --help.
+// flagExit is the exit code for a flag parsing error: 0 for -help.
 func flagExit(err error) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return 0

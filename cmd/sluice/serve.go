@@ -24,12 +24,12 @@ const demoKey = "sk-sluice-demo"
 func cmdServe(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	file := fs.String("c", "", "config `file` (default: the embedded default)")
+	file := configFlag(fs, "config `file`; without it and $SLUICE_CONFIG, the embedded default")
 	logFormat := fs.String("log-format", "json", "log format: json or text")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	pprofOn := fs.Bool("pprof", false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on the admin listener")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: sluice serve [-c FILE] [flags]\n\nServes a config file, or the embedded default without -c.\n\n")
+		fmt.Fprintf(stderr, "Usage: sluice serve [-c FILE] [flags]\n\nServes a config file (-c, else $SLUICE_CONFIG), or the embedded default without either.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -19,7 +19,7 @@ func cmdSim(args []string, stdout, stderr io.Writer) int {
 	var cfg gpusim.Config
 	cfg.RegisterFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, `Usage: sluice sim [--addr HOST:PORT] [flags]
+		fmt.Fprintf(stderr, `Usage: sluice sim [-addr HOST:PORT] [flags]
 
 Runs one simulated OpenAI-compatible GPU backend (continuous batching,
 vLLM metric names) for tests, demos and benchmarks.
@@ -29,11 +29,11 @@ negative value (-1ns) means none.
 
 For measuring what a proxy adds per token, pace every stream on its own
 timer and stamp the chunks, then compare through the proxy and directly:
-  sluice sim --pace 10ms --prefill-base -1ns --prefill-per-token -1ns --stamp-tokens
+  sluice sim -pace 10ms -prefill-base -1ns -prefill-per-token -1ns -stamp-tokens
   sluice bench -target http://PROXY -compare http://127.0.0.1:8000 -output-tokens 200 -concurrency 2000 \
     -ramp 10s -duration 60s
---pace ignores max-batch and the step costs: token i of a request is sent
-at its arrival + prefill + i x pace, whatever the load. --stamp-tokens adds
+-pace ignores max-batch and the step costs: token i of a request is sent
+at its arrival + prefill + i x pace, whatever the load. -stamp-tokens adds
 "sluice_emit_ns" (Unix nanoseconds, read just before the write) to every
 streamed chunk; sluice bench reports arrival minus it as "token delay".
 

@@ -23,7 +23,7 @@
 //   - Token delay: for a content event whose chunk carries a top-level
 //     "sluice_emit_ns" (EmitField: the Unix time in nanoseconds at which
 //     the backend wrote it, as the Sluice simulator does with
-//     stamp_tokens / sluice sim --stamp-tokens), the generator's wall
+//     stamp_tokens / sluice sim -stamp-tokens), the generator's wall
 //     clock when the event was parsed minus that time: how long the token
 //     took from the backend's write to the client, one sample per content
 //     event (N is the tokens received). Both clocks are the host's wall

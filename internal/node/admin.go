@@ -83,7 +83,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // EnablePprof adds Go's profiler to the admin listener (sluice serve
-// --pprof). It is off by default: a CPU profile costs the node while it
+// -pprof). It is off by default: a CPU profile costs the node while it
 // runs, and the admin listener should stay loopback-only when it is on.
 // Example: go tool pprof http://127.0.0.1:9090/debug/pprof/profile?seconds=20
 func (n *Node) EnablePprof() {

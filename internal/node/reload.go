@@ -138,7 +138,7 @@ func capLines(lines []string) []string {
 		return lines
 	}
 	more := len(lines) - maxChangeLines
-	return append(lines[:maxChangeLines:maxChangeLines], fmt.Sprintf("… and %d more (sluice check --diff lists them all)", more))
+	return append(lines[:maxChangeLines:maxChangeLines], fmt.Sprintf("… and %d more (sluice check -diff lists them all)", more))
 }
 
 // apply builds next's state and swaps it in. Simulators and pools whose
