@@ -271,3 +271,26 @@ func TestTrustedProxiesPickRightmostUntrustedHop(t *testing.T) {
 		})
 	}
 }
+
+// TestTrustedProxyConnectionsNotCapped: a trusted L7 proxy carries many
+// clients, so its connections are not counted against the per-address
+// cap (1 here), while any other address still is. Fails when the cap
+// counts the proxy as one client.
+func TestTrustedProxyConnectionsNotCapped(t *testing.T) {
+	s := startTLS(t, func(s *listen.Server) {
+		s.Handler, s.MaxConnsPerAddr = echoAddr, 1
+		s.TrustedProxies, _ = listen.ParsePrefixes([]string{lbIP})
+	})
+	addr := s.Addr(listen.ListenerHTTP)
+	for i := range 3 {
+		if _, err := get(dialFrom(t, lbIP, addr)); err != nil {
+			t.Fatalf("trusted proxy's connection %d: %v", i+1, err)
+		}
+	}
+	if _, err := get(dialFrom(t, "127.0.0.1", addr)); err != nil {
+		t.Fatal(err)
+	}
+	if body, err := get(dialFrom(t, "127.0.0.1", addr)); err == nil {
+		t.Fatalf("an untrusted address's second connection served past the cap: %q", body)
+	}
+}

@@ -129,7 +129,7 @@ func (s *Server) listen() error {
 		if ln, err = s.proxyProtocol(ln, ListenerHTTP, s.HTTPProxyProtocol); err != nil {
 			return err
 		}
-		s.add(ListenerHTTP, newCapListener(ln, s.MaxConnsPerAddr, s.FirstRequestTimeout), s.Handler)
+		s.add(ListenerHTTP, s.capListener(ln), s.Handler)
 	}
 	if s.HTTPSAddr != "" {
 		if err := s.listenHTTPS(); err != nil {
@@ -179,7 +179,7 @@ func (s *Server) listenHTTPS() error {
 		if pln, err = s.proxyProtocol(ln, ListenerHTTPS, s.HTTPSProxyProtocol); err != nil {
 			return err
 		}
-		s.add(ListenerHTTPS, newTLSListener(newCapListener(pln, s.MaxConnsPerAddr, s.FirstRequestTimeout), s.TLSConfig, handshakeTimeout, s.Log), s.Handler)
+		s.add(ListenerHTTPS, newTLSListener(s.capListener(pln), s.TLSConfig, handshakeTimeout, s.Log), s.Handler)
 		return nil
 	}
 }
@@ -200,6 +200,14 @@ func (s *Server) proxyProtocol(ln net.Listener, kind string, p ProxyProtocol) (n
 		return nil, fmt.Errorf("%s listener's proxy_protocol: %w", kind, err)
 	}
 	return newProxyListener(ln, allowed, cmp.Or(s.FirstRequestTimeout, DefaultFirstRequestTimeout), s.Log), nil
+}
+
+// capListener bounds the connections per client address; those of
+// trusted proxies are not counted (one carries many clients).
+func (s *Server) capListener(ln net.Listener) *capListener {
+	cl := newCapListener(ln, s.MaxConnsPerAddr, s.FirstRequestTimeout)
+	cl.exempt = s.TrustedProxies
+	return cl
 }
 
 func anyPort(addr string) bool {
