@@ -14,7 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
+
+	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/proxy/ws"
+	"github.com/sluice-proxy/sluice/routing"
 )
 
 // PROXY protocol headers as a load balancer writes them, from the spec
@@ -140,4 +145,47 @@ func TestAttackSpoofedForwardedFor(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWebSocketsPerAddrCountProxiedClients: through a PROXY listener the
+// WebSocket per-address cap (1) counts the clients the headers name: a
+// second socket of client A is refused with 429 while client B, through
+// the same balancer address, is upgraded. Fails when the cap counts the
+// balancer's address.
+func TestWebSocketsPerAddrCountProxiedClients(t *testing.T) {
+	_, beURL := newWSBackend(t)
+	e := startEdge(t, edgeOpts{pool: poolOf(beURL), routes: []testRoute{
+		{RouteConfig: routing.RouteConfig{Path: "/v1/realtime", Pool: "p"}, RoutePolicy: proxy.RoutePolicy{Kind: proxy.KindWebSocket}},
+	}, server: func(s *listen.Server) {
+		s.HTTPProxyProtocol = listen.ProxyProtocol{Enabled: true, AllowedCIDRs: []string{"127.0.0.2/32"}}
+	}})
+	setWS(e, func(c *ws.Config) { c.MaxSocketsPerAddr = 1 }, nil)
+	dst := netip.MustParseAddrPort("198.51.100.1:80")
+	via := func(client string, v2 bool) *websocket.Dialer {
+		src := netip.AddrPortFrom(netip.MustParseAddr(client), 40000)
+		hdr := ppV1(src, dst)
+		if v2 {
+			hdr = ppV2(src, dst)
+		}
+		nd := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}, Timeout: 5 * time.Second}
+		return &websocket.Dialer{HandshakeTimeout: 5 * time.Second,
+			NetDialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := nd.DialContext(ctx, network, addr)
+				if err == nil {
+					_, err = c.Write(hdr)
+				}
+				return c, err
+			}}
+	}
+	a, _, err := via("203.0.113.7", false).Dial(rtURL(e), keyHeader())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	refusedWith(t, via("203.0.113.7", true), rtURL(e), http.StatusTooManyRequests, "too_many_websockets")
+	b, _, err := via("203.0.113.8", true).Dial(rtURL(e), keyHeader())
+	if err != nil {
+		t.Fatalf("client B, through the same balancer, was refused: %v", err)
+	}
+	b.Close()
 }
