@@ -56,7 +56,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 			// A trusted L7 proxy carries many clients (counted by the
 			// address it names, per request, where caps apply per IP).
 			cc := &capConn{Conn: c, l: l}
-			cc.timer = time.AfterFunc(l.first, func() {
+			cc.timer = time.AfterFunc(l.firstLeft(c), func() {
 				if cc.served.CompareAndSwap(false, true) {
 					c.Close()
 				}
@@ -73,13 +73,23 @@ func (l *capListener) Accept() (net.Conn, error) {
 		l.conns[ip]++
 		l.mu.Unlock()
 		cc := &capConn{Conn: c, l: l, ip: ip}
-		cc.timer = time.AfterFunc(l.first, func() {
+		cc.timer = time.AfterFunc(l.firstLeft(c), func() {
 			if cc.served.CompareAndSwap(false, true) {
 				c.Close()
 			}
 		})
 		return cc, nil
 	}
+}
+
+// firstLeft is the time c has left to start its first request: the whole
+// first-request timeout, less the time a PROXY listener took to read its
+// header (both count from the TCP accept).
+func (l *capListener) firstLeft(c net.Conn) time.Duration {
+	if pc, ok := c.(*proxyConn); ok {
+		return max(l.first-time.Since(pc.accepted), time.Millisecond)
+	}
+	return l.first
 }
 
 // addrIP is the key a client address is counted under: its IP, or for

@@ -265,6 +265,7 @@ type proxyConn struct {
 	net.Conn
 	pending       []byte
 	remote, local net.Addr
+	accepted      time.Time // the TCP accept
 }
 
 func (c *proxyConn) Read(p []byte) (int, error) {
@@ -383,7 +384,7 @@ func (l *proxyListener) readHeader(c net.Conn, accepted time.Time) {
 		return
 	}
 	c.SetDeadline(time.Time{})
-	pc := &proxyConn{Conn: c, remote: c.RemoteAddr(), local: c.LocalAddr()}
+	pc := &proxyConn{Conn: c, remote: c.RemoteAddr(), local: c.LocalAddr(), accepted: accepted}
 	if h.src != nil {
 		pc.remote, pc.local = h.src, h.dst
 	}

@@ -294,3 +294,23 @@ func TestTrustedProxyConnectionsNotCapped(t *testing.T) {
 		t.Fatalf("an untrusted address's second connection served past the cap: %q", body)
 	}
 }
+
+// TestProxyProtocolFirstRequestTimeoutCountsFromAccept: the header and
+// the first request share one first-request timeout (1s), counted from
+// the TCP accept: a balancer connection whose header comes after 700ms and
+// no request is closed about 1s after it was accepted, not 1s after the
+// header. Fails when the timer restarts after the header (closed at 1.7s).
+func TestProxyProtocolFirstRequestTimeoutCountsFromAccept(t *testing.T) {
+	s := startProxied(t, func(s *listen.Server) { s.FirstRequestTimeout = time.Second })
+	conn := dialFrom(t, lbIP, s.Addr(listen.ListenerHTTP))
+	start := time.Now()
+	time.Sleep(700 * time.Millisecond)
+	conn.Write(listen.ProxyV1Header(clientA, lbDst))
+	conn.Write([]byte("GET / HT")) // a request begun, never finished
+	if !closedWithin(conn, 3*time.Second) {
+		t.Fatal("connection kept past 3.7s")
+	}
+	if d := time.Since(start); d > 1500*time.Millisecond || d < 900*time.Millisecond {
+		t.Fatalf("closed %v after accept; want about 1s", d)
+	}
+}
