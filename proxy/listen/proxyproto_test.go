@@ -26,8 +26,12 @@ var (
 	lbDst6  = netip.MustParseAddrPort("[2001:db8::1]:443")
 )
 
-// echoAddr answers with the request's RemoteAddr and protocol.
+// echoAddr answers with the request's RemoteAddr and protocol, and the
+// connection's RTT estimate in X-RTT.
 var echoAddr = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	if ci, ok := listen.ConnInfoFrom(r.Context()); ok {
+		w.Header().Set("X-RTT", ci.RTT().String())
+	}
 	io.WriteString(w, r.RemoteAddr+" "+r.Proto)
 })
 
@@ -139,6 +143,11 @@ func TestProxyProtocolTLSH2BothVersions(t *testing.T) {
 			resp.Body.Close()
 			if resp.ProtoMajor != 2 || string(b) != c.want+" HTTP/2.0" {
 				t.Fatalf("handler saw %q over %s; want %s over HTTP/2.0", b, resp.Proto, c.want)
+			}
+			// The RTT is still read (TCP_INFO) from the balancer's socket
+			// under the PROXY connection.
+			if rtt, err := time.ParseDuration(resp.Header.Get("X-RTT")); err != nil || rtt <= 0 {
+				t.Fatalf("RTT %q; want a positive TCP_INFO estimate", resp.Header.Get("X-RTT"))
 			}
 		})
 	}
