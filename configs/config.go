@@ -82,6 +82,10 @@ type Listeners struct {
 	// HTTP is a cleartext listener serving HTTP/1.1 and HTTP/2 (h2c).
 	// Empty means none.
 	HTTP string `yaml:"http"`
+	// HTTPProxyProtocol requires a PROXY protocol header (v1 or v2) on
+	// every connection of the http listener, accepted only from
+	// allowed_cidrs (docs/CONFIG.md "listeners.http_proxy_protocol").
+	HTTPProxyProtocol listen.ProxyProtocol `yaml:"http_proxy_protocol"`
 	// HTTPS is a TLS listener serving HTTP/1.1 and HTTP/2, with HTTP/3 on
 	// the same port number over UDP. Nil means none.
 	HTTPS *HTTPS `yaml:"https"`
@@ -98,6 +102,13 @@ type Listeners struct {
 	// IdleTimeout closes a TCP connection (h1 keep-alive, h2) that has
 	// served requests and has had none open for this long. Zero means 2m.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// TrustedProxies are the L7 proxies (CIDRs or addresses) whose
+	// ClientAddressHeader names the client; from any other peer the
+	// headers are ignored. Empty means none.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	// ClientAddressHeader is the header trusted proxies name the client
+	// in: "x-forwarded-for" (default) or "forwarded" (RFC 7239 for=).
+	ClientAddressHeader string `yaml:"client_address_header"`
 }
 
 // HTTPS is a TLS listener.
@@ -108,6 +119,10 @@ type HTTPS struct {
 	// HTTP3 configures HTTP/3 over QUIC beside the TLS listener (on by
 	// default, on the same port number over UDP).
 	HTTP3 listen.HTTP3Config `yaml:"http3"`
+	// ProxyProtocol requires a PROXY protocol header (v1 or v2) before
+	// the TLS handshake, accepted only from allowed_cidrs. HTTP/3 (UDP)
+	// has none (docs/OPERATIONS.md).
+	ProxyProtocol listen.ProxyProtocol `yaml:"proxy_protocol"`
 }
 
 // Route is one entry of routes. Its keys are those of both halves, side by
@@ -256,6 +271,7 @@ func (c *Config) applyDefaults() {
 	c.Listeners.MaxConnsPerAddr = cmp.Or(c.Listeners.MaxConnsPerAddr, listen.DefaultMaxConnsPerAddr)
 	c.Listeners.FirstRequestTimeout = cmp.Or(c.Listeners.FirstRequestTimeout, listen.DefaultFirstRequestTimeout)
 	c.Listeners.IdleTimeout = cmp.Or(c.Listeners.IdleTimeout, listen.DefaultIdleTimeout)
+	c.Listeners.ClientAddressHeader = cmp.Or(c.Listeners.ClientAddressHeader, listen.HeaderXForwardedFor)
 	if c.Listeners.HTTPS != nil {
 		c.Listeners.HTTPS.HTTP3 = c.Listeners.HTTPS.HTTP3.WithDefaults()
 	}

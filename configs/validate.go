@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/ws"
 	"github.com/sluice-proxy/sluice/routing"
 	"github.com/sluice-proxy/sluice/tls/certs"
@@ -96,6 +97,38 @@ func (v *validator) addr(path, addr string) {
 	}
 }
 
+// clientAddress checks the PROXY protocol and trusted proxy settings.
+func (v *validator) clientAddress(l Listeners) {
+	v.proxyProtocol("listeners.http_proxy_protocol", l.HTTPProxyProtocol, l.HTTP != "")
+	if l.HTTPS != nil {
+		v.proxyProtocol("listeners.https.proxy_protocol", l.HTTPS.ProxyProtocol, true)
+	}
+	if _, err := listen.ParsePrefixes(l.TrustedProxies); err != nil {
+		v.errorf("listeners.trusted_proxies", "listeners.trusted_proxies: %v", err)
+	}
+	switch l.ClientAddressHeader {
+	case listen.HeaderXForwardedFor, listen.HeaderForwarded:
+	default:
+		v.errorf("listeners.client_address_header", "listeners.client_address_header: %q is not %q or %q",
+			l.ClientAddressHeader, listen.HeaderXForwardedFor, listen.HeaderForwarded)
+	}
+}
+
+func (v *validator) proxyProtocol(path string, p listen.ProxyProtocol, listener bool) {
+	if !p.Enabled {
+		return
+	}
+	if !listener {
+		v.errorf(path, "%s: enabled, but the listener is not set", path)
+	}
+	if len(p.AllowedCIDRs) == 0 {
+		v.errorf(path, "%s: enabled needs allowed_cidrs (the load balancers' addresses; connections from elsewhere are refused)", path)
+	}
+	if _, err := p.Prefixes(); err != nil {
+		v.errorf(path+".allowed_cidrs", "%s.allowed_cidrs: %v", path, err)
+	}
+}
+
 // listeners checks the listeners; it returns the leaf certificates of the
 // HTTPS listener's pairs when every one of them loaded.
 func (v *validator) listeners() []*x509.Certificate {
@@ -118,6 +151,7 @@ func (v *validator) listeners() []*x509.Certificate {
 	if l.IdleTimeout < 100*time.Millisecond {
 		v.errorf("listeners.idle_timeout", "listeners.idle_timeout: %v is too short (at least 100ms)", l.IdleTimeout)
 	}
+	v.clientAddress(l)
 	if s := l.HTTPS; s != nil {
 		if s.Addr == "" {
 			v.errorf("listeners.https", "listeners.https: addr is required")

@@ -91,6 +91,8 @@ type edgeOpts struct {
 	errLog io.Writer
 	// tracer makes the handler's spans (nil: tracing off).
 	tracer *tracing.Tracer
+	// server adjusts the listeners before they bind (nil: as is).
+	server func(*listen.Server)
 }
 
 // startEdge serves a handler for one pool of backends with the given routes
@@ -170,6 +172,9 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	srv := &listen.Server{
 		Handler: br, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: o.tls,
 		HTTP3: o.http3, QUICTLSConfig: o.quic, Log: log,
+	}
+	if o.server != nil {
+		o.server(srv)
 	}
 	if err := srv.Listen(); err != nil {
 		t.Fatal(err)

@@ -144,6 +144,10 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 	n.server = &listen.Server{
 		Handler: bridge.New(n.handler, bridge.Options{Log: log, Metrics: metrics}), HTTPAddr: cfg.Listeners.HTTP, AdminAddr: cfg.Listeners.Admin, Log: log,
 		MaxConnsPerAddr: cfg.Listeners.MaxConnsPerAddr, FirstRequestTimeout: cfg.Listeners.FirstRequestTimeout, IdleTimeout: cfg.Listeners.IdleTimeout,
+		HTTPProxyProtocol: cfg.Listeners.HTTPProxyProtocol, ClientHeader: cfg.Listeners.ClientAddressHeader,
+	}
+	if n.server.TrustedProxies, err = listen.ParsePrefixes(cfg.Listeners.TrustedProxies); err != nil {
+		return nil, fmt.Errorf("listeners.trusted_proxies: %w", err)
 	}
 	if h := cfg.Listeners.HTTPS; h != nil {
 		n.certs, err = certs.New(h.Config, log, n.reg)
@@ -152,6 +156,7 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 		}
 		n.server.HTTPSAddr, n.server.TLSConfig = h.Addr, n.certs.TLSConfig()
 		n.server.HTTP3, n.server.QUICTLSConfig = h.HTTP3, n.certs.QUICConfig()
+		n.server.HTTPSProxyProtocol = h.ProxyProtocol
 		n.server.Handler = n.certs.ACMEHTTPHandler(n.server.Handler) // HTTP-01 before routing and auth
 	}
 	admin := observe.NewAdmin(n.reg, n.server.Draining, n.handler.Snapshot)

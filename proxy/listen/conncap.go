@@ -2,6 +2,7 @@ package listen
 
 import (
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -31,6 +32,8 @@ type capListener struct {
 	first time.Duration
 	mu    sync.Mutex
 	conns map[string]int // client IP -> open connections
+	// exempt are the trusted proxies, whose connections are not counted.
+	exempt []netip.Prefix
 }
 
 func newCapListener(ln net.Listener, max int, first time.Duration) *capListener {
@@ -49,6 +52,17 @@ func (l *capListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
+		if ap, ok := addrPort(c.RemoteAddr()); ok && inPrefixes(l.exempt, ap.Addr()) {
+			// A trusted L7 proxy carries many clients (counted by the
+			// address it names, per request, where caps apply per IP).
+			cc := &capConn{Conn: c, l: l}
+			cc.timer = time.AfterFunc(l.firstLeft(c), func() {
+				if cc.served.CompareAndSwap(false, true) {
+					c.Close()
+				}
+			})
+			return cc, nil
+		}
 		ip := addrIP(c.RemoteAddr())
 		l.mu.Lock()
 		if l.conns[ip] >= l.max {
@@ -59,13 +73,23 @@ func (l *capListener) Accept() (net.Conn, error) {
 		l.conns[ip]++
 		l.mu.Unlock()
 		cc := &capConn{Conn: c, l: l, ip: ip}
-		cc.timer = time.AfterFunc(l.first, func() {
+		cc.timer = time.AfterFunc(l.firstLeft(c), func() {
 			if cc.served.CompareAndSwap(false, true) {
 				c.Close()
 			}
 		})
 		return cc, nil
 	}
+}
+
+// firstLeft is the time c has left to start its first request: the whole
+// first-request timeout, less the time a PROXY listener took to read its
+// header (both count from the TCP accept).
+func (l *capListener) firstLeft(c net.Conn) time.Duration {
+	if pc, ok := c.(*proxyConn); ok {
+		return max(l.first-time.Since(pc.accepted), time.Millisecond)
+	}
+	return l.first
 }
 
 // addrIP is the key a client address is counted under: its IP, or for
@@ -126,6 +150,9 @@ func (c *capConn) request() {
 func (c *capConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
 		c.timer.Stop()
+		if c.ip == "" {
+			return c.Conn.Close() // a trusted proxy's: not counted
+		}
 		c.l.mu.Lock()
 		if c.l.conns[c.ip]--; c.l.conns[c.ip] <= 0 {
 			delete(c.l.conns, c.ip)

@@ -36,7 +36,8 @@ type ConnInfo struct {
 	// statistics for HTTP/3. It reads the estimate when called (a TCP
 	// connection's at most once per rttMaxAge: later calls get that
 	// reading), so call it when the value is needed, not up front. Never
-	// nil.
+	// nil. On a PROXY protocol listener it is the RTT of the load
+	// balancer's connection to Sluice (the socket's), not the client's.
 	RTT func() time.Duration
 }
 

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,17 @@ type Server struct {
 	// served requests and has had none open for this long. Zero means
 	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
+	// HTTPProxyProtocol and HTTPSProxyProtocol turn on the PROXY protocol
+	// (v1 and v2) on the cleartext and TLS listeners (see proxyproto.go).
+	HTTPProxyProtocol  ProxyProtocol
+	HTTPSProxyProtocol ProxyProtocol
+	// TrustedProxies are the peers (L7 load balancers) whose ClientHeader
+	// names the client (see clientaddr.go). Empty: none; the peer is the
+	// client.
+	TrustedProxies []netip.Prefix
+	// ClientHeader is the header trusted proxies name the client in:
+	// HeaderXForwardedFor (default) or HeaderForwarded.
+	ClientHeader string
 	// Log receives server errors. Nil means slog.Default().
 	Log *slog.Logger
 
@@ -119,7 +131,10 @@ func (s *Server) listen() error {
 		if err != nil {
 			return fmt.Errorf("listening on %s (%s): %w", s.HTTPAddr, ListenerHTTP, err)
 		}
-		s.add(ListenerHTTP, newCapListener(ln, s.MaxConnsPerAddr, s.FirstRequestTimeout), s.Handler)
+		if ln, err = s.proxyProtocol(ln, ListenerHTTP, s.HTTPProxyProtocol); err != nil {
+			return err
+		}
+		s.add(ListenerHTTP, s.capListener(ln), s.Handler)
 	}
 	if s.HTTPSAddr != "" {
 		if err := s.listenHTTPS(); err != nil {
@@ -165,9 +180,39 @@ func (s *Server) listenHTTPS() error {
 				s.Log.Warn("UDP buffers too small for QUIC", "hint", s.udpHint)
 			}
 		}
-		s.add(ListenerHTTPS, newTLSListener(newCapListener(ln, s.MaxConnsPerAddr, s.FirstRequestTimeout), s.TLSConfig, handshakeTimeout, s.Log), s.Handler)
+		var pln net.Listener = ln
+		if pln, err = s.proxyProtocol(ln, ListenerHTTPS, s.HTTPSProxyProtocol); err != nil {
+			return err
+		}
+		s.add(ListenerHTTPS, newTLSListener(s.capListener(pln), s.TLSConfig, handshakeTimeout, s.Log), s.Handler)
 		return nil
 	}
+}
+
+// proxyProtocol puts the PROXY protocol's header reader in front of ln
+// when p is enabled: the per-address cap (after it) then counts the
+// clients the headers name, not the balancer.
+func (s *Server) proxyProtocol(ln net.Listener, kind string, p ProxyProtocol) (net.Listener, error) {
+	if !p.Enabled {
+		return ln, nil
+	}
+	allowed, err := p.Prefixes()
+	if err == nil && len(allowed) == 0 {
+		err = errors.New("allowed_cidrs is empty")
+	}
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("%s listener's proxy_protocol: %w", kind, err)
+	}
+	return newProxyListener(ln, allowed, cmp.Or(s.FirstRequestTimeout, DefaultFirstRequestTimeout), s.Log), nil
+}
+
+// capListener bounds the connections per client address; those of
+// trusted proxies are not counted (one carries many clients).
+func (s *Server) capListener(ln net.Listener) *capListener {
+	cl := newCapListener(ln, s.MaxConnsPerAddr, s.FirstRequestTimeout)
+	cl.exempt = s.TrustedProxies
+	return cl
 }
 
 func anyPort(addr string) bool {
@@ -223,6 +268,7 @@ func (s *Server) wrap(kind string, h http.Handler) http.Handler {
 		s.running.Add(1)
 		defer func() { s.handlerDone(); s.active.Done() }()
 		r = noteRequest(r)
+		s.realClient(r)
 		if altSvc != nil {
 			w.Header()["Alt-Svc"] = altSvc
 		}
