@@ -348,7 +348,8 @@ func TestRedisTLSWithCAAndClientCert(t *testing.T) {
 // ({t:...}) and the node set. docs/OPERATIONS.md shows it.
 var sluiceACL = []string{"on", ">s3cret-acl", "resetkeys", "~{t:*", "~sluice:nodes", "resetchannels", "-@all",
 	"+evalsha", "+eval", "+time", "+ping", "+hello",
-	"+get", "+set", "+del", "+pexpire", "+pttl", "+zadd", "+zcard", "+zcount", "+zrem", "+zremrangebyscore"}
+	"+get", "+set", "+del", "+pexpire", "+pttl", "+zadd", "+zcard", "+zcount", "+zrem", "+zremrangebyscore",
+	"+info"} // admit.lua reads INFO server's uptime when a scope's epoch key is missing
 
 func TestRedisACLUserLeastPrivilege(t *testing.T) {
 	t.Parallel()

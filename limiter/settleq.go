@@ -196,10 +196,10 @@ func (q *SettleQueue) run(j settleJob) {
 	ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
 	err := j.lim.Settle(ctx, j.t, j.u)
 	cancel()
+	if j.done != nil {
+		j.done.SettleDone(err) // before the signal: a waiter returns with it done
+	}
 	if j.sig != nil {
 		j.sig <- struct{}{} // capacity 1, one send: never blocks
-	}
-	if j.done != nil {
-		j.done.SettleDone(err)
 	}
 }
