@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
@@ -146,7 +145,10 @@ func (c Config) protocol() string {
 	return ProtocolHTTP
 }
 
-func newExporter(ctx context.Context, c Config) (*otlptrace.Exporter, error) {
+// newExporter makes c's exporter: for http/protobuf the wire exporter
+// (wire.go) unless c or the environment needs otlptracehttp, for grpc
+// otlptracegrpc.
+func newExporter(ctx context.Context, c Config) (sdktrace.SpanExporter, error) {
 	switch p := c.protocol(); p {
 	case ProtocolGRPC:
 		var opts []otlptracegrpc.Option
@@ -161,6 +163,9 @@ func newExporter(ctx context.Context, c Config) (*otlptrace.Exporter, error) {
 		}
 		return otlptracegrpc.New(ctx, opts...)
 	case ProtocolHTTP:
+		if w := newWireExporter(c); w != nil {
+			return w, nil
+		}
 		var opts []otlptracehttp.Option
 		if c.Endpoint != "" {
 			opts = append(opts, otlptracehttp.WithEndpointURL(c.Endpoint))
