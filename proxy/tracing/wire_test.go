@@ -99,7 +99,7 @@ func diffSpans() []sdktrace.ReadOnlySpan {
 			Resource: res1, InstrumentationScope: scope1},
 		{Name: "upstream", SpanContext: sc(2, false, ts), Parent: sc(1, false, ts), SpanKind: trace.SpanKindClient,
 			StartTime: t0, EndTime: t0.Add(time.Millisecond), Status: sdktrace.Status{Code: codes.Ok},
-			Links: []sdktrace.Link{{SpanContext: sc(7, true, ts), Attributes: []attribute.KeyValue{attribute.String("k", "v")}, DroppedAttributeCount: 1}},
+			Links:        []sdktrace.Link{{SpanContext: sc(7, true, ts), Attributes: []attribute.KeyValue{attribute.String("k", "v")}, DroppedAttributeCount: 1}},
 			DroppedLinks: 2, Resource: res1, InstrumentationScope: scope1},
 		{Name: "other", SpanContext: sc(3, false, trace.TraceState{}), SpanKind: trace.SpanKindInternal, StartTime: t0, EndTime: t0,
 			Resource: res2, InstrumentationScope: scope2},
