@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -206,13 +207,67 @@ func (t *Tracer) ForceFlush(ctx context.Context) error {
 // trace of h's traceparent and tracestate when they are valid. The
 // returned context holds the span (the parent of Start's spans).
 func (t *Tracer) StartServer(h http.Header, name string, start time.Time) (context.Context, trace.Span) {
-	ctx := t.prop.Extract(context.Background(), propagation.HeaderCarrier(h))
-	return t.tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start))
+	ctx := t.prop.Extract(context.Background(), canonicalCarrier(h))
+	return t.tr.Start(ctx, name, optServer, trace.WithTimestamp(start))
 }
+
+// The span kinds as start options, made once (each trace.WithSpanKind
+// call allocates).
+var (
+	optServer   = trace.WithSpanKind(trace.SpanKindServer)
+	optKinds    = [...]trace.SpanStartOption{trace.WithSpanKind(0), trace.WithSpanKind(1), trace.WithSpanKind(2), trace.WithSpanKind(3), trace.WithSpanKind(4), trace.WithSpanKind(5)}
+	optInternal = optKinds[trace.SpanKindInternal]
+)
+
+func kindOption(k trace.SpanKind) trace.SpanStartOption {
+	if k >= 0 && int(k) < len(optKinds) {
+		return optKinds[k]
+	}
+	return trace.WithSpanKind(k)
+}
+
+// canonicalCarrier reads and writes the W3C headers of an http.Header by
+// their canonical keys: propagation.HeaderCarrier canonicalizes the
+// propagator's lower-case names, an allocation per call.
+type canonicalCarrier http.Header
+
+func (c canonicalCarrier) Get(k string) string {
+	var v []string
+	switch k {
+	case "traceparent":
+		v = c["Traceparent"]
+	case "tracestate":
+		v = c["Tracestate"]
+	default:
+		return http.Header(c).Get(k)
+	}
+	if len(v) == 0 {
+		return ""
+	}
+	return v[0]
+}
+
+func (c canonicalCarrier) Set(k, v string) {
+	switch k {
+	case "traceparent":
+		c["Traceparent"] = []string{v}
+	case "tracestate":
+		c["Tracestate"] = []string{v}
+	default:
+		http.Header(c).Set(k, v)
+	}
+}
+
+func (c canonicalCarrier) Keys() []string { return propagation.HeaderCarrier(c).Keys() }
 
 // Start starts a child of the span in parent.
 func (t *Tracer) Start(parent context.Context, name string, kind trace.SpanKind, start time.Time, attrs ...attribute.KeyValue) trace.Span {
-	_, s := t.tr.Start(parent, name, trace.WithSpanKind(kind), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	var s trace.Span
+	if len(attrs) == 0 {
+		_, s = t.tr.Start(parent, name, kindOption(kind), trace.WithTimestamp(start))
+	} else {
+		_, s = t.tr.Start(parent, name, kindOption(kind), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	}
 	return s
 }
 
@@ -237,16 +292,38 @@ func (t *Tracer) Stage(parent context.Context, name string, start, end time.Time
 
 // Span records a finished child of the span in parent, from start to end.
 func (t *Tracer) Span(parent context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) {
-	_, s := t.tr.Start(parent, name, trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	var s trace.Span
+	if len(attrs) == 0 {
+		_, s = t.tr.Start(parent, name, optInternal, trace.WithTimestamp(start))
+	} else {
+		_, s = t.tr.Start(parent, name, optInternal, trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	}
 	s.End(trace.WithTimestamp(end))
 }
 
 // Inject sets h's traceparent (and tracestate) to span's context, so the
 // backend continues the trace under span. A tracestate copied from the
-// client is replaced by the span's (the client's when it was valid).
+// client is replaced by the span's (the client's when it was valid). The
+// headers are those propagation.TraceContext.Inject (otel v1.47.0,
+// propagation/trace_context.go) writes, built without its context and
+// header canonicalization (TestInjectMatchesPropagator).
 func (t *Tracer) Inject(span trace.Span, h http.Header) {
-	h.Del("Tracestate")
-	t.prop.Inject(trace.ContextWithSpanContext(context.Background(), span.SpanContext()), propagation.HeaderCarrier(h))
+	delete(h, "Tracestate")
+	sc := span.SpanContext()
+	if !sc.IsValid() {
+		return
+	}
+	if ts := sc.TraceState().String(); ts != "" {
+		h["Tracestate"] = []string{ts}
+	}
+	var b [55]byte
+	tid, sid := sc.TraceID(), sc.SpanID()
+	flags := [1]byte{byte(sc.TraceFlags() & (trace.FlagsSampled | trace.FlagsRandom))}
+	b[0], b[1], b[2], b[35], b[52] = '0', '0', '-', '-', '-'
+	hex.Encode(b[3:35], tid[:])
+	hex.Encode(b[36:52], sid[:])
+	hex.Encode(b[53:55], flags[:])
+	h["Traceparent"] = []string{string(b[:])}
 }
 
 // TraceIDOf returns the trace id of a W3C traceparent header value
