@@ -91,12 +91,14 @@ func (x *exchange) endTrace(end time.Time) {
 		s.End(trace.WithTimestamp(end))
 		return
 	}
+	var buf [8]tracing.Mark
+	marks := buf[:0]
 	stage := func(name string, a, b time.Time, attrs ...attribute.KeyValue) {
 		if !a.IsZero() && !b.IsZero() {
 			if b.Before(a) {
 				b = a
 			}
-			t.Stage(tr.ctx, name, a, b, attrs...)
+			marks = append(marks, tracing.Mark{Name: name, Start: a, End: b, Attrs: attrs})
 		}
 	}
 	stage(observe.StageAuth, x.start, x.authDone)
@@ -107,7 +109,10 @@ func (x *exchange) endTrace(end time.Time) {
 		stage(observe.StageQueue, x.admitted.Add(-x.queueWait), x.admitted)
 	}
 	stage(observe.StagePrefill, x.upstreamHeaders, x.firstToken)
-	stage(observe.StageDecode, x.firstToken, x.lastToken, attrGenAIOutputTokens.Int64(x.outputTokens()))
+	if !x.firstToken.IsZero() && !x.lastToken.IsZero() {
+		stage(observe.StageDecode, x.firstToken, x.lastToken, attrGenAIOutputTokens.Int64(x.outputTokens()))
+	}
+	t.Stages(tr.ctx, marks)
 
 	status := x.status
 	if status == 0 {

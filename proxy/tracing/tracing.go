@@ -65,6 +65,11 @@ type Config struct {
 	// are in its sluice.server_timing attribute: cheaper (see
 	// docs/TIMING.md "Traces").
 	StageSpans bool `yaml:"stage_spans"`
+	// StageEvents, when false, records no stage events: the stages'
+	// durations are then only in the request span's sluice.server_timing
+	// attribute, the cheapest trace (see docs/TIMING.md "Traces"). Nil
+	// means true. StageSpans wins over it.
+	StageEvents *bool `yaml:"stage_events"`
 }
 
 // Validate reports what is wrong with an enabled c.
@@ -94,6 +99,7 @@ type Tracer struct {
 	tr     trace.Tracer
 	prop   propagation.TraceContext
 	stages bool // Config.StageSpans
+	events bool // Config.StageEvents
 }
 
 // New starts tracing as c says: nil (tracing off) when c is not enabled or
@@ -130,7 +136,7 @@ func New(ctx context.Context, c Config, version string) (*Tracer, error) {
 		tpOpts = append(tpOpts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(*c.SamplerRatio))))
 	}
 	tp := sdktrace.NewTracerProvider(tpOpts...)
-	return &Tracer{tp: tp, tr: tp.Tracer("github.com/sluice-proxy/sluice/proxy"), stages: c.StageSpans}, nil
+	return &Tracer{tp: tp, tr: tp.Tracer("github.com/sluice-proxy/sluice/proxy"), stages: c.StageSpans, events: c.StageEvents == nil || *c.StageEvents}, nil
 }
 
 // protocol is c's protocol, else the environment's, else http/protobuf.
@@ -274,20 +280,45 @@ func (t *Tracer) Start(parent context.Context, name string, kind trace.SpanKind,
 // StageSpans reports whether stages are child spans (else events).
 func (t *Tracer) StageSpans() bool { return t.stages }
 
-// Stage records a finished stage of the request whose span is in parent:
-// a child span from start to end, or an event on the request's span at
-// end (the request span's sluice.server_timing attribute has the
-// durations: every attribute costs a few allocations in the exporter).
-func (t *Tracer) Stage(parent context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) {
+// Mark is a finished stage of a request, from Start to End.
+type Mark struct {
+	Name       string
+	Start, End time.Time
+	Attrs      []attribute.KeyValue
+}
+
+// Stages records the finished stages of the request whose span is in
+// parent: child spans from start to end, or events on the request's span
+// at their end (the request span's sluice.server_timing attribute has the
+// durations), or nothing when stage events are off.
+func (t *Tracer) Stages(parent context.Context, marks []Mark) {
 	if t.stages {
-		t.Span(parent, name, start, end, attrs...)
+		for _, m := range marks {
+			t.Span(parent, m.Name, m.Start, m.End, m.Attrs...)
+		}
 		return
 	}
-	if len(attrs) == 0 {
-		trace.SpanFromContext(parent).AddEvent(name, trace.WithTimestamp(end))
+	if !t.events || len(marks) == 0 {
 		return
 	}
-	trace.SpanFromContext(parent).AddEvent(name, trace.WithTimestamp(end), trace.WithAttributes(attrs...))
+	// One slice of options for every event (AddEvent does not keep it):
+	// each variadic call would allocate its own.
+	span := trace.SpanFromContext(parent)
+	opts := make([]trace.EventOption, 2*len(marks))
+	for i, m := range marks {
+		o := opts[2*i : 2*i+1]
+		o[0] = trace.WithTimestamp(m.End)
+		if len(m.Attrs) > 0 {
+			o = opts[2*i : 2*i+2]
+			o[1] = trace.WithAttributes(m.Attrs...)
+		}
+		span.AddEvent(m.Name, o...)
+	}
+}
+
+// Stage records one finished stage, as Stages does.
+func (t *Tracer) Stage(parent context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) {
+	t.Stages(parent, []Mark{{Name: name, Start: start, End: end, Attrs: attrs}})
 }
 
 // Span records a finished child of the span in parent, from start to end.
