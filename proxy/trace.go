@@ -91,28 +91,30 @@ func (x *exchange) endTrace(end time.Time) {
 		s.End(trace.WithTimestamp(end))
 		return
 	}
-	var buf [8]tracing.Mark
-	marks := buf[:0]
-	stage := func(name string, a, b time.Time, attrs ...attribute.KeyValue) {
-		if !a.IsZero() && !b.IsZero() {
-			if b.Before(a) {
-				b = a
+	if t.StagesRecorded() {
+		var buf [8]tracing.Mark
+		marks := buf[:0]
+		stage := func(name string, a, b time.Time, attrs ...attribute.KeyValue) {
+			if !a.IsZero() && !b.IsZero() {
+				if b.Before(a) {
+					b = a
+				}
+				marks = append(marks, tracing.Mark{Name: name, Start: a, End: b, Attrs: attrs})
 			}
-			marks = append(marks, tracing.Mark{Name: name, Start: a, End: b, Attrs: attrs})
 		}
+		stage(observe.StageAuth, x.start, x.authDone)
+		stage(observe.StageRecv, x.authDone, x.bodyRead)
+		stage(observe.StageRoute, x.bodyRead, x.routed)
+		stage(observe.StageLimit, x.routed, x.limited)
+		if _, ok := x.stage(observe.StageQueue); ok && !x.admitted.IsZero() {
+			stage(observe.StageQueue, x.admitted.Add(-x.queueWait), x.admitted)
+		}
+		stage(observe.StagePrefill, x.upstreamHeaders, x.firstToken)
+		if !x.firstToken.IsZero() && !x.lastToken.IsZero() {
+			stage(observe.StageDecode, x.firstToken, x.lastToken, attrGenAIOutputTokens.Int64(x.outputTokens()))
+		}
+		t.Stages(tr.ctx, marks)
 	}
-	stage(observe.StageAuth, x.start, x.authDone)
-	stage(observe.StageRecv, x.authDone, x.bodyRead)
-	stage(observe.StageRoute, x.bodyRead, x.routed)
-	stage(observe.StageLimit, x.routed, x.limited)
-	if _, ok := x.stage(observe.StageQueue); ok && !x.admitted.IsZero() {
-		stage(observe.StageQueue, x.admitted.Add(-x.queueWait), x.admitted)
-	}
-	stage(observe.StagePrefill, x.upstreamHeaders, x.firstToken)
-	if !x.firstToken.IsZero() && !x.lastToken.IsZero() {
-		stage(observe.StageDecode, x.firstToken, x.lastToken, attrGenAIOutputTokens.Int64(x.outputTokens()))
-	}
-	t.Stages(tr.ctx, marks)
 
 	status := x.status
 	if status == 0 {

@@ -280,6 +280,10 @@ func (t *Tracer) Start(parent context.Context, name string, kind trace.SpanKind,
 // StageSpans reports whether stages are child spans (else events).
 func (t *Tracer) StageSpans() bool { return t.stages }
 
+// StagesRecorded reports whether Stages records anything (stage spans or
+// events): else the caller need not build the marks.
+func (t *Tracer) StagesRecorded() bool { return t.stages || t.events }
+
 // Mark is a finished stage of a request, from Start to End.
 type Mark struct {
 	Name       string
