@@ -18,10 +18,11 @@ import (
 // into a header, seven stages, the same attributes), exported over
 // OTLP/HTTP to an in-process receiver that only counts spans; the export is
 // flushed every 256 requests and counted in the op. It reports the process
-// CPU per request ("cpu-µs/req": the SDK, the exporter's protobuf and HTTP,
-// and the receiver's small share) with stages as events (the default), as
-// child spans, and for a request the sampler leaves out (ratio 0; the
-// pipeline then skips the attributes, here they are set all the same).
+// CPU per request ("cpu-µs/req": the SDK, the wire exporter's protobuf
+// and HTTP, and the receiver's small share) with stages as events (the
+// default), as child spans, without stage events (stage_events: false),
+// and for a request the sampler leaves out (ratio 0; the pipeline then
+// skips the attributes, here they are set all the same).
 //
 //	go test -run '^$' -bench BenchmarkRequestTrace -count 5 ./proxy/tracing/
 func BenchmarkRequestTrace(b *testing.B) {

@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -134,23 +136,50 @@ func (e *wireExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnl
 	return e.post(ctx, e.buf)
 }
 
+// wireBody is a request body over the exporter's buffer. The transport may
+// still read a body after Do returns (a collector answering before it read
+// everything); post then gives the buffer up instead of reusing it.
+type wireBody struct {
+	bytes.Reader
+	closed atomic.Bool
+}
+
+func (b *wireBody) Close() error { b.closed.Store(true); return nil }
+
 func (e *wireExporter) post(ctx context.Context, body []byte) error {
 	for attempt := 0; ; attempt++ {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url, bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url, nil)
 		if err != nil {
 			return err
 		}
+		var bodies []*wireBody
+		req.GetBody = func() (io.ReadCloser, error) { // also for the transport's retry on a stale connection
+			b := &wireBody{}
+			b.Reset(body)
+			bodies = append(bodies, b)
+			return b, nil
+		}
+		req.Body, _ = req.GetBody()
+		req.ContentLength = int64(len(body))
 		req.Header.Set("Content-Type", "application/x-protobuf")
 		req.Header.Set("User-Agent", "sluice OTLP/HTTP exporter")
 		for k, v := range e.headers {
 			req.Header.Set(k, v)
 		}
 		resp, err := e.client.Do(req)
+		if err == nil {
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // keep the connection reusable; partial success is not read
+			resp.Body.Close()
+		}
+		for _, b := range bodies {
+			if !b.closed.Load() {
+				e.buf, body = nil, slices.Clone(body) // still read: neither reuse nor change it
+				break
+			}
+		}
 		if err != nil {
 			return fmt.Errorf("otlp/http export: %w", err)
 		}
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // keep the connection reusable; partial success is not read
-		resp.Body.Close()
 		switch sc := resp.StatusCode; {
 		case sc >= 200 && sc < 300:
 			return nil
