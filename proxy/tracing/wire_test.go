@@ -240,3 +240,23 @@ func TestWireExporterFallsBack(t *testing.T) {
 		t.Error("compression asked: wire exporter; want otlptracehttp")
 	}
 }
+
+// TestWireExporterEarlyAnswer: a collector that refuses an export before
+// reading it (the transport may still be sending the body after Do
+// returns) must not see the next export's bytes written over the body
+// being sent: with -race this is a data race on the reused buffer.
+func TestWireExporterEarlyAnswer(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "too large", http.StatusRequestEntityTooLarge) // body unread
+	}))
+	defer srv.Close()
+	wire := newWireExporter(Config{Endpoint: srv.URL})
+	defer wire.Shutdown(context.Background())
+	big := tracetest.SpanStubs{{Name: "big", Attributes: []attribute.KeyValue{attribute.String("x", strings.Repeat("y", 4<<20))},
+		Resource: resource.Empty()}}.Snapshots()
+	for range 5 {
+		if err := wire.ExportSpans(context.Background(), big); err == nil || !strings.Contains(err.Error(), "413") {
+			t.Fatalf("export to a refusing collector: %v; want its 413", err)
+		}
+	}
+}
