@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -72,10 +73,49 @@ func (x *exchange) startTrace() {
 // when tracing is on, else the client's traceparent's (which the backend
 // receives unchanged), else "".
 func (x *exchange) traceID() string {
+	client := tracing.TraceIDOf(x.r.Header.Get("Traceparent"))
 	if x.trace != nil {
-		return x.trace.span.SpanContext().TraceID().String()
+		id := x.trace.span.SpanContext().TraceID()
+		if client != "" && hexIs(client, id[:]) { // the client's trace continued: its header has the id, no string to build
+			return client
+		}
+		return id.String()
 	}
-	return tracing.TraceIDOf(x.r.Header.Get("Traceparent"))
+	return client
+}
+
+// hexIs reports whether h (lower-case hex) spells b.
+func hexIs(h string, b []byte) bool {
+	const digits = "0123456789abcdef"
+	if len(h) != 2*len(b) {
+		return false
+	}
+	for i, c := range b {
+		if h[2*i] != digits[c>>4] || h[2*i+1] != digits[c&15] {
+			return false
+		}
+	}
+	return true
+}
+
+// spanNames are the server spans' names ("POST main") by method and
+// route, made once each (a request's name would otherwise be a new
+// string). Bounded: POST and GET only, times the route names configured
+// since the start (a reload's old names stay).
+var spanNames sync.Map // spanName -> string
+
+type spanName struct{ method, route string }
+
+func serverSpanName(method, route string) string {
+	if method != "POST" && method != "GET" { // a client picks the method: only these are kept
+		return method + " " + route
+	}
+	k := spanName{method, route}
+	if v, ok := spanNames.Load(k); ok {
+		return v.(string)
+	}
+	v, _ := spanNames.LoadOrStore(k, method+" "+route)
+	return v.(string)
 }
 
 // endTrace records the stages (child spans or events, see
@@ -91,23 +131,30 @@ func (x *exchange) endTrace(end time.Time) {
 		s.End(trace.WithTimestamp(end))
 		return
 	}
-	stage := func(name string, a, b time.Time, attrs ...attribute.KeyValue) {
-		if !a.IsZero() && !b.IsZero() {
-			if b.Before(a) {
-				b = a
+	if t.StagesRecorded() {
+		var buf [8]tracing.Mark
+		marks := buf[:0]
+		stage := func(name string, a, b time.Time, attrs ...attribute.KeyValue) {
+			if !a.IsZero() && !b.IsZero() {
+				if b.Before(a) {
+					b = a
+				}
+				marks = append(marks, tracing.Mark{Name: name, Start: a, End: b, Attrs: attrs})
 			}
-			t.Stage(tr.ctx, name, a, b, attrs...)
 		}
+		stage(observe.StageAuth, x.start, x.authDone)
+		stage(observe.StageRecv, x.authDone, x.bodyRead)
+		stage(observe.StageRoute, x.bodyRead, x.routed)
+		stage(observe.StageLimit, x.routed, x.limited)
+		if _, ok := x.stage(observe.StageQueue); ok && !x.admitted.IsZero() {
+			stage(observe.StageQueue, x.admitted.Add(-x.queueWait), x.admitted)
+		}
+		stage(observe.StagePrefill, x.upstreamHeaders, x.firstToken)
+		if !x.firstToken.IsZero() && !x.lastToken.IsZero() {
+			stage(observe.StageDecode, x.firstToken, x.lastToken, attrGenAIOutputTokens.Int64(x.outputTokens()))
+		}
+		t.Stages(tr.ctx, marks)
 	}
-	stage(observe.StageAuth, x.start, x.authDone)
-	stage(observe.StageRecv, x.authDone, x.bodyRead)
-	stage(observe.StageRoute, x.bodyRead, x.routed)
-	stage(observe.StageLimit, x.routed, x.limited)
-	if _, ok := x.stage(observe.StageQueue); ok && !x.admitted.IsZero() {
-		stage(observe.StageQueue, x.admitted.Add(-x.queueWait), x.admitted)
-	}
-	stage(observe.StagePrefill, x.upstreamHeaders, x.firstToken)
-	stage(observe.StageDecode, x.firstToken, x.lastToken, attrGenAIOutputTokens.Int64(x.outputTokens()))
 
 	status := x.status
 	if status == 0 {
@@ -128,7 +175,7 @@ func (x *exchange) endTrace(end time.Time) {
 	name := x.r.Method
 	if x.route != nil {
 		attrs = append(attrs, attrRoute.String(x.route.Name))
-		name += " " + x.route.Name
+		name = serverSpanName(x.r.Method, x.route.Name)
 	} else {
 		attrs = append(attrs, attrURLPath.String(x.r.URL.Path))
 	}

@@ -13,12 +13,14 @@ import (
 
 	"github.com/sluice-proxy/sluice/internal/otlptest"
 	"github.com/sluice-proxy/sluice/limiter"
+	"github.com/sluice-proxy/sluice/proxy/tracing"
 )
 
 // BenchmarkTracingSmallRequests is BenchmarkSmallRequests' load (small
 // non-streamed requests from 8 keep-alive clients, the whole pipeline on)
 // through two edges in the same process: tracing off, and tracing on at
-// sampler ratio 1.0 exporting over OTLP/HTTP to an in-process receiver.
+// sampler ratio 1.0 exporting over OTLP/HTTP to an in-process receiver,
+// with stage events (the default), stage spans, and stage_events: false.
 // An op is a round of 400 requests through each, alternating. It reports
 // per case the process CPU per request and the allocations per request,
 // and "tracing-cpu-µs/req", the difference: what tracing every request
@@ -28,19 +30,25 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkTracingSmallRequests -benchtime 20x -count 5 ./proxy/
 func BenchmarkTracingSmallRequests(b *testing.B) {
-	for _, mode := range []string{"stage-events", "stage-spans"} {
-		b.Run(mode, func(b *testing.B) { benchTracing(b, mode == "stage-spans") })
+	for _, mode := range []string{"stage-events", "stage-spans", "no-stage-events"} {
+		b.Run(mode, func(b *testing.B) { benchTracing(b, mode) })
 	}
 }
 
-func benchTracing(b *testing.B, stageSpans bool) {
+func benchTracing(b *testing.B, mode string) {
 	srv, _ := countingServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, smallAnswer)
 	}), false)
 	url, spans := otlptest.StartCounting(b)
-	tr := testTracer(b, &otlptest.Receiver{URL: url}, 1, stageSpans)
+	ratio, events := 1.0, mode != "no-stage-events"
+	tr, err := tracing.New(context.Background(), tracing.Config{Enabled: true, Endpoint: url, SamplerRatio: &ratio,
+		StageSpans: mode == "stage-spans", StageEvents: &events}, "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tr.Shutdown(context.Background())
 	edge := func(traced bool) *testEdge {
 		o := edgeOpts{
 			pool: poolOf(srv.URL), limiter: limiter.NewLocal(1), log: io.Discard, promMetrics: true,

@@ -31,3 +31,17 @@ func TestTraceOffAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// hexIs matches the lower-case hex of the bytes only, so the access log's
+// trace id is the client's header substring only when it is the span's.
+func TestTraceHexIs(t *testing.T) {
+	b := []byte{0x4b, 0xf9, 0x00, 0xa0}
+	for _, c := range []struct {
+		h    string
+		want bool
+	}{{"4bf900a0", true}, {"4BF900A0", false}, {"4bf900a1", false}, {"4bf900", false}, {"4bf900a000", false}} {
+		if got := hexIs(c.h, b); got != c.want {
+			t.Errorf("hexIs(%q) = %v; want %v", c.h, got, c.want)
+		}
+	}
+}

@@ -441,3 +441,37 @@ func TestTraceStageEvents(t *testing.T) {
 		t.Errorf("sluice.server_timing %q; want the Server-Timing header %q", timing, hdr)
 	}
 }
+
+// With stage_events: false the server span has no events (the cheapest
+// trace); the stages' durations are still in sluice.server_timing, the
+// attempt still has its CLIENT span and the backend its traceparent.
+func TestTraceNoStageEvents(t *testing.T) {
+	rcv := otlptest.Start(t)
+	ratio, events := 1.0, false
+	tr, err := tracing.New(context.Background(), tracing.Config{Enabled: true, Endpoint: rcv.URL, SamplerRatio: &ratio, StageEvents: &events}, "test")
+	if err != nil || tr == nil {
+		t.Fatalf("tracing.New: %v, %v", tr, err)
+	}
+	defer tr.Shutdown(context.Background())
+	ts := startTracedSim(t, fastSim())
+	e := startEdge(t, edgeOpts{pool: poolOf(ts.url), tracer: tr})
+	const traceID = "55555555555555555555555555555555"
+	resp := post(t, h2cClient(), e.http+"/v1/chat/completions", chatBody(""), "Traceparent", traceparent(traceID, "6666666666666666"))
+	_, done := readEvents(t, resp.Body)
+	resp.Body.Close()
+	if !done {
+		t.Fatal("stream did not end with [DONE]")
+	}
+	st := waitTrace(t, tr, rcv, traceID, 2)
+	up := st.one(t, "upstream")
+	if len(st.server.Events) != 0 {
+		t.Errorf("server span events %v; want none", st.server.Events)
+	}
+	timing, _ := st.server.Attrs["sluice.server_timing"].(string)
+	if hdr := resp.Header.Get("Server-Timing"); timing != hdr || !strings.Contains(timing, "prefill;dur=") {
+		t.Errorf("sluice.server_timing %q; want the Server-Timing header %q", timing, hdr)
+	}
+	if hs := ts.headers(); len(hs) != 1 || hs[0].Get("Traceparent") != traceparent(traceID, up.SpanID) {
+		t.Errorf("backend traceparent %v; want the upstream span %s", hs, up.SpanID)
+	}
+}

@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,7 +12,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
@@ -65,6 +65,11 @@ type Config struct {
 	// are in its sluice.server_timing attribute: cheaper (see
 	// docs/TIMING.md "Traces").
 	StageSpans bool `yaml:"stage_spans"`
+	// StageEvents, when false, records no stage events: the stages'
+	// durations are then only in the request span's sluice.server_timing
+	// attribute, the cheapest trace (see docs/TIMING.md "Traces"). Nil
+	// means true. StageSpans wins over it.
+	StageEvents *bool `yaml:"stage_events"`
 }
 
 // Validate reports what is wrong with an enabled c.
@@ -94,6 +99,7 @@ type Tracer struct {
 	tr     trace.Tracer
 	prop   propagation.TraceContext
 	stages bool // Config.StageSpans
+	events bool // Config.StageEvents
 }
 
 // New starts tracing as c says: nil (tracing off) when c is not enabled or
@@ -130,7 +136,7 @@ func New(ctx context.Context, c Config, version string) (*Tracer, error) {
 		tpOpts = append(tpOpts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(*c.SamplerRatio))))
 	}
 	tp := sdktrace.NewTracerProvider(tpOpts...)
-	return &Tracer{tp: tp, tr: tp.Tracer("github.com/sluice-proxy/sluice/proxy"), stages: c.StageSpans}, nil
+	return &Tracer{tp: tp, tr: tp.Tracer("github.com/sluice-proxy/sluice/proxy"), stages: c.StageSpans, events: c.StageEvents == nil || *c.StageEvents}, nil
 }
 
 // protocol is c's protocol, else the environment's, else http/protobuf.
@@ -146,7 +152,10 @@ func (c Config) protocol() string {
 	return ProtocolHTTP
 }
 
-func newExporter(ctx context.Context, c Config) (*otlptrace.Exporter, error) {
+// newExporter makes c's exporter: for http/protobuf the wire exporter
+// (wire.go) unless c or the environment needs otlptracehttp, for grpc
+// otlptracegrpc.
+func newExporter(ctx context.Context, c Config) (sdktrace.SpanExporter, error) {
 	switch p := c.protocol(); p {
 	case ProtocolGRPC:
 		var opts []otlptracegrpc.Option
@@ -161,6 +170,9 @@ func newExporter(ctx context.Context, c Config) (*otlptrace.Exporter, error) {
 		}
 		return otlptracegrpc.New(ctx, opts...)
 	case ProtocolHTTP:
+		if w := newWireExporter(c); w != nil {
+			return w, nil
+		}
 		var opts []otlptracehttp.Option
 		if c.Endpoint != "" {
 			opts = append(opts, otlptracehttp.WithEndpointURL(c.Endpoint))
@@ -201,47 +213,152 @@ func (t *Tracer) ForceFlush(ctx context.Context) error {
 // trace of h's traceparent and tracestate when they are valid. The
 // returned context holds the span (the parent of Start's spans).
 func (t *Tracer) StartServer(h http.Header, name string, start time.Time) (context.Context, trace.Span) {
-	ctx := t.prop.Extract(context.Background(), propagation.HeaderCarrier(h))
-	return t.tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start))
+	ctx := t.prop.Extract(context.Background(), canonicalCarrier(h))
+	return t.tr.Start(ctx, name, optServer, trace.WithTimestamp(start))
 }
+
+// The span kinds as start options, made once (each trace.WithSpanKind
+// call allocates).
+var (
+	optServer   = trace.WithSpanKind(trace.SpanKindServer)
+	optKinds    = [...]trace.SpanStartOption{trace.WithSpanKind(0), trace.WithSpanKind(1), trace.WithSpanKind(2), trace.WithSpanKind(3), trace.WithSpanKind(4), trace.WithSpanKind(5)}
+	optInternal = optKinds[trace.SpanKindInternal]
+)
+
+func kindOption(k trace.SpanKind) trace.SpanStartOption {
+	if k >= 0 && int(k) < len(optKinds) {
+		return optKinds[k]
+	}
+	return trace.WithSpanKind(k)
+}
+
+// canonicalCarrier reads and writes the W3C headers of an http.Header by
+// their canonical keys: propagation.HeaderCarrier canonicalizes the
+// propagator's lower-case names, an allocation per call.
+type canonicalCarrier http.Header
+
+func (c canonicalCarrier) Get(k string) string {
+	var v []string
+	switch k {
+	case "traceparent":
+		v = c["Traceparent"]
+	case "tracestate":
+		v = c["Tracestate"]
+	default:
+		return http.Header(c).Get(k)
+	}
+	if len(v) == 0 {
+		return ""
+	}
+	return v[0]
+}
+
+func (c canonicalCarrier) Set(k, v string) {
+	switch k {
+	case "traceparent":
+		c["Traceparent"] = []string{v}
+	case "tracestate":
+		c["Tracestate"] = []string{v}
+	default:
+		http.Header(c).Set(k, v)
+	}
+}
+
+func (c canonicalCarrier) Keys() []string { return propagation.HeaderCarrier(c).Keys() }
 
 // Start starts a child of the span in parent.
 func (t *Tracer) Start(parent context.Context, name string, kind trace.SpanKind, start time.Time, attrs ...attribute.KeyValue) trace.Span {
-	_, s := t.tr.Start(parent, name, trace.WithSpanKind(kind), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	var s trace.Span
+	if len(attrs) == 0 {
+		_, s = t.tr.Start(parent, name, kindOption(kind), trace.WithTimestamp(start))
+	} else {
+		_, s = t.tr.Start(parent, name, kindOption(kind), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	}
 	return s
 }
 
 // StageSpans reports whether stages are child spans (else events).
 func (t *Tracer) StageSpans() bool { return t.stages }
 
-// Stage records a finished stage of the request whose span is in parent:
-// a child span from start to end, or an event on the request's span at
-// end (the request span's sluice.server_timing attribute has the
-// durations: every attribute costs a few allocations in the exporter).
-func (t *Tracer) Stage(parent context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) {
+// StagesRecorded reports whether Stages records anything (stage spans or
+// events): else the caller need not build the marks.
+func (t *Tracer) StagesRecorded() bool { return t.stages || t.events }
+
+// Mark is a finished stage of a request, from Start to End.
+type Mark struct {
+	Name       string
+	Start, End time.Time
+	Attrs      []attribute.KeyValue
+}
+
+// Stages records the finished stages of the request whose span is in
+// parent: child spans from start to end, or events on the request's span
+// at their end (the request span's sluice.server_timing attribute has the
+// durations), or nothing when stage events are off.
+func (t *Tracer) Stages(parent context.Context, marks []Mark) {
 	if t.stages {
-		t.Span(parent, name, start, end, attrs...)
+		for _, m := range marks {
+			t.Span(parent, m.Name, m.Start, m.End, m.Attrs...)
+		}
 		return
 	}
-	if len(attrs) == 0 {
-		trace.SpanFromContext(parent).AddEvent(name, trace.WithTimestamp(end))
+	if !t.events || len(marks) == 0 {
 		return
 	}
-	trace.SpanFromContext(parent).AddEvent(name, trace.WithTimestamp(end), trace.WithAttributes(attrs...))
+	// One slice of options for every event (AddEvent does not keep it):
+	// each variadic call would allocate its own.
+	span := trace.SpanFromContext(parent)
+	opts := make([]trace.EventOption, 2*len(marks))
+	for i, m := range marks {
+		o := opts[2*i : 2*i+1]
+		o[0] = trace.WithTimestamp(m.End)
+		if len(m.Attrs) > 0 {
+			o = opts[2*i : 2*i+2]
+			o[1] = trace.WithAttributes(m.Attrs...)
+		}
+		span.AddEvent(m.Name, o...)
+	}
+}
+
+// Stage records one finished stage, as Stages does.
+func (t *Tracer) Stage(parent context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) {
+	t.Stages(parent, []Mark{{Name: name, Start: start, End: end, Attrs: attrs}})
 }
 
 // Span records a finished child of the span in parent, from start to end.
 func (t *Tracer) Span(parent context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) {
-	_, s := t.tr.Start(parent, name, trace.WithSpanKind(trace.SpanKindInternal), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	var s trace.Span
+	if len(attrs) == 0 {
+		_, s = t.tr.Start(parent, name, optInternal, trace.WithTimestamp(start))
+	} else {
+		_, s = t.tr.Start(parent, name, optInternal, trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	}
 	s.End(trace.WithTimestamp(end))
 }
 
 // Inject sets h's traceparent (and tracestate) to span's context, so the
 // backend continues the trace under span. A tracestate copied from the
-// client is replaced by the span's (the client's when it was valid).
+// client is replaced by the span's (the client's when it was valid). The
+// headers are those propagation.TraceContext.Inject (otel v1.47.0,
+// propagation/trace_context.go) writes, built without its context and
+// header canonicalization (TestInjectMatchesPropagator).
 func (t *Tracer) Inject(span trace.Span, h http.Header) {
-	h.Del("Tracestate")
-	t.prop.Inject(trace.ContextWithSpanContext(context.Background(), span.SpanContext()), propagation.HeaderCarrier(h))
+	delete(h, "Tracestate")
+	sc := span.SpanContext()
+	if !sc.IsValid() {
+		return
+	}
+	if ts := sc.TraceState().String(); ts != "" {
+		h["Tracestate"] = []string{ts}
+	}
+	var b [55]byte
+	tid, sid := sc.TraceID(), sc.SpanID()
+	flags := [1]byte{byte(sc.TraceFlags() & (trace.FlagsSampled | trace.FlagsRandom))}
+	b[0], b[1], b[2], b[35], b[52] = '0', '0', '-', '-', '-'
+	hex.Encode(b[3:35], tid[:])
+	hex.Encode(b[36:52], sid[:])
+	hex.Encode(b[53:55], flags[:])
+	h["Traceparent"] = []string{string(b[:])}
 }
 
 // TraceIDOf returns the trace id of a W3C traceparent header value

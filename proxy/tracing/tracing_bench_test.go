@@ -18,21 +18,22 @@ import (
 // into a header, seven stages, the same attributes), exported over
 // OTLP/HTTP to an in-process receiver that only counts spans; the export is
 // flushed every 256 requests and counted in the op. It reports the process
-// CPU per request ("cpu-µs/req": the SDK, the exporter's protobuf and HTTP,
-// and the receiver's small share) with stages as events (the default), as
-// child spans, and for a request the sampler leaves out (ratio 0; the
-// pipeline then skips the attributes, here they are set all the same).
+// CPU per request ("cpu-µs/req": the SDK, the wire exporter's protobuf
+// and HTTP, and the receiver's small share) with stages as events (the
+// default), as child spans, without stage events (stage_events: false),
+// and for a request the sampler leaves out (ratio 0; the pipeline then
+// skips the attributes, here they are set all the same).
 //
 //	go test -run '^$' -bench BenchmarkRequestTrace -count 5 ./proxy/tracing/
 func BenchmarkRequestTrace(b *testing.B) {
 	url, spans := otlptest.StartCounting(b)
-	for _, mode := range []string{"stage-events", "stage-spans", "sampled-out"} {
+	for _, mode := range []string{"stage-events", "stage-spans", "no-stage-events", "sampled-out"} {
 		b.Run(mode, func(b *testing.B) {
-			ratio := 1.0
+			ratio, events := 1.0, mode != "no-stage-events"
 			if mode == "sampled-out" {
 				ratio = 0
 			}
-			tr, err := New(context.Background(), Config{Enabled: true, Endpoint: url, SamplerRatio: &ratio, StageSpans: mode == "stage-spans"}, "bench")
+			tr, err := New(context.Background(), Config{Enabled: true, Endpoint: url, SamplerRatio: &ratio, StageSpans: mode == "stage-spans", StageEvents: &events}, "bench")
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -55,9 +56,12 @@ func BenchmarkRequestTrace(b *testing.B) {
 				c.AddEvent("first_token")
 				c.SetAttributes(attribute.Int("http.response.status_code", 200), attribute.String("sluice.attempt.result", "relayed"))
 				c.End()
-				for _, st := range stages {
-					tr.Stage(ctx, st, t0, t0)
+				var marks [8]Mark
+				for j, st := range stages {
+					marks[j] = Mark{Name: st, Start: t0, End: t0}
 				}
+				marks[6].Attrs = []attribute.KeyValue{attribute.Int64("gen_ai.usage.output_tokens", 12)}
+				tr.Stages(ctx, marks[:len(stages)])
 				s.SetAttributes(attribute.String("http.request.method", "POST"), attribute.Int("http.response.status_code", 200),
 					attribute.String("network.protocol.name", "h2"), attribute.String("client.address", "127.0.0.1"),
 					attribute.String("sluice.request.id", "dd45d44c070330061797fd3b17d27a1f"), attribute.String("sluice.tenant.id", "t1"),

@@ -3,10 +3,12 @@ package tracing
 import (
 	"context"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -73,3 +75,54 @@ func TestInjectReplacesClientHeaders(t *testing.T) {
 	c.End()
 	s.End()
 }
+
+// TestInjectMatchesPropagator: Inject writes the headers
+// propagation.TraceContext.Inject writes, for sampled and unsampled
+// spans with and without a tracestate, and replaces a client's tracestate.
+func TestInjectMatchesPropagator(t *testing.T) {
+	tid := trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36}
+	ts, _ := trace.ParseTraceState("vendor=abc,other=x")
+	var tr Tracer
+	for _, flags := range []trace.TraceFlags{0, trace.FlagsSampled, trace.FlagsSampled | trace.FlagsRandom, 0xff} {
+		for _, st := range []trace.TraceState{{}, ts} {
+			sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: trace.SpanID{1, 2, 3, 4, 5, 6, 7, 0xef}, TraceFlags: flags, TraceState: st})
+			want := http.Header{}
+			propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), propagation.HeaderCarrier(want))
+			got := http.Header{"Tracestate": {"client=1"}, "X": {"y"}}
+			tr.Inject(noopSpan{sc: sc}, got)
+			want.Set("X", "y")
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("flags %v tracestate %q: %v; want %v", flags, st, got, want)
+			}
+		}
+	}
+	got := http.Header{"Tracestate": {"client=1"}}
+	tr.Inject(noopSpan{}, got)
+	if len(got) != 0 {
+		t.Errorf("invalid span context: %v; want no headers", got)
+	}
+}
+
+// TestExtractMatchesHeaderCarrier: the canonical carrier reads what
+// propagation.HeaderCarrier reads.
+func TestExtractMatchesHeaderCarrier(t *testing.T) {
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for _, h := range []http.Header{
+		{}, {"Traceparent": {tp}}, {"Traceparent": {tp}, "Tracestate": {"a=1,b=2"}}, {"Traceparent": {tp}, "Tracestate": {"bad state"}},
+		{"Traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}}, {"Traceparent": {"garbage"}}, {"Traceparent": {"", tp}},
+	} {
+		p := propagation.TraceContext{}
+		want := trace.SpanContextFromContext(p.Extract(context.Background(), propagation.HeaderCarrier(h)))
+		got := trace.SpanContextFromContext(p.Extract(context.Background(), canonicalCarrier(h)))
+		if !got.Equal(want) || got.IsRemote() != want.IsRemote() {
+			t.Errorf("%v: %v; want %v", h, got, want)
+		}
+	}
+}
+
+type noopSpan struct {
+	trace.Span
+	sc trace.SpanContext
+}
+
+func (s noopSpan) SpanContext() trace.SpanContext { return s.sc }
