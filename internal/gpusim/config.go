@@ -288,6 +288,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SlowStart, "slow-start", c.SlowStart, "delay before the response headers")
 	fs.IntVar(&c.KVCacheTokens, "kv-cache-tokens", c.KVCacheTokens, "simulated KV-cache capacity in tokens")
 	fs.IntVar(&c.EmbeddingDim, "embedding-dim", c.EmbeddingDim, "length of embedding vectors")
+	fs.IntVar(&c.PrefixCacheBlocks, "prefix-cache-blocks", c.PrefixCacheBlocks, "prefix cache capacity in blocks (0: no prefix cache)")
+	fs.IntVar(&c.PrefixBlockTokens, "prefix-block-tokens", c.PrefixBlockTokens, "prefix cache block size in tokens")
 	fs.BoolVar(&c.LoadHeader, "load-header", c.LoadHeader, "answer endpoint-load-metrics-format requests with vLLM's endpoint-load-metrics header")
 	fs.StringVar(&c.MetricNames, "metric-names", c.MetricNames, "load gauge names in /metrics: vllm, vllm-v0, sglang or tgi")
 	fs.DurationVar(&c.Pace, "pace", c.Pace, "emit each request's tokens on its own timer, one every `interval` after the prefill,\ninstead of batch decode steps (0: batch scheduler)")
