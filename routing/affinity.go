@@ -137,6 +137,10 @@ func newAffinity(cfg PoolConfig) *affinity {
 	return a
 }
 
+// SessionHeader is the request header that carries the session key for
+// session affinity, "" when it is off.
+func (p *Pool) SessionHeader() string { return p.aff.cfg.SessionHeader }
+
 // InheritAffinity makes p use old's prefix table when both pools are
 // prefix_aware with the same block size, so that the affinity learned
 // survives a config reload that rebuilds the pool (backends that remain

@@ -365,6 +365,7 @@ func buildState(cfg *configs.Config, simURLs map[string]string, reuse poolSet) (
 		if err != nil {
 			return nil, poolSet{}, fmt.Errorf("pool %q: %w", pc.Name, err)
 		}
+		p.InheritAffinity(reuse.pools[pc.Name]) // prefix affinity survives the rebuild
 		tr, err := proxy.NewPoolTransport(cfg.Proxy, p.Config())
 		if err != nil {
 			return nil, poolSet{}, err
