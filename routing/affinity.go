@@ -120,7 +120,8 @@ type affinity struct {
 	cfg    AffinityConfig
 	prefix bool // policy prefix_aware
 	table  *prefixTable
-	blocks sync.Pool // *[]uint64 scratch
+	shared *sharedTable // the fleet's table through Redis; nil: per node
+	blocks sync.Pool    // *[]uint64 scratch
 
 	lookups, hits               atomic.Int64 // prefix picks with a prompt; those on a backend with cached blocks
 	blocksAsked, blocksHit      atomic.Int64 // prompt blocks; of them expected cached on the chosen backend
@@ -215,11 +216,13 @@ func (p *Pool) choose(cands []*Backend, now time.Time, want *Want) *Backend {
 	}
 	m = m[:len(cands)]
 	table := a.table
+	known := 0 // blocks the local table knows
 	for k, h := range blocks {
 		who, ok := table.lookup(h)
 		if !ok {
 			break // a later block of this prompt was never sent anywhere either
 		}
+		known = k + 1
 		for _, id := range who {
 			if id == 0 {
 				break
@@ -230,6 +233,9 @@ func (p *Pool) choose(cands []*Backend, now time.Time, want *Want) *Backend {
 				}
 			}
 		}
+	}
+	if a.shared != nil {
+		a.shared.lookup(table, cands, blocks, known, m)
 	}
 	tokensPerBlock := float64(a.cfg.BlockBytes) / 4
 	best, bestCost := -1, math.Inf(1)
@@ -254,6 +260,9 @@ func (p *Pool) choose(cands []*Backend, now time.Time, want *Want) *Backend {
 	}
 	for _, h := range blocks {
 		table.record(h, b.affID)
+	}
+	if a.shared != nil {
+		a.shared.publish(b, blocks[m[best]:]) // what the fleet may not know yet
 	}
 	return b
 }

@@ -62,6 +62,9 @@ var (
 		[]string{"pool", "result"}, nil)
 	descPrefixEntries = prometheus.NewDesc("sluice_prefix_table_entries",
 		"Block hashes held in the pool's prefix table.", []string{"pool"}, nil)
+	descPrefixShared = prometheus.NewDesc("sluice_prefix_shared_total",
+		"Prefix table operations through Redis, by result: found (a lookup that found a block), miss, error (a lookup or write batch that failed or timed out), dropped (writes dropped with the queue full).",
+		[]string{"pool", "result"}, nil)
 	descSessionPicks = prometheus.NewDesc("sluice_session_picks_total",
 		"Picks of requests with a session key, by result: pinned (to the session's own backend) or moved (it was unavailable, tried or overloaded).",
 		[]string{"pool", "result"}, nil)
@@ -146,6 +149,13 @@ func collectAffinity(ch chan<- prometheus.Metric, p *Pool) {
 		counter(descPrefixBlocks, blocksHit, "hit")
 		counter(descPrefixBlocks, a.blocksAsked.Load()-blocksHit, "miss")
 		ch <- prometheus.MustNewConstMetric(descPrefixEntries, prometheus.GaugeValue, float64(a.table.len()), p.cfg.Name)
+	}
+	if st := a.shared; st != nil {
+		found, failed := st.found.Load(), st.failed.Load()
+		counter(descPrefixShared, found, "found")
+		counter(descPrefixShared, max(st.lookups.Load()-found-failed, 0), "miss")
+		counter(descPrefixShared, failed, "error")
+		counter(descPrefixShared, st.dropped.Load(), "dropped")
 	}
 	if a.cfg.SessionHeader != "" {
 		counter(descSessionPicks, a.sessionPinned.Load(), "pinned")

@@ -358,6 +358,9 @@ func (p *Pool) Close() error {
 		stop()
 	}
 	p.wg.Wait()
+	if p.aff.shared != nil {
+		p.aff.shared.close()
+	}
 	p.queue.close()
 	p.client.CloseIdleConnections()
 	return nil
