@@ -163,6 +163,11 @@ func NewFromConfig(cfg RedisConfig, reg prometheus.Registerer, log *slog.Logger)
 	return s, nil
 }
 
+// NewClient returns a Redis client for cfg (defaults applied), with the
+// limiter's settings (context deadlines honoured), for other users of
+// the node's Redis (the routing's shared prefix table).
+func NewClient(cfg RedisConfig) redis.UniversalClient { return newUniversalClient(cfg.WithDefaults()) }
+
 func newUniversalClient(cfg RedisConfig) redis.UniversalClient {
 	var tlsConf *tls.Config
 	if cfg.TLS {

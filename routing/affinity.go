@@ -52,6 +52,16 @@ type AffinityConfig struct {
 	// turns session affinity off; policy prefix_aware defaults it to
 	// "x-session-id".
 	SessionHeader string `yaml:"session_header"`
+	// Share shares the prefix table across the edge nodes through the
+	// node's Redis (the redis section must be set); see SharedAffinity.
+	// Default false: the table is per node.
+	Share bool `yaml:"share"`
+	// ShareTimeout bounds the Redis lookup a pick may wait for. Default
+	// 5ms.
+	ShareTimeout time.Duration `yaml:"share_timeout"`
+	// ShareTTL is how long the fleet remembers a block after its last
+	// use. Default 10m.
+	ShareTTL time.Duration `yaml:"share_ttl"`
 }
 
 // Defaults of AffinityConfig.
@@ -83,6 +93,12 @@ func (c AffinityConfig) WithDefaults(policy string) AffinityConfig {
 	if c.MaxImbalance == 0 {
 		c.MaxImbalance = 1
 	}
+	if c.ShareTimeout == 0 {
+		c.ShareTimeout = 5 * time.Millisecond
+	}
+	if c.ShareTTL == 0 {
+		c.ShareTTL = 10 * time.Minute
+	}
 	if c.SessionHeader == "" && policy == PolicyPrefixAware {
 		c.SessionHeader = DefaultSessionHeader
 	}
@@ -102,6 +118,12 @@ func (c AffinityConfig) validate() []FieldError {
 	}
 	if c.TableSize < 16 || c.TableSize > 1<<26 {
 		bad("table_size", "must be from 16 to 67108864")
+	}
+	if c.ShareTimeout < 0 || c.ShareTimeout > time.Second {
+		bad("share_timeout", "must be from 0 to 1s (a pick waits for it)")
+	}
+	if c.ShareTTL < time.Second {
+		bad("share_ttl", "must be at least 1s")
 	}
 	for _, w := range []struct {
 		k string
