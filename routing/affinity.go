@@ -18,10 +18,11 @@ const PolicyPrefixAware = "prefix_aware"
 //
 // prefix_aware scores every candidate backend c as
 //
-//	cost(c) = load_weight × score(c) − prefix_weight × saved(c) / 1000
+//	cost(c) = load_weight × score(c) + kv_weight × kv(c) − prefix_weight × saved(c) / 1000
 //
 // and picks the lowest: score is least_queued's load score ((running +
-// waiting + waiting) per batch slot), saved(c) the prompt tokens c is
+// waiting + waiting) per batch slot), kv the engine's KV-cache usage (0
+// when unknown), saved(c) the prompt tokens c is
 // expected to find cached (the leading prompt blocks this node, or the
 // fleet through Redis, last sent to c, at about four bytes a token). A
 // backend whose score exceeds the least loaded candidate's by more than
@@ -42,6 +43,10 @@ type AffinityConfig struct {
 	PrefixWeight float64 `yaml:"prefix_weight"`
 	// LoadWeight scales the load score. Default 1.
 	LoadWeight float64 `yaml:"load_weight"`
+	// KVWeight scales the engine's KV-cache usage (0 to 1): a backend
+	// whose cache is nearly full evicts the prefixes it holds and admits
+	// new sequences late. Default 0.5.
+	KVWeight float64 `yaml:"kv_weight"`
 	// MaxImbalance is the load-score margin over the least loaded
 	// candidate beyond which a backend gets no affinity credit. Default 1
 	// (one batch's worth of requests per slot; with max_batch unknown, one
@@ -90,6 +95,9 @@ func (c AffinityConfig) WithDefaults(policy string) AffinityConfig {
 	if c.LoadWeight == 0 {
 		c.LoadWeight = 1
 	}
+	if c.KVWeight == 0 {
+		c.KVWeight = 0.5
+	}
 	if c.MaxImbalance == 0 {
 		c.MaxImbalance = 1
 	}
@@ -128,7 +136,7 @@ func (c AffinityConfig) validate() []FieldError {
 	for _, w := range []struct {
 		k string
 		v float64
-	}{{"prefix_weight", c.PrefixWeight}, {"load_weight", c.LoadWeight}, {"max_imbalance", c.MaxImbalance}} {
+	}{{"prefix_weight", c.PrefixWeight}, {"load_weight", c.LoadWeight}, {"kv_weight", c.KVWeight}, {"max_imbalance", c.MaxImbalance}} {
 		if !(w.v >= 0) || math.IsInf(w.v, 0) {
 			bad(w.k, "must be a finite number, not negative")
 		}
@@ -198,15 +206,16 @@ func (p *Pool) choose(cands []*Backend, now time.Time, want *Want) *Backend {
 	if want == nil || (want.Session == "" && (!a.prefix || len(want.Prompt) == 0)) {
 		return p.sel.Select(cands, now)
 	}
-	var scores [16]float64
-	sc := scores[:0]
+	var scores, kvs [16]float64
+	sc, kv := scores[:0], kvs[:0]
 	if len(cands) > len(scores) {
-		sc = make([]float64, 0, len(cands))
+		sc, kv = make([]float64, 0, len(cands)), make([]float64, 0, len(cands))
 	}
 	least := math.Inf(1)
 	for _, c := range cands {
-		s := c.Score(now)
-		sc = append(sc, s)
+		l := c.Load(now)
+		s := l.score(c)
+		sc, kv = append(sc, s), append(kv, max(l.KVCache, 0))
 		least = min(least, s)
 	}
 	limit := least + a.cfg.MaxImbalance
@@ -268,7 +277,7 @@ func (p *Pool) choose(cands []*Backend, now time.Time, want *Want) *Backend {
 		if sc[i] <= limit {
 			saved = float64(m[i]) * tokensPerBlock
 		}
-		cost := a.cfg.LoadWeight*sc[i] - a.cfg.PrefixWeight*saved/1000
+		cost := a.cfg.LoadWeight*sc[i] + a.cfg.KVWeight*kv[i] - a.cfg.PrefixWeight*saved/1000
 		if cost < bestCost || (cost == bestCost && cands[i].InFlight() < cands[best].InFlight()) {
 			best, bestCost = i, cost
 		}

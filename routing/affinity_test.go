@@ -244,3 +244,30 @@ func BenchmarkPrefixAwarePick(b *testing.B) {
 		a.End(Finished)
 	}
 }
+
+// With equal load and no prefix known, prefix_aware prefers the backend
+// whose KV cache is emptier; a prefix it holds outweighs a fuller cache.
+func TestPrefixAwareWeighsKVCacheUsage(t *testing.T) {
+	p := prefixPool(t, "http://a:1", "http://b:1")
+	a, b := p.Backends()[0], p.Backends()[1]
+	now := time.Now()
+	for _, s := range []struct {
+		b  *Backend
+		kv float64
+	}{{a, 0.9}, {b, 0.1}} {
+		smp := Sample{At: now, KVCache: s.kv, Source: SourceScrape, Dialect: DialectVLLM}
+		s.b.scraped.Store(&smp)
+	}
+	for c := range 20 {
+		if got := acquire(t, p, Want{Prompt: chat(c, 1)}); got != b {
+			t.Fatalf("new prompt %d went to the backend with 90%% KV-cache usage", c)
+		}
+	}
+	// A 6-turn history (~900 tokens) held by a outweighs 0.5 × 0.8.
+	for _, h := range hashBlocks(nil, chat(99, 6), DefaultBlockBytes, DefaultMaxBlocks) {
+		p.aff.table.record(h, a.affID)
+	}
+	if got := acquire(t, p, Want{Prompt: chat(99, 7)}); got != a {
+		t.Error("a long cached prefix lost to a fuller KV cache")
+	}
+}
