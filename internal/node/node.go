@@ -383,11 +383,8 @@ func buildState(cfg *configs.Config, simURLs map[string]string, reuse poolSet) (
 			return nil, poolSet{}, fmt.Errorf("pool %q: %w", pc.Name, err)
 		}
 		p.InheritAffinity(reuse.pools[pc.Name]) // prefix affinity survives the rebuild
-		if a := p.Config().Affinity; a.Share && p.Config().Policy == routing.PolicyPrefixAware {
-			if reuse.affinityRedis == nil {
-				return nil, poolSet{}, fmt.Errorf("pool %q: affinity.share needs the redis section", pc.Name)
-			}
-			p.ShareAffinity(routing.SharedAffinity{Client: reuse.affinityRedis, TTL: a.ShareTTL, Timeout: a.ShareTimeout})
+		if p.Config().Affinity.Share && reuse.affinityRedis == nil {
+			return nil, poolSet{}, fmt.Errorf("pool %q: affinity.share needs the redis section", pc.Name)
 		}
 		tr, err := proxy.NewPoolTransport(cfg.Proxy, p.Config())
 		if err != nil {
@@ -405,6 +402,11 @@ func buildState(cfg *configs.Config, simURLs map[string]string, reuse poolSet) (
 		}
 		rt := &routing.Route{RouteConfig: rc.RouteConfig, Pool: p}
 		routes, policies[rt] = append(routes, rt), &rc.RoutePolicy
+	}
+	for name, p := range set.pools { // last: nothing fails after, so no writer is left running
+		if a := p.Config().Affinity; a.Share && reuse.pools[name] != p {
+			p.ShareAffinity(routing.SharedAffinity{Client: set.affinityRedis, TTL: a.ShareTTL, Timeout: a.ShareTimeout})
+		}
 	}
 	return &proxy.State{
 		Config:     cfg.Proxy,
