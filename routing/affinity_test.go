@@ -235,13 +235,28 @@ func TestAffinityConfigValidate(t *testing.T) {
 	}
 }
 
+// BenchmarkPrefixAwarePick is the cost of an Acquire with a ~6 KB prompt
+// (24 blocks) and a 64 KiB one (256 blocks, max_blocks) under
+// prefix_aware, against least_queued's.
 func BenchmarkPrefixAwarePick(b *testing.B) {
-	p := prefixPool(b, "http://a:1", "http://b:1", "http://c:1", "http://d:1")
-	prompt := chat(1, 10) // ~6 KB
-	b.ReportAllocs()
-	for b.Loop() {
-		a, _ := p.Acquire(context.Background(), Want{Prompt: prompt})
-		a.End(Finished)
+	for _, policy := range []string{PolicyLeastQueued, PolicyPrefixAware} {
+		for _, turns := range []int{10, 110} {
+			prompt := chat(1, turns)
+			b.Run(fmt.Sprintf("%s/%dKB", policy, len(prompt)>>10), func(b *testing.B) {
+				pc := quiet("http://a:1", "http://b:1", "http://c:1", "http://d:1")
+				pc.Policy = policy
+				p, err := NewPool(pc)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer p.Close()
+				b.ReportAllocs()
+				for b.Loop() {
+					a, _ := p.Acquire(context.Background(), Want{Prompt: prompt})
+					a.End(Finished)
+				}
+			})
+		}
 	}
 }
 
