@@ -247,13 +247,17 @@ func (p *Pool) choose(cands []*Backend, now time.Time, want *Want) *Backend {
 	}
 	m = m[:len(cands)]
 	table := a.table
-	known := 0 // blocks the local table knows
+	known := 0            // blocks the local table knows
+	var front [256]uint16 // the most recent backend of each known block (the first 256)
 	for k, h := range blocks {
 		who, ok := table.lookup(h)
 		if !ok {
 			break // a later block of this prompt was never sent anywhere either
 		}
 		known = k + 1
+		if k < len(front) {
+			front[k] = who[0]
+		}
 		for _, id := range who {
 			if id == 0 {
 				break
@@ -289,7 +293,10 @@ func (p *Pool) choose(cands []*Backend, now time.Time, want *Want) *Backend {
 		a.hits.Add(1)
 		a.blocksHit.Add(int64(m[best]))
 	}
-	for _, h := range blocks {
+	for k, h := range blocks {
+		if k < known && k < len(front) && front[k] == b.affID && front[k] != 0 {
+			continue // already b's, most recent first, and touched by the lookup
+		}
 		table.record(h, b.affID)
 	}
 	if a.shared != nil {
