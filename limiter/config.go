@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 )
 
 // RedisConfig is the `redis:` section of the configuration. Without it
@@ -227,4 +228,11 @@ func NewFromConfig(cfg RedisConfig, reg prometheus.Registerer, log *slog.Logger)
 			"addrs", cfg.Addrs, "sentinels", cfg.Sentinel.Addrs, "err", err)
 	}
 	return s, nil
+}
+
+// NewClient returns a Redis client for cfg (defaults applied), with the
+// limiter's settings (topology, TLS, context deadlines honoured), for other
+// users of the node's Redis (the routing's shared prefix table).
+func NewClient(cfg RedisConfig) (redis.UniversalClient, error) {
+	return newUniversalClient(cfg.WithDefaults())
 }

@@ -61,6 +61,10 @@ func (x *exchange) applyAlias(route *routing.Route) {
 	}
 	x.alias = newAlias(x.meta.Model, served)
 	x.body = replaceSpan(x.body, x.meta.modelAt, x.meta.modelEnd, x.alias.servedQ)
+	if shift := len(x.alias.servedQ) - (x.meta.modelEnd - x.meta.modelAt); x.meta.promptAt >= x.meta.modelEnd {
+		x.meta.promptAt += shift // the prompt's span (prefix affinity) follows the edit
+		x.meta.promptEnd += shift
+	}
 	x.meta.modelEnd = x.meta.modelAt + len(x.alias.servedQ)
 }
 

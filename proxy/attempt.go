@@ -52,7 +52,8 @@ func (st *State) picker(route *routing.Route) Picker {
 // (its wait is the request's queue stage) and sets the pick mark; the
 // others count as retries.
 func (x *exchange) acquire(n int, tried []*routing.Backend, queue bool) (Attempt, error) {
-	want := routing.Want{Class: x.route.Class, Tenant: x.tenant.ID, Queue: queue && n == 0, Tried: tried}
+	want := routing.Want{Class: x.route.Class, Tenant: x.tenant.ID, Queue: queue && n == 0, Tried: tried,
+		Prompt: x.meta.prompt(x.body), Session: x.sessionKey()}
 	a, err := x.st.picker(x.route).Acquire(x.r.Context(), want)
 	if n == 0 {
 		x.admitted = time.Now()
@@ -76,4 +77,19 @@ func (x *exchange) acquire(n int, tried []*routing.Backend, queue bool) (Attempt
 func (x *exchange) logAttempt(b *routing.Backend, err error) {
 	x.h.log.Warn("upstream attempt failed", "request_id", x.id, "trace_id", x.traceID(), "route", x.route.Name,
 		"pool", x.route.Pool.Name(), "backend", b.URL.Host, "err", err)
+}
+
+// sessionKey is the request's session-affinity key: the tenant and the
+// value of the pool's session header; "" without one (see
+// routing.AffinityConfig).
+func (x *exchange) sessionKey() string {
+	name := x.route.Pool.SessionHeader()
+	if name == "" {
+		return ""
+	}
+	v := x.r.Header.Get(name)
+	if v == "" {
+		return ""
+	}
+	return x.tenant.ID + "\x00" + v
 }

@@ -30,6 +30,20 @@ type requestMeta struct {
 	// (with its quotes) in the body parseRequest returns; both 0 when the
 	// body has no model string. The alias rewrite replaces it in place.
 	modelAt, modelEnd int
+	// promptAt and promptEnd are the span of the prompt member's value
+	// (messages, prompt or input; Messages: messages) in the body
+	// parseRequest returns, kept with the body's later edits; both 0 when
+	// absent. prompt gives it to routing for prefix-cache affinity.
+	promptAt, promptEnd int
+}
+
+// prompt is the raw JSON of the request's prompt in body (the body sent
+// on), a sub-slice (no copy); nil when the request has none.
+func (m *requestMeta) prompt(body []byte) []byte {
+	if m.promptEnd <= m.promptAt || m.promptEnd > len(body) {
+		return nil
+	}
+	return body[m.promptAt:m.promptEnd:m.promptEnd]
 }
 
 // maxChoices is the largest "n" accepted (vLLM and OpenAI take up to 128).
@@ -75,10 +89,16 @@ func parseOpenAI(body []byte) (requestMeta, []byte, error) {
 		m.OutputTokens = max(f.maxTokens, 0)
 	}
 	m.InputTokens = int64(f.chars+f.prompt+f.input+3) / 4
+	m.promptAt, m.promptEnd = f.promptAt, f.promptEnd
 	if !m.Stream || m.ClientUsage {
 		return m, body, nil
 	}
 	out := askForUsage(body, &f)
+	if m.promptEnd > 0 && f.editAt <= m.promptAt { // nor inside the prompt's
+		shift := len(out) - len(body)
+		m.promptAt += shift
+		m.promptEnd += shift
+	}
 	if m.modelEnd > 0 && f.editAt <= m.modelAt { // the edit is never inside the model's value
 		shift := len(out) - len(body)
 		m.modelAt += shift
@@ -95,6 +115,9 @@ type openAIFields struct {
 	modelAt, modelEnd int
 	// editAt is where askForUsage edited the body.
 	editAt int
+	// promptAt and promptEnd are the span of the prompt member's value
+	// (messages, prompt or input; the last read), 0 when absent.
+	promptAt, promptEnd int
 	// options is set when stream_options is an object (null and absent
 	// are alike); optStart and optEnd are its value's span (of null too),
 	// 0 when absent.
@@ -228,14 +251,18 @@ func (f *openAIFields) scan(body []byte) bool {
 		case fieldBestOf:
 			return f.choices(body, v, "best_of", &f.bestOf, &f.hasBestOf)
 		case fieldMessages:
-			return f.scanMessages(body, v)
+			end := f.scanMessages(body, v)
+			f.promptAt, f.promptEnd = v, end
+			return end
 		case fieldPrompt:
 			end := skipValue(body, v, 1)
 			f.prompt = end - v
+			f.promptAt, f.promptEnd = v, end
 			return end
 		case fieldInput:
 			end := skipValue(body, v, 1)
 			f.input = end - v
+			f.promptAt, f.promptEnd = v, end
 			return end
 		default:
 			return skipValue(body, v, 1)

@@ -87,6 +87,9 @@ func parseNative(body []byte, d dialect) (requestMeta, error) {
 			case 5, 6:
 				end := skipValue(body, v, 1)
 				prompt += end - v
+				if exact == 5 && end > 0 { // input or messages: the prompt for prefix affinity
+					m.promptAt, m.promptEnd = v, end
+				}
 				return end
 			}
 			return skipValue(body, v, 1)

@@ -289,6 +289,7 @@ func TestParseOpenAI(t *testing.T) {
 			checkParseOpenAI(t, []byte(c.in))
 			m, out, err := parseOpenAI([]byte(c.in))
 			m.modelAt, m.modelEnd = 0, 0 // checked by checkParseOpenAI
+			m.promptAt, m.promptEnd = 0, 0
 			if c.want.N == 0 {
 				c.want.N = 1
 			}
@@ -336,6 +337,11 @@ func checkParseOpenAI(t *testing.T, body []byte) {
 			t.Fatalf("%q: model %q without a span (%d:%d)", body, m.Model, m.modelAt, m.modelEnd)
 		}
 		m.modelAt, m.modelEnd = 0, 0
+		// The prompt's span, in the body sent on, is one JSON value.
+		if p := m.prompt(out); m.promptEnd > 0 && (p == nil || !json.Valid(p) || skipValue(out, m.promptAt, 1) != m.promptEnd) {
+			t.Fatalf("%q: prompt span %d:%d is %q; want one JSON value", body, m.promptAt, m.promptEnd, p)
+		}
+		m.promptAt, m.promptEnd = 0, 0
 	}
 	rm, rcode := parseOpenAIReference(body)
 	code := ""

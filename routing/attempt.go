@@ -20,6 +20,13 @@ type Want struct {
 	// Tried lists the backends already tried for the request; the pick
 	// skips them.
 	Tried []*Backend
+	// Prompt is the request's raw prompt (the JSON value of its messages,
+	// prompt or input member) for prefix affinity; nil when unknown. It
+	// is read during Acquire only, never kept.
+	Prompt []byte
+	// Session is the request's session key for session affinity (the
+	// tenant and the pool's session header), "" for none.
+	Session string
 }
 
 // Outcome is how an attempt ended, as far as the backend's health is
@@ -67,7 +74,7 @@ func (p *Pool) Acquire(ctx context.Context, want Want) (*Attempt, error) {
 			return nil, waitedErr(err, adm.Waited)
 		}
 	}
-	b, err := p.pick(want.Tried)
+	b, err := p.pickFor(want.Tried, &want)
 	if err != nil {
 		adm.Done()
 		return nil, waitedErr(err, adm.Waited)

@@ -84,7 +84,10 @@ type PoolConfig struct {
 	// Policy picks a backend: "least_queued" (default: power of two
 	// choices on the combined load score), "least_request" (power of two
 	// choices on this node's in-flight requests), "round_robin" or
-	// "random". All honour weights, health and max_concurrency.
+	// "random", or "prefix_aware" (the backend likely to hold the
+	// prompt's prefix in its KV cache, traded against load: see
+	// AffinityConfig). All honour health and max_concurrency; all but
+	// prefix_aware honour weights (prefix_aware through the load score).
 	Policy string `yaml:"policy"`
 	// Dialect names the engines' metrics: "auto" (default: detect from
 	// the names exposed), "vllm", "sglang", "tgi", or "none" (do not
@@ -117,6 +120,9 @@ type PoolConfig struct {
 	// (default: offered in ALPN, used when the backend picks it), "on"
 	// (HTTP/2 only) or "off" (HTTP/1.1 only).
 	HTTP2 string `yaml:"http2"`
+	// Affinity configures prefix-cache affinity (policy prefix_aware)
+	// and session affinity; see AffinityConfig.
+	Affinity AffinityConfig `yaml:"affinity"`
 	// H2C speaks cleartext HTTP/2 with prior knowledge to http://
 	// backends (they must support it). Default false: HTTP/1.1.
 	H2C bool `yaml:"h2c"`
@@ -128,6 +134,7 @@ const (
 	PolicyLeastRequest = "least_request"
 	PolicyRoundRobin   = "round_robin"
 	PolicyRandom       = "random"
+	// PolicyPrefixAware is in affinity.go.
 )
 
 // Metric dialects (PoolConfig.Dialect, BackendConfig.Dialect).
@@ -254,6 +261,7 @@ func (c PoolConfig) WithDefaults() PoolConfig {
 	}
 	c.Health = c.Health.WithDefaults()
 	c.Queue = c.Queue.WithDefaults()
+	c.Affinity = c.Affinity.WithDefaults(c.Policy)
 	if c.HTTP2 == "" {
 		c.HTTP2 = HTTP2Auto
 	}
@@ -308,10 +316,11 @@ func (c PoolConfig) Validate() []FieldError {
 		errs = append(errs, FieldError{Key: key, Msg: fmt.Sprintf(format, args...)})
 	}
 	switch c.Policy {
-	case PolicyLeastQueued, PolicyLeastRequest, PolicyRoundRobin, PolicyRandom:
+	case PolicyLeastQueued, PolicyLeastRequest, PolicyRoundRobin, PolicyRandom, PolicyPrefixAware:
 	default:
-		bad("policy", "policy %q must be least_queued, least_request, round_robin or random", c.Policy)
+		bad("policy", "policy %q must be least_queued, least_request, round_robin, random or prefix_aware", c.Policy)
 	}
+	errs = append(errs, c.Affinity.validate()...)
 	if !validDialect(c.Dialect) {
 		bad("dialect", "dialect %q must be auto, vllm, sglang, tgi or none", c.Dialect)
 	}

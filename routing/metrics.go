@@ -54,6 +54,20 @@ var (
 		"Health probes that timed out while the backend was still answering requests (not counted as failures).", backendLabels, nil)
 	descDepth = prometheus.NewDesc("sluice_queue_depth",
 		"Requests waiting in the pool's admission queue.", []string{"pool", "class"}, nil)
+	descPrefixPicks = prometheus.NewDesc("sluice_prefix_picks_total",
+		"prefix_aware picks of requests with a prompt, by result: hit (the backend chosen was expected to hold some of the prompt's blocks) or miss.",
+		[]string{"pool", "result"}, nil)
+	descPrefixBlocks = prometheus.NewDesc("sluice_prefix_blocks_total",
+		"Prompt blocks of prefix_aware picks, by result: hit (expected cached on the backend chosen) or miss; hit / (hit + miss) is the block hit ratio.",
+		[]string{"pool", "result"}, nil)
+	descPrefixEntries = prometheus.NewDesc("sluice_prefix_table_entries",
+		"Block hashes held in the pool's prefix table.", []string{"pool"}, nil)
+	descPrefixShared = prometheus.NewDesc("sluice_prefix_shared_total",
+		"Prefix table operations through Redis, by result: found (a lookup that found a block), miss, error (a lookup or write batch that failed or timed out), dropped (writes dropped with the queue full).",
+		[]string{"pool", "result"}, nil)
+	descSessionPicks = prometheus.NewDesc("sluice_session_picks_total",
+		"Picks of requests with a session key, by result: pinned (to the session's own backend) or moved (it was unavailable, tried or overloaded).",
+		[]string{"pool", "result"}, nil)
 	descOutcomes = prometheus.NewDesc("sluice_queue_requests_total",
 		"Requests through the admission queue by outcome (immediate, waited, timeout, cancelled, full).",
 		[]string{"pool", "class", "outcome"}, nil)
@@ -73,6 +87,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		for _, b := range p.backends {
 			collectBackend(ch, p, b, now)
 		}
+		collectAffinity(ch, p)
 		q := p.queue
 		for cl := range q.classes {
 			ch <- prometheus.MustNewConstMetric(descDepth, prometheus.GaugeValue, float64(q.depth[cl].Load()), p.cfg.Name, classNames[cl])
@@ -120,4 +135,30 @@ func collectBackend(ch chan<- prometheus.Metric, p *Pool, b *Backend, now time.T
 	counter(descScrapeErrors, b.scrapeErrors.Load())
 	counter(descProbeFailures, b.probeFailures.Load())
 	counter(descProbeExcused, b.probeExcused.Load())
+}
+
+func collectAffinity(ch chan<- prometheus.Metric, p *Pool) {
+	a := p.aff
+	counter := func(d *prometheus.Desc, v int64, lv ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append([]string{p.cfg.Name}, lv...)...)
+	}
+	if a.table != nil {
+		hits, blocksHit := a.hits.Load(), a.blocksHit.Load()
+		counter(descPrefixPicks, hits, "hit")
+		counter(descPrefixPicks, a.lookups.Load()-hits, "miss")
+		counter(descPrefixBlocks, blocksHit, "hit")
+		counter(descPrefixBlocks, a.blocksAsked.Load()-blocksHit, "miss")
+		ch <- prometheus.MustNewConstMetric(descPrefixEntries, prometheus.GaugeValue, float64(a.table.len()), p.cfg.Name)
+	}
+	if st := a.shared; st != nil {
+		found, failed := st.found.Load(), st.failed.Load()
+		counter(descPrefixShared, found, "found")
+		counter(descPrefixShared, max(st.lookups.Load()-found-failed, 0), "miss")
+		counter(descPrefixShared, failed, "error")
+		counter(descPrefixShared, st.dropped.Load(), "dropped")
+	}
+	if a.cfg.SessionHeader != "" {
+		counter(descSessionPicks, a.sessionPinned.Load(), "pinned")
+		counter(descSessionPicks, a.sessionMoved.Load(), "moved")
+	}
 }

@@ -63,6 +63,11 @@ type Backend struct {
 	// value for this backend ("TEXT", "JSON"), empty for none.
 	loadFormat string
 
+	// affID is the backend's id in the pool's prefix table (0: none);
+	// hrw is its rendezvous hash for session affinity (affinity.go).
+	affID uint16
+	hrw   uint64
+
 	scraped atomic.Pointer[Sample]
 	header  atomic.Pointer[Sample]
 
@@ -174,6 +179,7 @@ type Pool struct {
 	queue    *queue
 	client   *http.Client
 	cands    sync.Pool // *[]*Backend scratch for Pick
+	aff      *affinity // prefix and session affinity (affinity.go)
 
 	mu      sync.Mutex
 	stop    context.CancelFunc
@@ -207,6 +213,8 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 		p.backends = append(p.backends, b)
 	}
 	p.queue = newQueue(p)
+	p.aff = newAffinity(cfg)
+	p.bindAffinity()
 	return p, nil
 }
 
@@ -243,7 +251,11 @@ func (p *Pool) Backends() []*Backend { return p.backends }
 // queue has targets, backends below target are preferred. With no backend
 // healthy it returns an error matching ErrNoHealthyBackend with a retry
 // delay (RetryAfter).
-func (p *Pool) pick(tried []*Backend) (*Backend, error) {
+func (p *Pool) pick(tried []*Backend) (*Backend, error) { return p.pickFor(tried, nil) }
+
+// pickFor is pick for the request want describes (its prompt and session
+// key steer the choice: see Pool.choose); want may be nil.
+func (p *Pool) pickFor(tried []*Backend, want *Want) (*Backend, error) {
 	now := time.Now()
 	bufp := p.cands.Get().(*[]*Backend)
 	defer p.cands.Put(bufp)
@@ -271,7 +283,7 @@ func (p *Pool) pick(tried []*Backend) (*Backend, error) {
 	if len(cands) == 1 {
 		return cands[0], nil
 	}
-	return p.sel.Select(cands, now), nil
+	return p.choose(cands, now, want), nil
 }
 
 func (b *Backend) atCap() bool {
@@ -348,6 +360,9 @@ func (p *Pool) Close() error {
 		stop()
 	}
 	p.wg.Wait()
+	if p.aff.shared != nil {
+		p.aff.shared.close()
+	}
 	p.queue.close()
 	p.client.CloseIdleConnections()
 	return nil

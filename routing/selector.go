@@ -27,7 +27,7 @@ var (
 // least_queued).
 func NewSelector(policy string) (Selector, error) {
 	switch policy {
-	case PolicyLeastQueued, "":
+	case PolicyLeastQueued, "", PolicyPrefixAware: // prefix_aware: for requests without a prompt
 		return LeastQueued{}, nil
 	case PolicyLeastRequest:
 		return LeastRequest{}, nil

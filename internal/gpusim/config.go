@@ -62,6 +62,14 @@ type Config struct {
 	// vllm:kv_cache_usage_perc is the tokens held by running sequences
 	// (prompt + generated so far) over this capacity. Default 16384.
 	KVCacheTokens int `yaml:"kv_cache_tokens"`
+	// PrefixCacheBlocks is the simulated prefix cache's capacity in
+	// blocks of PrefixBlockTokens tokens (vLLM's automatic prefix
+	// caching: a prompt's leading blocks already cached skip their
+	// prefill). Zero (default) means no prefix cache.
+	PrefixCacheBlocks int `yaml:"prefix_cache_blocks"`
+	// PrefixBlockTokens is the prefix cache's block size in tokens.
+	// Default 16 (vLLM's default --block-size).
+	PrefixBlockTokens int `yaml:"prefix_block_tokens"`
 	// EmbeddingDim is the length of /v1/embeddings vectors. Default 64.
 	EmbeddingDim int `yaml:"embedding_dim"`
 	// LoadHeader, when true, answers ORCA load-report requests as vLLM
@@ -112,6 +120,8 @@ const (
 	DefaultSeed            = 1
 	DefaultKVCacheTokens   = 16384
 	DefaultEmbeddingDim    = 64
+	// DefaultPrefixBlockTokens is vLLM's default --block-size.
+	DefaultPrefixBlockTokens = 16
 )
 
 // WithDefaults returns c with every zero field set to its default. A
@@ -139,6 +149,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.EmbeddingDim == 0 {
 		c.EmbeddingDim = DefaultEmbeddingDim
+	}
+	if c.PrefixBlockTokens == 0 {
+		c.PrefixBlockTokens = DefaultPrefixBlockTokens
 	}
 	if c.MetricNames == "" {
 		c.MetricNames = MetricsVLLM
@@ -198,6 +211,12 @@ func (c Config) Validate() error {
 	if c.EmbeddingDim < 0 {
 		bad("embedding_dim: %d is negative", c.EmbeddingDim)
 	}
+	if c.PrefixCacheBlocks < 0 {
+		bad("prefix_cache_blocks: %d is negative", c.PrefixCacheBlocks)
+	}
+	if c.PrefixBlockTokens < 0 {
+		bad("prefix_block_tokens: %d is negative", c.PrefixBlockTokens)
+	}
 	if c.Pace < 0 {
 		bad("pace: %v is negative", c.Pace)
 	}
@@ -230,6 +249,8 @@ func (c Config) sanitized() Config {
 	c.KVCacheTokens = max(c.KVCacheTokens, c.DefaultMaxTokens+1)
 	c.EmbeddingDim = max(c.EmbeddingDim, 1)
 	c.Pace = max(c.Pace, 0)
+	c.PrefixCacheBlocks = max(c.PrefixCacheBlocks, 0)
+	c.PrefixBlockTokens = max(c.PrefixBlockTokens, 1)
 	switch c.MetricNames {
 	case MetricsVLLM, MetricsVLLMV0, MetricsSGLang, MetricsTGI:
 	default:
@@ -267,6 +288,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SlowStart, "slow-start", c.SlowStart, "delay before the response headers")
 	fs.IntVar(&c.KVCacheTokens, "kv-cache-tokens", c.KVCacheTokens, "simulated KV-cache capacity in tokens")
 	fs.IntVar(&c.EmbeddingDim, "embedding-dim", c.EmbeddingDim, "length of embedding vectors")
+	fs.IntVar(&c.PrefixCacheBlocks, "prefix-cache-blocks", c.PrefixCacheBlocks, "prefix cache capacity in blocks (0: no prefix cache)")
+	fs.IntVar(&c.PrefixBlockTokens, "prefix-block-tokens", c.PrefixBlockTokens, "prefix cache block size in tokens")
 	fs.BoolVar(&c.LoadHeader, "load-header", c.LoadHeader, "answer endpoint-load-metrics-format requests with vLLM's endpoint-load-metrics header")
 	fs.StringVar(&c.MetricNames, "metric-names", c.MetricNames, "load gauge names in /metrics: vllm, vllm-v0, sglang or tgi")
 	fs.DurationVar(&c.Pace, "pace", c.Pace, "emit each request's tokens on its own timer, one every `interval` after the prefill,\ninstead of batch decode steps (0: batch scheduler)")

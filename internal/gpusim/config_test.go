@@ -14,6 +14,7 @@ func TestConfigDefaults(t *testing.T) {
 		Model: "sim-small", MaxBatch: 8, StepBase: 20 * time.Millisecond, StepPerSeq: -1,
 		PrefillPerToken: time.Millisecond, PrefillBase: 100 * time.Millisecond,
 		DefaultMaxTokens: 64, Seed: 1, KVCacheTokens: 16384, EmbeddingDim: 64, MetricNames: "vllm",
+		PrefixBlockTokens: 16,
 	}
 	if got != want {
 		t.Errorf("WithDefaults:\n got %+v\nwant %+v", got, want)
@@ -66,7 +67,7 @@ func TestRegisterFlags(t *testing.T) {
 		"--model=m", "--max-batch=3", "--step-base=5ms", "--step-per-seq=-1ns", "--prefill-base=7ms",
 		"--prefill-per-token=0", "--default-max-tokens=9", "--seed=4", "--fail-before-first=0.25",
 		"--die-after-tokens=6", "--stall-after-tokens=2", "--stall-for=1s", "--slow-start=3ms",
-		"--kv-cache-tokens=999", "--embedding-dim=4", "--load-header", "--metric-names=sglang", "--pace=10ms", "--stamp-tokens",
+		"--kv-cache-tokens=999", "--embedding-dim=4", "--prefix-cache-blocks=50", "--prefix-block-tokens=8", "--load-header", "--metric-names=sglang", "--pace=10ms", "--stamp-tokens",
 	}
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
@@ -77,14 +78,14 @@ func TestRegisterFlags(t *testing.T) {
 		PrefillBase: 7 * time.Millisecond, PrefillPerToken: time.Millisecond, DefaultMaxTokens: 9, Seed: 4,
 		FailBeforeFirst: 0.25, DieAfterTokens: 6, StallAfterTokens: 2, StallFor: time.Second,
 		SlowStart: 3 * time.Millisecond, KVCacheTokens: 999, EmbeddingDim: 4, LoadHeader: true, MetricNames: "sglang",
-		Pace: 10 * time.Millisecond, StampTokens: true,
+		Pace: 10 * time.Millisecond, StampTokens: true, PrefixCacheBlocks: 50, PrefixBlockTokens: 8,
 	}
 	if got != want {
 		t.Errorf("flags:\n got %+v\nwant %+v", got, want)
 	}
 	n := 0
 	fs.VisitAll(func(*flag.Flag) { n++ })
-	if n != 19 {
-		t.Errorf("%d flags; want one per Config field (19)", n)
+	if n != 21 {
+		t.Errorf("%d flags; want one per Config field (21)", n)
 	}
 }

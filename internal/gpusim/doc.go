@@ -6,7 +6,11 @@
 // and emits one token to each running sequence; a newly admitted sequence
 // first pays its prefill (PrefillBase + PrefillPerToken × prompt tokens, about
 // four characters a token), which lengthens that step for the whole batch;
-// the rest wait in a FIFO queue. A client that goes away frees its slot at
+// the rest wait in a FIFO queue. With Config.PrefixCacheBlocks, a prefix
+// cache per Sim (vLLM's automatic prefix caching: chained hashes of
+// 16-token blocks, LRU) lets a prompt's cached leading blocks skip their
+// prefill; usage reports prompt_tokens_details.cached_tokens and /metrics
+// vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total. A client that goes away frees its slot at
 // once; a client that reads slowly does not slow the batch (its tokens are
 // generated on schedule and sent in one write when it catches up, as vLLM
 // coalesces a lagging request's output). Text is deterministic words derived

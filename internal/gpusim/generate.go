@@ -43,6 +43,7 @@ func (s *Sim) serveGenerate(w http.ResponseWriter, r *http.Request, a api) {
 		src = p
 	} else {
 		q := newSeq(j.prompt, j.limit, j.finish)
+		q.blocks = j.blocks
 		if !s.submit(ctx, q) {
 			s.gone(w, ctx)
 			return
@@ -80,6 +81,18 @@ type seqSource struct {
 func (x seqSource) progress() (int, bool) {
 	done := x.q.finished.Load() // before produced: then produced is final
 	return int(x.q.produced.Load()), done
+}
+
+// cachedOf is the prompt tokens src found in the prefix cache, known
+// once its first token is produced.
+func cachedOf(j *job, src source) int {
+	if j.blocks == nil && j.cached < 0 {
+		return -1 // no prefix cache
+	}
+	if x, ok := src.(seqSource); ok {
+		return int(x.q.cached.Load())
+	}
+	return j.cached // the pacer set it
 }
 
 func (x seqSource) wait(ctx context.Context) bool { return x.s.wait(ctx, x.q) }
@@ -164,7 +177,7 @@ func (s *Sim) stream(w http.ResponseWriter, r *http.Request, j *job, src source,
 		}
 		st.rd.finish(finish)
 		if j.includeUsage {
-			st.rd.usageChunk(j.prompt, j.limit)
+			st.rd.usageChunk(j.prompt, j.limit, cachedOf(j, src))
 		}
 		st.rd.buf = append(st.rd.buf, doneEvent...)
 	}
@@ -302,6 +315,7 @@ func (s *Sim) respond(w http.ResponseWriter, r *http.Request, j *job, src source
 	if f.stallAfter > 0 && j.limit >= f.stallAfter && !s.stall(ctx, f.stallFor) {
 		return
 	}
+	j.cached = cachedOf(j, src)
 	body := responseBody(s.cfg.Model, j)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")

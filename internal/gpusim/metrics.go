@@ -27,7 +27,12 @@ type metrics struct {
 	ttft, itl, e2e, queue, prefill prometheus.Histogram
 	decode                         prometheus.Histogram
 	promptTokens, genTokens        prometheus.Counter
-	success                        *prometheus.CounterVec
+	// prefixQueries and prefixHits count prompt tokens looked up in the
+	// prefix cache and found there (vLLM v0.11, vllm/v1/metrics/loggers.py:
+	// vllm:prefix_cache_queries and vllm:prefix_cache_hits, exposed with
+	// the _total suffix by prometheus_client).
+	prefixQueries, prefixHits prometheus.Counter
+	success                   *prometheus.CounterVec
 }
 
 func newMetrics(s *Sim) *metrics {
@@ -96,6 +101,10 @@ func newMetrics(s *Sim) *metrics {
 		}, []string{"finished_reason"}),
 	}
 	reg.MustRegister(m.success)
+	m.prefixQueries = counter("vllm:prefix_cache_queries_total",
+		"Prefix cache queries, in terms of number of queried tokens.")
+	m.prefixHits = counter("vllm:prefix_cache_hits_total",
+		"Prefix cache hits, in terms of number of cached tokens.")
 	return m
 }
 

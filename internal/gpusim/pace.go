@@ -27,8 +27,12 @@ type pacer struct {
 // newPacer starts pacing j's tokens from now.
 func (s *Sim) newPacer(j *job) *pacer {
 	now := time.Now()
+	cached := s.cachedTokens(j.prompt, j.blocks)
+	if s.prefix != nil {
+		j.cached = cached
+	}
 	p := &pacer{s: s, every: s.cfg.Pace, steps: max(j.limit, 1), finish: j.finish,
-		arrived: now, start: now.Add(s.cfg.prefill(j.prompt))}
+		arrived: now, start: now.Add(s.cfg.prefill(j.prompt - cached))}
 	s.running.Add(1)
 	s.metrics.queue.Observe(0)
 	s.metrics.promptTokens.Add(float64(j.prompt))

@@ -212,7 +212,10 @@ func (rd *renderer) finish(reason string) {
 }
 
 // usageChunk appends the include_usage chunk: no choices, only usage.
-func (rd *renderer) usageChunk(prompt, completion int) {
+// cached is the prompt tokens found in the prefix cache, reported as
+// prompt_tokens_details.cached_tokens; negative omits the details (no
+// prefix cache).
+func (rd *renderer) usageChunk(prompt, completion, cached int) {
 	if rd.stamp {
 		rd.placeholder()
 		rd.buf = append(rd.buf, ',')
@@ -221,18 +224,29 @@ func (rd *renderer) usageChunk(prompt, completion int) {
 		rd.buf = append(rd.buf, rd.prefix...)
 	}
 	rd.buf = append(rd.buf, `"choices":[],"usage":`...)
-	rd.buf = appendUsage(rd.buf, prompt, completion)
+	rd.buf = appendUsage(rd.buf, prompt, completion, cached)
 	rd.buf = append(rd.buf, "}\n\n"...)
 }
 
-func appendUsage(b []byte, prompt, completion int) []byte {
+func appendUsage(b []byte, prompt, completion, cached int) []byte {
 	b = append(b, `{"prompt_tokens":`...)
 	b = strconv.AppendInt(b, int64(prompt), 10)
 	b = append(b, `,"completion_tokens":`...)
 	b = strconv.AppendInt(b, int64(completion), 10)
 	b = append(b, `,"total_tokens":`...)
 	b = strconv.AppendInt(b, int64(prompt+completion), 10)
+	if cached >= 0 {
+		b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+		b = strconv.AppendInt(b, int64(cached), 10)
+		b = append(b, '}')
+	}
 	return append(b, '}')
+}
+
+// promptDetails is the usage's prompt_tokens_details (vLLM v0.11,
+// vllm/entrypoints/openai/protocol.py PromptTokenUsageInfo).
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // Usage is the OpenAI usage object.
@@ -240,6 +254,8 @@ type usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
+	// PromptTokensDetails is set when the simulator has a prefix cache.
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details,omitempty"`
 }
 
 type chatMessageOut struct {
@@ -276,7 +292,10 @@ func responseBody(model string, j *job) []byte {
 	}
 	c := choiceOut{FinishReason: j.finish}
 	out := responseOut{ID: j.id, Object: "text_completion", Created: j.created, Model: model,
-		Usage: usage{j.prompt, j.limit, j.prompt + j.limit}}
+		Usage: usage{PromptTokens: j.prompt, CompletionTokens: j.limit, TotalTokens: j.prompt + j.limit}}
+	if j.cached >= 0 {
+		out.Usage.PromptTokensDetails = &promptDetails{CachedTokens: j.cached}
+	}
 	if j.chat {
 		out.Object = "chat.completion"
 		c.Message = &chatMessageOut{Role: "assistant", Content: text}

@@ -54,10 +54,12 @@ type job struct {
 	chat         bool // chat completions or Messages: the prompt is messages
 	stream       bool
 	includeUsage bool
-	prompt       int    // prompt tokens
-	limit        int    // completion tokens delivered
-	finish       string // finish_reason: "length" or "stop"
-	seed         uint64 // token stream seed
+	prompt       int      // prompt tokens
+	blocks       []uint64 // the prompt's chained block hashes (prefix cache on)
+	cached       int      // prompt tokens found in the prefix cache
+	limit        int      // completion tokens delivered
+	finish       string   // finish_reason: "length" or "stop"
+	seed         uint64   // token stream seed
 	id           string
 	created      int64
 	tool         string // chat: the tool called (tool_calls deltas), or ""
@@ -105,6 +107,11 @@ func (s *Sim) parseGenerate(w http.ResponseWriter, r *http.Request, a api) (*job
 		return nil, e
 	}
 	j := &job{api: a, chat: chat, stream: req.Stream, prompt: prompt}
+	j.cached = -1 // no prefix cache: usage has no prompt_tokens_details
+	if s.prefix != nil {
+		j.cached = 0
+		j.blocks = blockHashes(text, 4*s.cfg.PrefixBlockTokens)
+	}
 	if a != apiCompletion {
 		j.reasoning = s.cfg.ReasoningTokens
 		if a == apiChat && len(req.Tools) > 0 {

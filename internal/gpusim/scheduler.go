@@ -19,6 +19,7 @@ import (
 type seq struct {
 	// Read-only once submitted.
 	prompt  int       // prompt tokens
+	blocks  []uint64  // the prompt's block hashes for the prefix cache
 	steps   int       // tokens the engine generates (≥ 1)
 	reserve int       // KV-cache tokens reserved at admission
 	finish  string    // finish_reason when all steps are done
@@ -27,6 +28,7 @@ type seq struct {
 
 	// Written by the scheduler, read by the handler.
 	produced atomic.Int64 // tokens generated so far
+	cached   atomic.Int64 // prompt tokens found in the prefix cache, set at admission
 	finished atomic.Bool  // set after the last produced increment
 
 	// Owned by the scheduler.
@@ -154,7 +156,9 @@ func (s *Sim) startStep(now time.Time) (d time.Duration, ok bool) {
 		sc.admit(q, now)
 		s.metrics.queue.Observe(now.Sub(q.arrived).Seconds())
 		s.metrics.promptTokens.Add(float64(q.prompt))
-		prefill += sc.cfg.prefill(q.prompt)
+		cached := s.cachedTokens(q.prompt, q.blocks)
+		q.cached.Store(int64(cached))
+		prefill += sc.cfg.prefill(q.prompt - cached)
 	}
 	s.publish()
 	if len(sc.running) == 0 {

@@ -37,6 +37,8 @@ type Sim struct {
 	total, completed, cancelled, failed atomic.Int64
 
 	sched scheduler // owned by the scheduler goroutine
+
+	prefix *prefixCache // nil without Config.PrefixCacheBlocks
 }
 
 // Stats is a snapshot of a Sim's load and request outcomes.
@@ -73,6 +75,9 @@ func New(cfg Config) *Sim {
 		closing:  make(chan struct{}),
 		exited:   make(chan struct{}),
 		failRNG:  rand.New(rand.NewPCG(seed, seed^0x5f1d)),
+	}
+	if cfg.PrefixCacheBlocks > 0 {
+		s.prefix = newPrefixCache(cfg.PrefixCacheBlocks)
 	}
 	s.metrics = newMetrics(s)
 	s.sched.init(cfg)

@@ -120,7 +120,7 @@ func TestRendererStampPlaceholders(t *testing.T) {
 	rd.token(0)
 	rd.token(1)
 	rd.finish("length")
-	rd.usageChunk(2, 2)
+	rd.usageChunk(2, 2, -1)
 	rd.stampAll(1234)
 	events := bytes.Split(bytes.TrimSuffix(rd.buf, []byte("\n\n")), []byte("\n\n"))
 	if len(events) != 5 || len(rd.stamps) != 0 {

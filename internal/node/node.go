@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 
 	"github.com/sluice-proxy/sluice/configs"
@@ -34,6 +35,9 @@ import (
 // the zero value is not usable. Its methods are safe for simultaneous use
 // by multiple goroutines.
 type Node struct {
+	// affinityRedis: see poolSet; closed by Close.
+	affinityRedis redis.UniversalClient
+
 	log      *slog.Logger
 	reg      *prometheus.Registry
 	handler  *proxy.Handler
@@ -99,6 +103,10 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 			if n.certs != nil {
 				n.certs.Close()
 			}
+			n.pools.close(poolSet{})
+			if n.affinityRedis != nil {
+				n.affinityRedis.Close()
+			}
 			if n.bgDone != nil {
 				<-n.bgDone
 				n.limiter.Close()
@@ -113,7 +121,14 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 	if err != nil {
 		return nil, err
 	}
-	st, pools, err := buildState(cfg, simURLs(sims), poolSet{})
+	if cfg.Redis.Enabled() {
+		c, err := limiter.NewClient(cfg.Redis) // pools with affinity.share
+		if err != nil {
+			return nil, err
+		}
+		n.affinityRedis = c
+	}
+	st, pools, err := buildState(cfg, simURLs(sims), poolSet{affinityRedis: n.affinityRedis})
 	if err != nil {
 		return nil, err
 	}
@@ -291,6 +306,9 @@ func (n *Node) Close() {
 	n.mu.Lock()
 	n.pools.close(poolSet{})
 	n.mu.Unlock()
+	if n.affinityRedis != nil {
+		n.affinityRedis.Close()
+	}
 	n.limiter.Close()
 	if n.certs != nil {
 		n.certs.Close() // ACME renewals
@@ -328,6 +346,9 @@ func (n *Node) stopTracer() {
 type poolSet struct {
 	pools      map[string]*routing.Pool
 	transports map[string]http.RoundTripper
+	// affinityRedis is the node's Redis client for pools sharing their
+	// prefix table (affinity.share); nil without a redis section.
+	affinityRedis redis.UniversalClient
 }
 
 // start starts the scrapers and probes of the pools that are not in old.
@@ -359,7 +380,7 @@ func (s poolSet) close(keep poolSet) {
 // background work), unless it reads upstream TLS files, which a reload
 // re-reads; the other pools are new, not yet started.
 func buildState(cfg *configs.Config, simURLs map[string]string, reuse poolSet) (*proxy.State, poolSet, error) {
-	set := poolSet{pools: map[string]*routing.Pool{}, transports: map[string]http.RoundTripper{}}
+	set := poolSet{pools: map[string]*routing.Pool{}, transports: map[string]http.RoundTripper{}, affinityRedis: reuse.affinityRedis}
 	for _, pc := range cfg.Pools {
 		pc.Backends = append([]routing.BackendConfig(nil), pc.Backends...)
 		for i, b := range pc.Backends {
@@ -380,6 +401,10 @@ func buildState(cfg *configs.Config, simURLs map[string]string, reuse poolSet) (
 		if err != nil {
 			return nil, poolSet{}, fmt.Errorf("pool %q: %w", pc.Name, err)
 		}
+		p.InheritAffinity(reuse.pools[pc.Name]) // prefix affinity survives the rebuild
+		if p.Config().Affinity.Share && reuse.affinityRedis == nil {
+			return nil, poolSet{}, fmt.Errorf("pool %q: affinity.share needs the redis section", pc.Name)
+		}
 		tr, err := proxy.NewPoolTransport(cfg.Proxy, p.Config())
 		if err != nil {
 			return nil, poolSet{}, err
@@ -396,6 +421,11 @@ func buildState(cfg *configs.Config, simURLs map[string]string, reuse poolSet) (
 		}
 		rt := &routing.Route{RouteConfig: rc.RouteConfig, Pool: p}
 		routes, policies[rt] = append(routes, rt), &rc.RoutePolicy
+	}
+	for name, p := range set.pools { // last: nothing fails after, so no writer is left running
+		if a := p.Config().Affinity; a.Share && reuse.pools[name] != p {
+			p.ShareAffinity(routing.SharedAffinity{Client: set.affinityRedis, TTL: a.ShareTTL, Timeout: a.ShareTimeout})
+		}
 	}
 	return &proxy.State{
 		Config:     cfg.Proxy,
