@@ -21,6 +21,9 @@ func (r *Redis) Run(ctx context.Context) error {
 	defer tick.Stop()
 	poll := time.NewTicker(r.opt.EpochPoll)
 	defer poll.Stop()
+	again := time.NewTimer(resettleAgain) // the second resend pass
+	again.Stop()
+	defer again.Stop()
 	_ = r.Beat(ctx)
 	for {
 		select {
@@ -33,6 +36,11 @@ func (r *Redis) Run(ctx context.Context) error {
 			pctx, cancel := context.WithTimeout(ctx, r.opt.EpochPoll)
 			_ = r.pollEpochs(pctx)
 			cancel()
+		case <-r.watchChanges():
+			r.resettle(ctx)
+			again.Reset(resettleAgain)
+		case <-again.C:
+			r.resettle(ctx)
 		}
 	}
 }
@@ -122,6 +130,8 @@ func (r *Redis) requeue(pending []pendingSettle, calls []*scriptCall) {
 			if time.Since(ps.since) < r.recordTTL() {
 				again = append(again, ps)
 			}
+		} else {
+			r.recordSent(ps)
 		}
 	}
 	if len(again) > 0 {
