@@ -35,6 +35,7 @@ func (r *Redis) Run(ctx context.Context) error {
 		case <-poll.C:
 			pctx, cancel := context.WithTimeout(ctx, r.opt.EpochPoll)
 			_ = r.pollEpochs(pctx)
+			_ = r.sendPending(pctx)
 			cancel()
 		case <-r.watchChanges():
 			r.resettle(ctx)
@@ -117,6 +118,28 @@ func (r *Redis) Beat(ctx context.Context) error {
 	if n, e := nodes.cmd.Int64(); e == nil {
 		r.nodes.Store(n)
 	}
+	r.requeue(pending, settles)
+	return err
+}
+
+// sendPending sends the queued settles now. Run calls it every EpochPoll,
+// so that a settle queued while Redis was away (a timeout, the breaker
+// open) reaches it soon after it answers again (a new master after a
+// failover), not up to a Heartbeat later while its lease holds a slot.
+// Without queued settles it does nothing.
+func (r *Redis) sendPending(ctx context.Context) error {
+	r.mu.Lock()
+	pending := r.pending
+	r.pending = nil
+	r.mu.Unlock()
+	if len(pending) == 0 {
+		return nil
+	}
+	settles := make([]*scriptCall, len(pending))
+	for i, ps := range pending {
+		settles[i] = r.settleCall(ps)
+	}
+	err := runPipeline(ctx, r.client, settles)
 	r.requeue(pending, settles)
 	return err
 }

@@ -83,10 +83,12 @@ type serverWatch struct {
 
 func newServerWatch() *serverWatch { return &serverWatch{changed: make(chan struct{}, 1)} }
 
-// runIDScript returns the server's run_id. A script, not INFO itself, so
-// that the ACL user needs no command beyond EVAL (admit.lua reads INFO
-// server the same way); EVAL, since a new connection may meet a server
-// with an empty script cache.
+// runIDScript returns the server's run_id. A script, not INFO itself:
+// go-redis v9.23.0 (sentinel.go sentinelOptions) gives the OnConnect hook
+// to the connections to the sentinels too, and a sentinel answers INFO
+// with its own run_id but refuses EVAL, so only data nodes are seen. EVAL,
+// not EVALSHA: a new connection may meet an empty script cache. The user
+// needs INFO allowed, as admit.lua already does (docs/OPERATIONS.md).
 var runIDScript = `return string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''`
 
 // onConnect is the go-redis OnConnect hook (v9.23.0 options.go: "Hook
