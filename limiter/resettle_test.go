@@ -175,3 +175,29 @@ func TestRecentRingBounded(t *testing.T) {
 		t.Errorf("since the 5 newest: %d entries; want 5", len(got))
 	}
 }
+
+// A settle queued while Redis was away (the breaker open: settleLater)
+// is sent by the next epoch poll (100ms), not by the next heartbeat
+// (lease_ttl/3 = 10s with the default lease_ttl): its slot comes back as
+// soon as Redis answers, e.g. on the new master after a failover.
+func TestRedisQueuedSettleSentWithinEpochPoll(t *testing.T) {
+	t.Parallel()
+	srv := startRedis(t)
+	r := newRedis(t, srv.Addr(), RedisOptions{LeaseTTL: 30 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(ran) }()
+	defer func() { cancel(); <-ran }()
+	lim := Limits{MaxConcurrency: 1}
+	d := admit(t, r, Request{Tenant: "q", Limits: lim})
+	time.Sleep(50 * time.Millisecond) // past Run's first beat
+	start := time.Now()
+	r.settleLater(d.Ticket, Usage{})
+	for inFlight(t, srv.Addr(), "q", lim) != 0 {
+		if time.Since(start) > 2*time.Second {
+			t.Fatalf("queued settle not sent %v later; want within a few epoch polls", time.Since(start))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("queued settle applied %v after it was queued", time.Since(start).Round(time.Millisecond))
+}
