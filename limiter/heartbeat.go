@@ -15,7 +15,10 @@ const renewBatch = 256
 // Run is the node's heartbeat: every Heartbeat it renews all live leases in
 // one pipeline (one renewal script per tenant scope, re-adding leases lost
 // in a Redis restart), retries failed settles and registers the node in the
-// live-node set. It returns when ctx is done, after Shutdown.
+// live-node set. Every EpochPoll it checks the epochs of the scopes with
+// leases and sends the queued settles; when the Redis behind the client
+// changes (a failover, see resettle.go) it re-sends the recent settles.
+// It returns when ctx is done, after Shutdown.
 func (r *Redis) Run(ctx context.Context) error {
 	tick := time.NewTicker(r.opt.Heartbeat)
 	defer tick.Stop()
