@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -92,10 +93,16 @@ func newServerWatch() *serverWatch { return &serverWatch{changed: make(chan stru
 var runIDScript = `return string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''`
 
 // onConnect is the go-redis OnConnect hook (v9.23.0 options.go: "Hook
-// that is called when new connection is established"). A failure to read
-// the run_id does not fail the connection.
+// that is called when new connection is established"). A reply error (a
+// sentinel refusing EVAL, an ACL without INFO) does not fail the
+// connection; a network error or timeout does, so that go-redis drops a
+// connection that may still owe the reply.
 func (w *serverWatch) onConnect(ctx context.Context, cn *redis.Conn) error {
 	id, err := cn.Eval(ctx, runIDScript, nil).Text()
+	var reply redis.Error
+	if err != nil && !errors.As(err, &reply) {
+		return err
+	}
 	if err != nil || id == "" {
 		return nil
 	}
