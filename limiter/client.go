@@ -25,6 +25,13 @@ import (
 // Username and Password authenticate to the data nodes (Redis 6 ACL);
 // sentinel.username and sentinel.password to the sentinels.
 func newUniversalClient(cfg RedisConfig) (redis.UniversalClient, error) {
+	return newWatchedClient(cfg, nil)
+}
+
+// newWatchedClient is newUniversalClient with w told of every new
+// connection's server (resettle.go), except on a Cluster, whose nodes all
+// differ. w may be nil.
+func newWatchedClient(cfg RedisConfig, w *serverWatch) (redis.UniversalClient, error) {
 	tlsConf, err := cfg.tlsConfig()
 	if err != nil {
 		return nil, err
@@ -34,6 +41,9 @@ func newUniversalClient(cfg RedisConfig) (redis.UniversalClient, error) {
 		Username: cfg.Username, Password: cfg.Password, TLSConfig: tlsConf,
 		DialTimeout: cfg.DialTimeout, ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout,
 		PoolSize: cfg.PoolSize, ContextTimeoutEnabled: true,
+	}
+	if w != nil && !cfg.Cluster && (len(cfg.Addrs) <= 1 || cfg.Sentinel.MasterName != "") {
+		opt.OnConnect = w.onConnect
 	}
 	if cfg.Sentinel.MasterName != "" {
 		opt.Addrs = cfg.Sentinel.Addrs

@@ -213,11 +213,14 @@ func NewFromConfig(cfg RedisConfig, reg prometheus.Registerer, log *slog.Logger)
 		log = slog.Default()
 	}
 	SetRedisLogger(log)
-	client, err := newUniversalClient(cfg)
+	watch := newServerWatch()
+	client, err := newWatchedClient(cfg, watch)
 	if err != nil {
 		return nil, fmt.Errorf("redis config: %w", err)
 	}
-	s := NewShared(NewRedis(client, RedisOptions{LeaseTTL: cfg.LeaseTTL, Heartbeat: cfg.Heartbeat}),
+	store := NewRedis(client, RedisOptions{LeaseTTL: cfg.LeaseTTL, Heartbeat: cfg.Heartbeat})
+	store.watch = watch
+	s := NewShared(store,
 		SharedOptions{AdmissionTimeout: cfg.AdmissionTimeout, SettleTimeout: cfg.SettleTimeout, FailureThreshold: cfg.BreakerFailures,
 			Cooldown: cfg.BreakerCooldown, Nodes: cfg.Nodes, Registerer: reg, Logger: log})
 	s.closer = client.Close

@@ -15,12 +15,18 @@ const renewBatch = 256
 // Run is the node's heartbeat: every Heartbeat it renews all live leases in
 // one pipeline (one renewal script per tenant scope, re-adding leases lost
 // in a Redis restart), retries failed settles and registers the node in the
-// live-node set. It returns when ctx is done, after Shutdown.
+// live-node set. Every EpochPoll it checks the epochs of the scopes with
+// leases and sends the queued settles; when the Redis behind the client
+// changes (a failover, see resettle.go) it re-sends the recent settles.
+// It returns when ctx is done, after Shutdown.
 func (r *Redis) Run(ctx context.Context) error {
 	tick := time.NewTicker(r.opt.Heartbeat)
 	defer tick.Stop()
 	poll := time.NewTicker(r.opt.EpochPoll)
 	defer poll.Stop()
+	again := time.NewTimer(resettleAgain) // the second resend pass
+	again.Stop()
+	defer again.Stop()
 	_ = r.Beat(ctx)
 	for {
 		select {
@@ -32,7 +38,13 @@ func (r *Redis) Run(ctx context.Context) error {
 		case <-poll.C:
 			pctx, cancel := context.WithTimeout(ctx, r.opt.EpochPoll)
 			_ = r.pollEpochs(pctx)
+			_ = r.sendPending(pctx)
 			cancel()
+		case <-r.watchChanges():
+			r.resettle(ctx)
+			again.Reset(resettleAgain)
+		case <-again.C:
+			r.resettle(ctx)
 		}
 	}
 }
@@ -113,6 +125,28 @@ func (r *Redis) Beat(ctx context.Context) error {
 	return err
 }
 
+// sendPending sends the queued settles now. Run calls it every EpochPoll,
+// so that a settle queued while Redis was away (a timeout, the breaker
+// open) reaches it soon after it answers again (a new master after a
+// failover), not up to a Heartbeat later while its lease holds a slot.
+// Without queued settles it does nothing.
+func (r *Redis) sendPending(ctx context.Context) error {
+	r.mu.Lock()
+	pending := r.pending
+	r.pending = nil
+	r.mu.Unlock()
+	if len(pending) == 0 {
+		return nil
+	}
+	settles := make([]*scriptCall, len(pending))
+	for i, ps := range pending {
+		settles[i] = r.settleCall(ps)
+	}
+	err := runPipeline(ctx, r.client, settles)
+	r.requeue(pending, settles)
+	return err
+}
+
 // requeue keeps failed settles for the next beat, for up to twice LeaseTTL
 // (after that the admission record is gone and the lease expired).
 func (r *Redis) requeue(pending []pendingSettle, calls []*scriptCall) {
@@ -122,6 +156,8 @@ func (r *Redis) requeue(pending []pendingSettle, calls []*scriptCall) {
 			if time.Since(ps.since) < r.recordTTL() {
 				again = append(again, ps)
 			}
+		} else {
+			r.recordSent(ps)
 		}
 	}
 	if len(again) > 0 {

@@ -119,6 +119,9 @@ type Redis struct {
 	clockMu sync.Mutex                  // one clock sync at a time
 
 	nodes atomic.Int64 // live edge nodes seen at the last beat (0: unknown)
+
+	recent recentRing   // settles sent in the last LeaseTTL (resettle.go)
+	watch  *serverWatch // master changes; nil: not watched
 }
 
 var _ Limiter = (*Redis)(nil)
@@ -434,6 +437,7 @@ func (r *Redis) Settle(ctx context.Context, t *Ticket, u Usage) error {
 		r.queue(ps)
 		return fmt.Errorf("settle script: %w", err)
 	}
+	r.recordSent(ps)
 	return nil
 }
 

@@ -6,8 +6,15 @@
 -- ARGV: 1 id, 2 settled-record TTL ms, 3/4/5 tokens/input/output rate per
 --       minute (0 = none), 6/7/8 tokens/input/output delta (actual - charged),
 --       9 mode: "settle" or "abandon", 10 requests rate per minute,
---       11/12/13 tokens/input/output burst.
+--       11/12/13 tokens/input/output burst, 14 "resend" (optional).
 -- Returns 1 when applied, 0 when there was nothing to do.
+--
+-- Idempotent: the first run marks the record settled "s"; any later run
+-- with the same id (a retry, a resend) finds "s" or "x" and changes
+-- nothing, neither the lease nor the buckets. A resend (after a Redis
+-- master change, resettle.go) applies only to an admission record still
+-- there and unsettled: without a record the admission was lost with the
+-- old master too, and there is nothing to give back.
 --
 -- A positive delta is debt, bounded at one burst below empty (the TAT at
 -- most now + 2 * burst * T; one already beyond, from shadow mode, stays);
@@ -20,6 +27,7 @@
 local rec = redis.call('GET', KEYS[5])
 if rec == 's' or rec == 'x' then return 0 end
 local abandon = ARGV[9] == 'abandon'
+if not rec and ARGV[14] == 'resend' and not abandon then return 0 end
 if abandon and not rec then
   redis.call('SET', KEYS[5], 'x', 'PX', ARGV[2])
   return 0
