@@ -41,10 +41,13 @@ func fieldIndex(key []byte, names []string) (exact, fold int) {
 		}
 	}
 	for i, n := range names {
-		if len(k) == len(n) && equalLower(k, n) {
-			if string(k) == n {
-				return i, i
-			}
+		if len(k) != len(n) {
+			continue
+		}
+		if string(k) == n { // the usual case first: names are lower-case
+			return i, i
+		}
+		if equalLower(k, n) {
 			return -1, i
 		}
 	}
