@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -293,84 +292,32 @@ func (c *proxyConn) SyscallConn() (syscall.RawConn, error) {
 // each one's PROXY header in its own goroutine (a slow balancer connection
 // holds up no other), handing on those whose header is complete.
 type proxyListener struct {
-	inner   net.Listener
+	prepListener
 	allowed []netip.Prefix
 	timeout time.Duration
 	log     *slog.Logger
-
-	ctx    context.Context // cancelled by Close
-	cancel context.CancelFunc
-	conns  chan net.Conn
-	errs   chan error
-	once   sync.Once
-	loop   sync.WaitGroup
 }
 
 func newProxyListener(inner net.Listener, allowed []netip.Prefix, timeout time.Duration, log *slog.Logger) *proxyListener {
-	ctx, cancel := context.WithCancel(context.Background())
-	l := &proxyListener{inner: inner, allowed: allowed, timeout: timeout, log: log,
-		ctx: ctx, cancel: cancel, conns: make(chan net.Conn), errs: make(chan error)}
-	l.loop.Add(1)
-	go l.acceptLoop()
+	l := &proxyListener{allowed: allowed, timeout: timeout, log: log}
+	l.admit, l.prepare = l.fromAllowed, l.readHeader
+	l.start(inner)
 	return l
 }
 
-func (l *proxyListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case err := <-l.errs:
-		return nil, err
-	case <-l.ctx.Done():
-		return nil, net.ErrClosed
+// fromAllowed reports whether c comes from an allowed source.
+func (l *proxyListener) fromAllowed(c net.Conn) bool {
+	if ap, ok := addrPort(c.RemoteAddr()); ok && inPrefixes(l.allowed, ap.Addr()) {
+		return true
 	}
+	l.log.Debug("PROXY protocol listener: connection from a source outside allowed_cidrs refused",
+		"remote", c.RemoteAddr().String())
+	return false
 }
 
-// Close stops accepting and aborts the header reads in progress (their
-// goroutines end when their connections are closed or their deadline
-// passes).
-func (l *proxyListener) Close() error {
-	var err error
-	l.once.Do(func() {
-		l.cancel()
-		err = l.inner.Close()
-		l.loop.Wait()
-	})
-	return err
-}
-
-func (l *proxyListener) Addr() net.Addr { return l.inner.Addr() }
-
-func (l *proxyListener) acceptLoop() {
-	defer l.loop.Done()
-	for {
-		c, err := l.inner.Accept()
-		if err != nil {
-			select {
-			case l.errs <- err:
-			case <-l.ctx.Done():
-				return
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue
-		}
-		if ap, ok := addrPort(c.RemoteAddr()); !ok || !inPrefixes(l.allowed, ap.Addr()) {
-			l.log.Debug("PROXY protocol listener: connection from a source outside allowed_cidrs refused",
-				"remote", c.RemoteAddr().String())
-			c.Close()
-			continue
-		}
-		l.loop.Add(1)
-		go l.readHeader(c, time.Now())
-	}
-}
-
-// readHeader reads c's header within the timeout and queues the
-// connection, or closes it.
-func (l *proxyListener) readHeader(c net.Conn, accepted time.Time) {
-	defer l.loop.Done()
+// readHeader reads c's header within the timeout: the connection to hand
+// on, or nil when it was refused (c is closed).
+func (l *proxyListener) readHeader(c net.Conn, accepted time.Time) net.Conn {
 	stop := context.AfterFunc(l.ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	c.SetDeadline(accepted.Add(l.timeout))
@@ -381,7 +328,7 @@ func (l *proxyListener) readHeader(c net.Conn, accepted time.Time) {
 			l.log.Debug("PROXY protocol header refused", "remote", c.RemoteAddr().String(), "err", err)
 		}
 		c.Close()
-		return
+		return nil
 	}
 	c.SetDeadline(time.Time{})
 	pc := &proxyConn{Conn: c, remote: c.RemoteAddr(), local: c.LocalAddr(), accepted: accepted}
@@ -392,11 +339,7 @@ func (l *proxyListener) readHeader(c net.Conn, accepted time.Time) {
 		b, _ := br.Peek(n)
 		pc.pending = bytes.Clone(b)
 	}
-	select {
-	case l.conns <- pc:
-	case <-l.ctx.Done():
-		c.Close()
-	}
+	return pc
 }
 
 func addrPort(a net.Addr) (netip.AddrPort, bool) {
