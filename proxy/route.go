@@ -122,6 +122,11 @@ func (st *State) checkAuthority(r *http.Request) error {
 	return nil
 }
 
+// CheckAuthority is checkAuthority for the WebSocket bridge's upgrade: a
+// socket whose Host is a host route's and not its SNI would only carry
+// refused frames, so the upgrade itself is refused (421).
+func (st *State) CheckAuthority(r *http.Request) error { return st.checkAuthority(r) }
+
 func misdirected(host, conn string) *APIError {
 	return &APIError{Status: http.StatusMisdirectedRequest, Type: "invalid_request_error", Code: "misdirected_request",
 		Message: "the host " + strconv.Quote(host) + " is not served on " + conn + "; open a connection to that host name"}

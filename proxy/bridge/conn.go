@@ -39,6 +39,10 @@ func (b *Bridge) serve(w http.ResponseWriter, r *http.Request, st *proxy.State) 
 		proxy.WriteError(w, proxy.ErrorOf(err))
 		return
 	}
+	if err := st.CheckAuthority(r); err != nil {
+		proxy.WriteError(w, proxy.ErrorOf(err))
+		return
+	}
 	key, fromProtocol := proxy.WebSocketKey(r)
 	tenant := st.Tenants.Lookup(key)
 	if tenant == nil {
