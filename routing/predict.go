@@ -33,8 +33,9 @@ func (e *objectiveError) RetryAfter() time.Duration { return e.retryAfter }
 //     headers-to-first-event, from requests dispatched while the engine
 //     had no waiting request;
 //   - queue wait per waiting request: the rest of headers-to-first-event
-//     divided by the engine's waiting count at dispatch (Load.Waiting),
-//     from requests dispatched while it had some.
+//     divided by the requests that had to leave the engine before this
+//     one got a batch slot, as estimated at dispatch (see waitingOf),
+//     from requests dispatched while there were some.
 //
 // A request's TTFT on backend b is predicted as
 //
@@ -187,15 +188,24 @@ func (b *Backend) PredictStats() PredictStats {
 	return st
 }
 
-// waitingOf is the engine's queue used by the prediction: Load.Waiting,
-// or, when the engine's state is unknown, this node's in-flight requests
-// beyond the batch slots (all of them when max_batch is unknown: a
-// conservative guess).
+// waitingOf is how many requests must leave the engine before a new one
+// gets a batch slot: with max_batch known, the estimated requests at the
+// engine beyond the slots, plus one, once every slot is taken; else the
+// engine's waiting count plus one when it has a queue; with the engine's
+// state unknown, this node's in-flight requests (a conservative guess).
 func waitingOf(b *Backend, l Load) float64 {
-	if l.Waiting >= 0 {
-		return l.Waiting
+	slots := float64(b.Config.MaxBatch)
+	switch {
+	case slots > 0 && l.Total >= slots:
+		return l.Total - slots + 1
+	case slots > 0:
+		return 0
+	case l.Waiting > 0:
+		return l.Waiting + 1
+	case l.Waiting == 0:
+		return 0
 	}
-	return max(float64(l.InFlight-int64(b.Config.MaxBatch)), 0)
+	return float64(l.InFlight)
 }
 
 // predict is the backend's predicted TTFT for uncached prompt tokens
