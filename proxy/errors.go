@@ -85,7 +85,7 @@ func ErrorOf(err error) *APIError {
 			RetryAfter: retryAfterOf(err)}
 	case errors.Is(err, routing.ErrTTFTObjective):
 		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "ttft_objective_unmet",
-			Message: "every backend is predicted to miss this route's time-to-first-token objective; retry after the delay given",
+			Message:    "every backend is predicted to miss this route's time-to-first-token objective; retry after the delay given",
 			RetryAfter: retryAfterOf(err)}
 	case errors.Is(err, routing.ErrQueueFull):
 		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "queue_full",
