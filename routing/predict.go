@@ -241,6 +241,8 @@ func (p *Pool) chooseTTFT(cands []*Backend, now time.Time, want *Want) *Backend 
 	}
 	m = m[:len(cands)]
 	var blocks []uint64
+	known := 0            // leading blocks the table knows
+	var front [256]uint16 // the most recent backend of each known block (the first 256)
 	if a.table != nil && len(want.Prompt) > 0 {
 		bp := a.blocks.Get().(*[]uint64)
 		defer a.blocks.Put(bp)
@@ -251,9 +253,16 @@ func (p *Pool) chooseTTFT(cands []*Backend, now time.Time, want *Want) *Backend 
 			if !ok {
 				break
 			}
+			known = k + 1
+			if k < len(front) {
+				front[k] = who[0]
+			}
 			for _, id := range who {
+				if id == 0 {
+					break
+				}
 				for i, c := range cands {
-					if id != 0 && c.affID == id {
+					if c.affID == id {
 						m[i] = k + 1
 					}
 				}
@@ -276,7 +285,10 @@ func (p *Pool) chooseTTFT(cands []*Backend, now time.Time, want *Want) *Backend 
 	b := cands[best]
 	want.pred = prediction{ok: true, at: bestPred, tokens: tokens, cached: min(m[best]*tokensPerBlock, tokens), waiting: bestWaiting}
 	if a.table != nil {
-		for _, h := range blocks {
+		for k, h := range blocks {
+			if k < known && k < len(front) && front[k] == b.affID && front[k] != 0 {
+				continue // already b's, most recent first, and touched by the lookup
+			}
 			a.table.record(h, b.affID)
 		}
 	}
