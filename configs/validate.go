@@ -373,6 +373,9 @@ func (v *validator) routes(pools map[string]bool) {
 		if r.Class != routing.ClassInteractive && r.Class != routing.ClassBatch {
 			v.errorf(path+".class", "%s: class %q must be interactive or batch", path, r.Class)
 		}
+		if r.TTFTObjective < 0 || r.TTFTObjective > 10*time.Minute {
+			v.errorf(path+".ttft_objective", "%s: ttft_objective %s must be from 0 (none) to 10m", path, r.TTFTObjective)
+		}
 		v.routePolicy(path, r)
 		v.routeModels(path, r)
 		key := r.Host + " " + r.Path + " " + strings.Join(r.Models, ",")

@@ -214,7 +214,7 @@ func BenchmarkPrefixAffinity(b *testing.B) {
 	sims := chatFleet()
 	total := chatCapacity(sims)
 	rate := 0.7 * total
-	policies := []string{routing.PolicyRoundRobin, routing.PolicyLeastQueued, routing.PolicyPrefixAware}
+	policies := []string{routing.PolicyRoundRobin, routing.PolicyLeastQueued, routing.PolicyPrefixAware, routing.PolicyPredictedTTFT}
 	runs := map[string]chatRun{}
 	for i := 0; i < b.N; i++ {
 		for _, p := range policies {
@@ -225,11 +225,13 @@ func BenchmarkPrefixAffinity(b *testing.B) {
 	for _, p := range policies {
 		r := runs[p]
 		b.Logf("%v", r)
-		short := map[string]string{routing.PolicyLeastQueued: "lq", routing.PolicyRoundRobin: "rr", routing.PolicyPrefixAware: "pa"}[p]
+		short := map[string]string{routing.PolicyLeastQueued: "lq", routing.PolicyRoundRobin: "rr", routing.PolicyPrefixAware: "pa",
+			routing.PolicyPredictedTTFT: "pt"}[p]
 		b.ReportMetric(ms(r.p50), short+"-p50-ms")
 		b.ReportMetric(ms(r.p99), short+"-p99-ms")
 		b.ReportMetric(r.throughput, short+"-req/s")
 		b.ReportMetric(r.cachedShare, short+"-cached")
 	}
 	b.ReportMetric(float64(runs[routing.PolicyLeastQueued].p99)/float64(max(runs[routing.PolicyPrefixAware].p99, 1)), "lq/pa-p99")
+	b.ReportMetric(float64(runs[routing.PolicyLeastQueued].p99)/float64(max(runs[routing.PolicyPredictedTTFT].p99, 1)), "lq/pt-p99")
 }

@@ -53,7 +53,7 @@ func (st *State) picker(route *routing.Route) Picker {
 // others count as retries.
 func (x *exchange) acquire(n int, tried []*routing.Backend, queue bool) (Attempt, error) {
 	want := routing.Want{Class: x.route.Class, Tenant: x.tenant.ID, Queue: queue && n == 0, Tried: tried,
-		Prompt: x.meta.prompt(x.body), Session: x.sessionKey()}
+		Prompt: x.meta.prompt(x.body), Session: x.sessionKey(), Objective: x.route.TTFTObjective}
 	a, err := x.st.picker(x.route).Acquire(x.r.Context(), want)
 	if n == 0 {
 		x.admitted = time.Now()

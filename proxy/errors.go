@@ -83,6 +83,10 @@ func ErrorOf(err error) *APIError {
 		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "queue_timeout",
 			Message:    "every backend is at its target load and the request waited too long in the queue; retry shortly",
 			RetryAfter: retryAfterOf(err)}
+	case errors.Is(err, routing.ErrTTFTObjective):
+		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "ttft_objective_unmet",
+			Message:    "every backend is predicted to miss this route's time-to-first-token objective; retry after the delay given",
+			RetryAfter: retryAfterOf(err)}
 	case errors.Is(err, routing.ErrQueueFull):
 		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "queue_full",
 			Message: "every backend is at its target load and the queue is full; retry shortly", RetryAfter: retryAfterOf(err)}

@@ -160,7 +160,7 @@ type affinity struct {
 
 func newAffinity(cfg PoolConfig) *affinity {
 	a := &affinity{cfg: cfg.Affinity, prefix: cfg.Policy == PolicyPrefixAware}
-	if a.prefix {
+	if a.prefix || cfg.Policy == PolicyPredictedTTFT { // predicted_ttft: for the expected cached tokens
 		a.table = newPrefixTable(a.cfg.TableSize)
 	}
 	n := a.cfg.MaxBlocks
@@ -203,6 +203,9 @@ func (p *Pool) bindAffinity() {
 // recorded for the prompt's blocks.
 func (p *Pool) choose(cands []*Backend, now time.Time, want *Want) *Backend {
 	a := p.aff
+	if want != nil && p.cfg.Policy == PolicyPredictedTTFT {
+		return p.chooseTTFT(cands, now, want)
+	}
 	if want == nil || (want.Session == "" && (!a.prefix || len(want.Prompt) == 0)) {
 		return p.sel.Select(cands, now)
 	}

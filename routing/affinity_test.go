@@ -239,7 +239,7 @@ func TestAffinityConfigValidate(t *testing.T) {
 // (24 blocks) and a 64 KiB one (256 blocks, max_blocks) under
 // prefix_aware, against least_queued's.
 func BenchmarkPrefixAwarePick(b *testing.B) {
-	for _, policy := range []string{PolicyLeastQueued, PolicyPrefixAware} {
+	for _, policy := range []string{PolicyLeastQueued, PolicyPrefixAware, PolicyPredictedTTFT} {
 		for _, turns := range []int{10, 110} {
 			prompt := chat(1, turns)
 			b.Run(fmt.Sprintf("%s/%dKB", policy, len(prompt)>>10), func(b *testing.B) {

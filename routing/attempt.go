@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -27,6 +28,12 @@ type Want struct {
 	// Session is the request's session key for session affinity (the
 	// tenant and the pool's session header), "" for none.
 	Session string
+	// Objective is the route's TTFT objective (RouteConfig.TTFTObjective);
+	// zero for none. Acquire refuses with ErrTTFTObjective when every
+	// candidate backend is predicted to miss it.
+	Objective time.Duration
+
+	pred prediction // the pick's TTFT prediction (predict.go)
 }
 
 // Outcome is how an attempt ended, as far as the backend's health is
@@ -54,6 +61,9 @@ type Attempt struct {
 	waited   time.Duration
 	answered bool
 	ended    bool
+
+	pred            prediction // the pick's TTFT prediction; learnt from at the first event
+	picked, headers time.Time  // headers: of an event stream only
 }
 
 // Acquire starts an attempt: it waits in the admission queue when
@@ -79,9 +89,19 @@ func (p *Pool) Acquire(ctx context.Context, want Want) (*Attempt, error) {
 		adm.Done()
 		return nil, waitedErr(err, adm.Waited)
 	}
+	now := time.Now()
+	if p.cfg.Policy == PolicyPredictedTTFT || want.Objective > 0 || p.aff.table == nil {
+		p.predictFor(b, now, &want) // prefix_aware without an objective: not hashing the prompt twice
+	}
+	if want.Objective > 0 {
+		if err := p.checkObjective(want.Objective, want.pred, &want, now); err != nil {
+			adm.Done()
+			return nil, waitedErr(err, adm.Waited)
+		}
+	}
 	b.begin()
 	adm.Done()
-	return &Attempt{b: b, waited: adm.Waited}, nil
+	return &Attempt{b: b, waited: adm.Waited, pred: want.pred, picked: now}, nil
 }
 
 // Backend is the backend the attempt runs on.
@@ -96,6 +116,9 @@ func (a *Attempt) Waited() time.Duration { return a.waited }
 // form) is a fresh load sample.
 func (a *Attempt) Observe(h http.Header, t time.Time) {
 	a.b.progress(t)
+	if a.headers.IsZero() && strings.HasPrefix(h.Get("Content-Type"), "text/event-stream") {
+		a.headers = t
+	}
 	if v := h.Get("Endpoint-Load-Metrics"); v != "" {
 		a.b.observeLoadHeader(v, t)
 	}
@@ -107,6 +130,9 @@ func (a *Attempt) Observe(h http.Header, t time.Time) {
 // backend that answers and then cuts every stream is ejected like one that
 // never answers.
 func (a *Attempt) Progress(t time.Time) {
+	if !a.answered && a.pred.ok && !a.headers.IsZero() && t.After(a.headers) {
+		a.b.learn(a.pred, a.picked, a.headers, t) // the stream's first event
+	}
 	a.answered = true
 	a.b.progress(t)
 }

@@ -38,6 +38,10 @@ type RouteConfig struct {
 	Pool string `yaml:"pool"`
 	// Class is "interactive" (default) or "batch".
 	Class string `yaml:"class"`
+	// TTFTObjective, when positive, refuses (503, Retry-After) a request
+	// whose predicted time to first token misses it on every backend of
+	// the pool (see PredictConfig). Zero: no objective.
+	TTFTObjective time.Duration `yaml:"ttft_objective"`
 }
 
 // BackendConfig is one backend of a pool.
@@ -123,6 +127,9 @@ type PoolConfig struct {
 	// Affinity configures prefix-cache affinity (policy prefix_aware)
 	// and session affinity; see AffinityConfig.
 	Affinity AffinityConfig `yaml:"affinity"`
+	// Predict configures the TTFT prediction (policy predicted_ttft and
+	// routes' ttft_objective); see PredictConfig.
+	Predict PredictConfig `yaml:"predict"`
 	// H2C speaks cleartext HTTP/2 with prior knowledge to http://
 	// backends (they must support it). Default false: HTTP/1.1.
 	H2C bool `yaml:"h2c"`
@@ -262,6 +269,7 @@ func (c PoolConfig) WithDefaults() PoolConfig {
 	c.Health = c.Health.WithDefaults()
 	c.Queue = c.Queue.WithDefaults()
 	c.Affinity = c.Affinity.WithDefaults(c.Policy)
+	c.Predict = c.Predict.WithDefaults()
 	if c.HTTP2 == "" {
 		c.HTTP2 = HTTP2Auto
 	}
@@ -316,11 +324,12 @@ func (c PoolConfig) Validate() []FieldError {
 		errs = append(errs, FieldError{Key: key, Msg: fmt.Sprintf(format, args...)})
 	}
 	switch c.Policy {
-	case PolicyLeastQueued, PolicyLeastRequest, PolicyRoundRobin, PolicyRandom, PolicyPrefixAware:
+	case PolicyLeastQueued, PolicyLeastRequest, PolicyRoundRobin, PolicyRandom, PolicyPrefixAware, PolicyPredictedTTFT:
 	default:
-		bad("policy", "policy %q must be least_queued, least_request, round_robin, random or prefix_aware", c.Policy)
+		bad("policy", "policy %q must be least_queued, least_request, round_robin, random, prefix_aware or predicted_ttft", c.Policy)
 	}
 	errs = append(errs, c.Affinity.validate()...)
+	errs = append(errs, c.Predict.validate()...)
 	if !validDialect(c.Dialect) {
 		bad("dialect", "dialect %q must be auto, vllm, sglang, tgi or none", c.Dialect)
 	}

@@ -68,6 +68,15 @@ var (
 	descSessionPicks = prometheus.NewDesc("sluice_session_picks_total",
 		"Picks of requests with a session key, by result: pinned (to the session's own backend) or moved (it was unavailable, tried or overloaded).",
 		[]string{"pool", "result"}, nil)
+	descPredErr = prometheus.NewDesc("sluice_backend_ttft_prediction_error_seconds",
+		"Predicted minus actual time to first token (pick to first streamed event) of the backend's requests; negative: the prediction was low.",
+		backendLabels, nil)
+	descPrefillRate = prometheus.NewDesc("sluice_backend_prefill_tokens_per_second",
+		"Measured prefill rate used by the TTFT prediction (the configured prior until measured).", backendLabels, nil)
+	descQueueWaitPer = prometheus.NewDesc("sluice_backend_queue_wait_per_request_seconds",
+		"Measured engine queue wait per waiting request used by the TTFT prediction (the prior until measured).", backendLabels, nil)
+	descObjectiveRefused = prometheus.NewDesc("sluice_ttft_objective_refusals_total",
+		"Requests refused (503) because every backend was predicted to miss their route's ttft_objective.", []string{"pool"}, nil)
 	descOutcomes = prometheus.NewDesc("sluice_queue_requests_total",
 		"Requests through the admission queue by outcome (immediate, waited, timeout, cancelled, full).",
 		[]string{"pool", "class", "outcome"}, nil)
@@ -88,6 +97,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			collectBackend(ch, p, b, now)
 		}
 		collectAffinity(ch, p)
+		ch <- prometheus.MustNewConstMetric(descObjectiveRefused, prometheus.CounterValue, float64(p.objRefused.Load()), p.cfg.Name)
 		q := p.queue
 		for cl := range q.classes {
 			ch <- prometheus.MustNewConstMetric(descDepth, prometheus.GaugeValue, float64(q.depth[cl].Load()), p.cfg.Name, classNames[cl])
@@ -135,6 +145,14 @@ func collectBackend(ch chan<- prometheus.Metric, p *Pool, b *Backend, now time.T
 	counter(descScrapeErrors, b.scrapeErrors.Load())
 	counter(descProbeFailures, b.probeFailures.Load())
 	counter(descProbeExcused, b.probeExcused.Load())
+	ps := b.PredictStats()
+	gauge(descPrefillRate, ps.PrefillRate)
+	gauge(descQueueWaitPer, ps.QueueWait.Seconds())
+	buckets := make(map[float64]uint64, len(errBounds))
+	for i, v := range errBounds {
+		buckets[v/1000] = ps.Buckets[i]
+	}
+	ch <- prometheus.MustNewConstHistogram(descPredErr, uint64(ps.Errors), ps.SumSec, buckets, lv...)
 }
 
 func collectAffinity(ch chan<- prometheus.Metric, p *Pool) {

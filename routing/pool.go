@@ -68,6 +68,8 @@ type Backend struct {
 	affID uint16
 	hrw   uint64
 
+	pred predictor // TTFT prediction means and error histogram (predict.go)
+
 	scraped atomic.Pointer[Sample]
 	header  atomic.Pointer[Sample]
 
@@ -180,6 +182,8 @@ type Pool struct {
 	client   *http.Client
 	cands    sync.Pool // *[]*Backend scratch for Pick
 	aff      *affinity // prefix and session affinity (affinity.go)
+
+	objRefused atomic.Int64 // requests refused by a TTFT objective (predict.go)
 
 	mu      sync.Mutex
 	stop    context.CancelFunc

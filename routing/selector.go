@@ -27,7 +27,7 @@ var (
 // least_queued).
 func NewSelector(policy string) (Selector, error) {
 	switch policy {
-	case PolicyLeastQueued, "", PolicyPrefixAware: // prefix_aware: for requests without a prompt
+	case PolicyLeastQueued, "", PolicyPrefixAware, PolicyPredictedTTFT: // prefix_aware, predicted_ttft: for picks without a request
 		return LeastQueued{}, nil
 	case PolicyLeastRequest:
 		return LeastRequest{}, nil

@@ -51,6 +51,7 @@ configured SLO (proxy.slo) is breached, 2 when the stats cannot be read.
 		return 0
 	}
 	diagnose.Write(stdout, reps)
+	diagnose.WritePredictions(stdout, snap.Backends)
 	for _, r := range reps {
 		if len(r.Breaches) > 0 {
 			return 1

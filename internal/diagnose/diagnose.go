@@ -235,3 +235,30 @@ func Write(w io.Writer, reps []RouteReport) {
 		fmt.Fprintln(w, strings.Repeat("-", 60))
 	}
 }
+
+// WritePredictions prints, per backend that has served predicted
+// requests, the TTFT prediction's error (predicted − actual, P50 and P95,
+// within one histogram bucket) and the measured prefill rate and queue
+// wait per waiting request it rests on. A P95 far from zero says the
+// prediction (and policy predicted_ttft, and ttft_objective refusals)
+// cannot be trusted for that backend. Nothing is printed when no backend
+// has predictions.
+func WritePredictions(w io.Writer, bs []observe.BackendStat) {
+	var rows []observe.BackendStat
+	for _, b := range bs {
+		if b.PredErrors > 0 && b.PredErrP50MS != nil && b.PredErrP95MS != nil {
+			rows = append(rows, b)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "TTFT prediction error (predicted − actual; negative: predicted too low)")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "  pool\tbackend\terr p50 ms\terr p95 ms\tn\tprefill tok/s\tqueue ms/waiting\t")
+	for _, b := range rows {
+		fmt.Fprintf(tw, "  %s\t%s\t%.0f\t%.0f\t%d\t%.0f\t%.1f\t\n", b.Pool, b.URL, *b.PredErrP50MS, *b.PredErrP95MS,
+			b.PredErrors, b.PrefillRate, b.QueueWaitMS)
+	}
+	tw.Flush()
+}

@@ -98,3 +98,22 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// The prediction table lists backends that have predictions, with their
+// error percentiles, and nothing when none has.
+func TestWritePredictions(t *testing.T) {
+	var buf strings.Builder
+	WritePredictions(&buf, []observe.BackendStat{{Pool: "p", URL: "http://a", PrefillRate: 9000, QueueWaitMS: 40}})
+	if buf.Len() != 0 {
+		t.Fatalf("printed without predictions: %q", buf.String())
+	}
+	p50, p95 := -20.0, 200.0
+	WritePredictions(&buf, []observe.BackendStat{{Pool: "p", URL: "http://a", PrefillRate: 9000, QueueWaitMS: 40,
+		PredErrors: 42, PredErrP50MS: &p50, PredErrP95MS: &p95}})
+	out := buf.String()
+	for _, want := range []string{"TTFT prediction error", "http://a", "-20", "200", "42", "9000", "40.0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -41,6 +41,15 @@ type BackendStat struct {
 	SampleAgeMS *float64 `json:"sample_age_ms,omitempty"`
 	// Score is the least-queued score (lower is better).
 	Score float64 `json:"score"`
+	// TTFT prediction (routing.PredictConfig): the measured prefill rate
+	// (tokens/s) and queue wait per waiting request (the priors until
+	// measured), and the P50/P95 of predicted − actual TTFT in ms over
+	// PredErrors predictions (bucket upper bounds; absent before any).
+	PrefillRate  float64  `json:"prefill_tokens_per_s"`
+	QueueWaitMS  float64  `json:"queue_wait_per_request_ms"`
+	PredErrors   int64    `json:"ttft_predictions,omitempty"`
+	PredErrP50MS *float64 `json:"ttft_prediction_error_p50_ms,omitempty"`
+	PredErrP95MS *float64 `json:"ttft_prediction_error_p95_ms,omitempty"`
 }
 
 // QueueStat is one pool's edge admission queue depth for a class.
@@ -109,6 +118,12 @@ func backendStat(pool string, b *routing.Backend, now time.Time) BackendStat {
 		running, waiting := l.Sample.Running, l.Sample.Waiting
 		age := millis(now.Sub(l.Sample.At))
 		bs.Running, bs.Waiting, bs.SampleAgeMS = &running, &waiting, &age
+	}
+	ps := b.PredictStats()
+	bs.PrefillRate, bs.QueueWaitMS, bs.PredErrors = ps.PrefillRate, millis(ps.QueueWait), ps.Errors
+	if ps.Errors > 0 {
+		p50, p95 := millis(ps.ErrP50), millis(ps.ErrP95)
+		bs.PredErrP50MS, bs.PredErrP95MS = &p50, &p95
 	}
 	return bs
 }
