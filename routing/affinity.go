@@ -198,12 +198,14 @@ func (p *Pool) bindAffinity() {
 
 // choose picks among cands (healthy, under cap, untried, two or more):
 // the session's backend when the request has a session and it is not
-// overloaded; else, under prefix_aware with a prompt, the lowest cost
+// overloaded (under every policy, predicted_ttft too); else, under
+// predicted_ttft the lowest predicted TTFT, under prefix_aware with a
+// prompt the lowest cost
 // (see AffinityConfig); else the pool's selector. The chosen backend is
 // recorded for the prompt's blocks.
 func (p *Pool) choose(cands []*Backend, now time.Time, want *Want) *Backend {
 	a := p.aff
-	if want != nil && p.cfg.Policy == PolicyPredictedTTFT {
+	if want != nil && p.cfg.Policy == PolicyPredictedTTFT && want.Session == "" {
 		return p.chooseTTFT(cands, now, want)
 	}
 	if want == nil || (want.Session == "" && (!a.prefix || len(want.Prompt) == 0)) {
@@ -235,6 +237,9 @@ func (p *Pool) choose(cands []*Backend, now time.Time, want *Want) *Backend {
 			return b
 		}
 		a.sessionMoved.Add(1)
+	}
+	if p.cfg.Policy == PolicyPredictedTTFT { // a session that could not stay
+		return p.chooseTTFT(cands, now, want)
 	}
 	if !a.prefix || len(want.Prompt) == 0 {
 		return p.sel.Select(cands, now)

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-func sessionPool(t testing.TB, n int) *Pool {
+func sessionPool(t testing.TB, n int, policy ...string) *Pool {
 	t.Helper()
 	var urls []string
 	for i := range n {
@@ -14,6 +14,9 @@ func sessionPool(t testing.TB, n int) *Pool {
 	}
 	pc := quiet(urls...)
 	pc.Affinity.SessionHeader = "x-session-id"
+	if len(policy) > 0 {
+		pc.Policy = policy[0]
+	}
 	p, err := NewPool(pc)
 	if err != nil {
 		t.Fatal(err)
@@ -77,5 +80,27 @@ func TestSessionAffinityPinsWhileHealthy(t *testing.T) {
 	home.end()
 	if pinned, moved := p.aff.sessionPinned.Load(), p.aff.sessionMoved.Load(); pinned != 22 || moved != 3 {
 		t.Errorf("pinned %d moved %d; want 22 and 3", pinned, moved)
+	}
+}
+
+// Under predicted_ttft a session is pinned as under any other policy, and a
+// session that cannot stay (its backend ejected) goes to the lowest
+// prediction.
+func TestSessionAffinityUnderPredictedTTFT(t *testing.T) {
+	p := sessionPool(t, 4, PolicyPredictedTTFT)
+	w := Want{Session: "t\x00abc", Prompt: []byte(`[{"role":"user","content":"hello"}]`)}
+	home := acquire(t, p, w)
+	for range 20 {
+		if b := acquire(t, p, w); b != home {
+			t.Fatalf("session moved from %s to %s with nothing changed", home.label, b.label)
+		}
+	}
+	home.ejectedUntil.Store(time.Now().Add(time.Hour).UnixNano())
+	if away := acquire(t, p, w); away == home {
+		t.Fatal("session stayed on an ejected backend")
+	}
+	home.ejectedUntil.Store(0)
+	if b := acquire(t, p, w); b != home {
+		t.Fatal("session did not come back to its healthy backend")
 	}
 }
