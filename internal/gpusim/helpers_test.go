@@ -158,7 +158,9 @@ func wantError(t testing.TB, resp *http.Response, status int, code string) {
 // eventually polls cond every 5ms until it holds or 5s pass.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	// 15s: generous for a loaded CI machine running every package under
+	// -race at once (a state that never comes still fails).
+	deadline := time.Now().Add(15 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

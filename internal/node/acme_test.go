@@ -488,6 +488,11 @@ func TestACMESharedStorageOneOrderTwoNodes(t *testing.T) {
 	storage := t.TempDir()
 	extra := "      challenges: [tls-alpn-01]\n      profile: default\n"
 	b, logsB, _ := startACMENode(t, acmeNodeConfig(t, p, "shared.sluice.test", 0, httpsB, storage, extra))
+	// B's order starts in the background: A starts once B holds the lock
+	// (else A may take it first and order for itself).
+	waitUntil(t, 10*time.Second, "node B to take the storage lock", func() bool {
+		return strings.Contains(logsB.String(), "lock acquired")
+	})
 	a, logsA, _ := startACMENode(t, acmeNodeConfig(t, p, "shared.sluice.test", 0, httpsA, storage, extra))
 	ca := servedCert(t, a.Server().Addr(listen.ListenerHTTPS), "shared.sluice.test", roots, 30*time.Second)
 	cb := servedCert(t, b.Server().Addr(listen.ListenerHTTPS), "shared.sluice.test", roots, 30*time.Second)
