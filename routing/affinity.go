@@ -255,28 +255,8 @@ func (p *Pool) choose(cands []*Backend, now time.Time, want *Want) *Backend {
 	}
 	m = m[:len(cands)]
 	table := a.table
-	known := 0            // blocks the local table knows
 	var front [256]uint16 // the most recent backend of each known block (the first 256)
-	for k, h := range blocks {
-		who, ok := table.lookup(h)
-		if !ok {
-			break // a later block of this prompt was never sent anywhere either
-		}
-		known = k + 1
-		if k < len(front) {
-			front[k] = who[0]
-		}
-		for _, id := range who {
-			if id == 0 {
-				break
-			}
-			for i, c := range cands {
-				if c.affID == id {
-					m[i] = k + 1
-				}
-			}
-		}
-	}
+	known := a.matchBlocks(blocks, cands, m, &front)
 	if a.shared != nil {
 		a.shared.lookup(table, cands, blocks, known, m)
 	}
@@ -301,16 +281,51 @@ func (p *Pool) choose(cands []*Backend, now time.Time, want *Want) *Backend {
 		a.hits.Add(1)
 		a.blocksHit.Add(int64(m[best]))
 	}
-	for k, h := range blocks {
-		if k < known && k < len(front) && front[k] == b.affID && front[k] != 0 {
-			continue // already b's, most recent first, and touched by the lookup
-		}
-		table.record(h, b.affID)
-	}
+	a.recordBlocks(blocks, known, &front, b)
 	if a.shared != nil {
 		a.shared.publish(b, blocks[m[best]:]) // what the fleet may not know yet
 	}
 	return b
+}
+
+// matchBlocks looks the prompt's blocks up in the table, in order until
+// one is unknown (a later block was never sent anywhere either): m[i] is
+// how many leading blocks cands[i] recently served, front[k] the most
+// recent backend of block k (the first 256). It returns how many leading
+// blocks the table knows.
+func (a *affinity) matchBlocks(blocks []uint64, cands []*Backend, m []int, front *[256]uint16) (known int) {
+	for k, h := range blocks {
+		who, ok := a.table.lookup(h)
+		if !ok {
+			break
+		}
+		known = k + 1
+		if k < len(front) {
+			front[k] = who[0]
+		}
+		for _, id := range who {
+			if id == 0 {
+				break
+			}
+			for i, c := range cands {
+				if c.affID == id {
+					m[i] = k + 1
+				}
+			}
+		}
+	}
+	return known
+}
+
+// recordBlocks records b as the most recent backend of every block but
+// the known ones already b's first (matchBlocks touched those).
+func (a *affinity) recordBlocks(blocks []uint64, known int, front *[256]uint16, b *Backend) {
+	for k, h := range blocks {
+		if k < known && k < len(front) && front[k] == b.affID && front[k] != 0 {
+			continue
+		}
+		a.table.record(h, b.affID)
+	}
 }
 
 // ExpectedCachedTokens estimates how many of prompt's tokens b holds in

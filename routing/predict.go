@@ -248,26 +248,7 @@ func (p *Pool) chooseTTFT(cands []*Backend, now time.Time, want *Want) *Backend 
 		defer a.blocks.Put(bp)
 		blocks = hashBlocks((*bp)[:0], want.Prompt, a.cfg.BlockBytes, a.cfg.MaxBlocks)
 		*bp = blocks
-		for k, h := range blocks {
-			who, ok := a.table.lookup(h)
-			if !ok {
-				break
-			}
-			known = k + 1
-			if k < len(front) {
-				front[k] = who[0]
-			}
-			for _, id := range who {
-				if id == 0 {
-					break
-				}
-				for i, c := range cands {
-					if c.affID == id {
-						m[i] = k + 1
-					}
-				}
-			}
-		}
+		known = a.matchBlocks(blocks, cands, m, &front)
 	}
 	tokensPerBlock := a.cfg.BlockBytes / 4
 	best, off := -1, rand.IntN(len(cands))
@@ -285,12 +266,7 @@ func (p *Pool) chooseTTFT(cands []*Backend, now time.Time, want *Want) *Backend 
 	b := cands[best]
 	want.pred = prediction{ok: true, at: bestPred, tokens: tokens, cached: min(m[best]*tokensPerBlock, tokens), waiting: bestWaiting}
 	if a.table != nil {
-		for k, h := range blocks {
-			if k < known && k < len(front) && front[k] == b.affID && front[k] != 0 {
-				continue // already b's, most recent first, and touched by the lookup
-			}
-			a.table.record(h, b.affID)
-		}
+		a.recordBlocks(blocks, known, &front, b)
 	}
 	return b
 }
