@@ -534,40 +534,15 @@ func appendValue(b []byte, field protowire.Number, v attribute.Value) []byte {
 	case attribute.BYTESLICE:
 		b = appendBytes(b, fAnyBytes, v.AsByteSlice())
 	case attribute.BOOLSLICE:
-		var aat int
-		b, aat = open(b, fAnyArray)
-		for _, x := range v.AsBoolSlice() {
-			b = appendValue(b, fArrayValues, attribute.BoolValue(x))
-		}
-		b = closeAt(b, aat)
+		b = appendArray(b, v.AsBoolSlice(), attribute.BoolValue)
 	case attribute.INT64SLICE:
-		var aat int
-		b, aat = open(b, fAnyArray)
-		for _, x := range v.AsInt64Slice() {
-			b = appendValue(b, fArrayValues, attribute.Int64Value(x))
-		}
-		b = closeAt(b, aat)
+		b = appendArray(b, v.AsInt64Slice(), attribute.Int64Value)
 	case attribute.FLOAT64SLICE:
-		var aat int
-		b, aat = open(b, fAnyArray)
-		for _, x := range v.AsFloat64Slice() {
-			b = appendValue(b, fArrayValues, attribute.Float64Value(x))
-		}
-		b = closeAt(b, aat)
+		b = appendArray(b, v.AsFloat64Slice(), attribute.Float64Value)
 	case attribute.STRINGSLICE:
-		var aat int
-		b, aat = open(b, fAnyArray)
-		for _, x := range v.AsStringSlice() {
-			b = appendValue(b, fArrayValues, attribute.StringValue(x))
-		}
-		b = closeAt(b, aat)
+		b = appendArray(b, v.AsStringSlice(), attribute.StringValue)
 	case attribute.SLICE:
-		var aat int
-		b, aat = open(b, fAnyArray)
-		for _, x := range v.AsSlice() {
-			b = appendValue(b, fArrayValues, x)
-		}
-		b = closeAt(b, aat)
+		b = appendArray(b, v.AsSlice(), func(x attribute.Value) attribute.Value { return x })
 	case attribute.MAP:
 		var aat int
 		b, aat = open(b, fAnyKVList)
@@ -584,3 +559,13 @@ func appendValue(b []byte, field protowire.Number, v attribute.Value) []byte {
 }
 
 var _ sdktrace.SpanExporter = (*wireExporter)(nil)
+
+// appendArray appends xs as an ArrayValue (AnyValue.array_value), each
+// element as the attribute value wrap makes of it.
+func appendArray[T any](b []byte, xs []T, wrap func(T) attribute.Value) []byte {
+	b, at := open(b, fAnyArray)
+	for _, x := range xs {
+		b = appendValue(b, fArrayValues, wrap(x))
+	}
+	return closeAt(b, at)
+}
