@@ -77,6 +77,39 @@ func (c *conversation) next(rng *rand.Rand) string {
 	return fmt.Sprintf(`{"model":"sim-small","stream":true,"max_tokens":%d,"messages":%s]}`, chatOutTokens, c.history.String())
 }
 
+// conversations hands out the workload's conversations: an idle one at
+// random, or a new one when none is idle or the one drawn has had all its
+// turns; a conversation is put back when its turn is answered.
+type conversations struct {
+	mu     sync.Mutex
+	idle   []*conversation
+	nextID int
+}
+
+// take returns a conversation and its next request body.
+func (cs *conversations) take(rng *rand.Rand) (*conversation, string) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	var c *conversation
+	if n := len(cs.idle); n > 0 {
+		i := rng.IntN(n)
+		c = cs.idle[i]
+		cs.idle[i] = cs.idle[n-1]
+		cs.idle = cs.idle[:n-1]
+	}
+	if c == nil || c.turns >= chatTurns {
+		cs.nextID++
+		c = &conversation{id: cs.nextID}
+	}
+	return c, c.next(rng)
+}
+
+func (cs *conversations) put(c *conversation) {
+	cs.mu.Lock()
+	cs.idle = append(cs.idle, c)
+	cs.mu.Unlock()
+}
+
 // chatRun is one policy's result on the multi-turn workload.
 type chatRun struct {
 	policy        string
@@ -120,28 +153,14 @@ func runChat(t testing.TB, policy string, sims []gpusim.Config, rate float64, du
 	var (
 		mu      sync.Mutex
 		wg      sync.WaitGroup
-		idle    []*conversation
-		nextID  int
+		convs   conversations
 		ttfts   []time.Duration
 		failed  int
 		lastEnd time.Time
 	)
 	for at := time.Duration(0); at < dur; at += time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) {
 		time.Sleep(time.Until(start.Add(at))) // paces the arrival schedule (load generation, not a wait)
-		mu.Lock()
-		var c *conversation
-		if n := len(idle); n > 0 {
-			i := rng.IntN(n)
-			c = idle[i]
-			idle[i] = idle[n-1]
-			idle = idle[:n-1]
-		}
-		if c == nil || c.turns >= chatTurns {
-			nextID++
-			c = &conversation{id: nextID}
-		}
-		body := c.next(rng)
-		mu.Unlock()
+		c, body := convs.take(rng)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -154,7 +173,7 @@ func runChat(t testing.TB, policy string, sims []gpusim.Config, rate float64, du
 			} else {
 				lastEnd = time.Now()
 			}
-			idle = append(idle, c)
+			convs.put(c)
 		}()
 	}
 	wg.Wait()

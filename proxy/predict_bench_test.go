@@ -78,28 +78,14 @@ func runObjective(t testing.TB, sims []gpusim.Config, rate float64, dur, grace, 
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(dur+grace))
 	defer cancel()
 	var (
-		mu     sync.Mutex
-		wg     sync.WaitGroup
-		idle   []*conversation
-		nextID int
-		r      objRun
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		convs conversations
+		r     objRun
 	)
 	for at := time.Duration(0); at < dur; at += time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) {
 		time.Sleep(time.Until(start.Add(at))) // paces the arrival schedule (load generation, not a wait)
-		mu.Lock()
-		var c *conversation
-		if n := len(idle); n > 0 {
-			i := rng.IntN(n)
-			c = idle[i]
-			idle[i] = idle[n-1]
-			idle = idle[:n-1]
-		}
-		if c == nil || c.turns >= chatTurns {
-			nextID++
-			c = &conversation{id: nextID}
-		}
-		body := c.next(rng)
-		mu.Unlock()
+		c, body := convs.take(rng)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -138,7 +124,7 @@ func runObjective(t testing.TB, sims []gpusim.Config, rate float64, dur, grace, 
 					}
 				}
 			}
-			idle = append(idle, c)
+			convs.put(c)
 		}()
 	}
 	wg.Wait()
