@@ -340,6 +340,17 @@ func (t *Transport) CloseIdleConnections() {
 	}
 }
 
+// IdleConns is the number of idle connections in the pool, all hosts.
+func (t *Transport) IdleConns() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, s := range t.idle {
+		n += len(s)
+	}
+	return n
+}
+
 // idleCount is the number of idle connections to key (for tests).
 func (t *Transport) idleCount(key string) int {
 	t.mu.Lock()

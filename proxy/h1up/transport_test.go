@@ -27,7 +27,7 @@ type rawServer struct {
 	wg      sync.WaitGroup
 }
 
-func newRawServer(t *testing.T, handle func(c net.Conn)) *rawServer {
+func newRawServer(t testing.TB, handle func(c net.Conn)) *rawServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -64,7 +64,7 @@ func newRawServer(t *testing.T, handle func(c net.Conn)) *rawServer {
 func (s *rawServer) url() string { return "http://" + s.ln.Addr().String() }
 
 // readRequest reads one request (head and body) from br.
-func readRequest(t *testing.T, br *bufio.Reader) *http.Request {
+func readRequest(t testing.TB, br *bufio.Reader) *http.Request {
 	req, err := http.ReadRequest(br)
 	if err != nil {
 		return nil
