@@ -21,7 +21,8 @@ import (
 // offered at all, so https:// backends of the same pool must speak HTTP/2
 // too. Plaintext HTTP/1.1 (http:// backends, h2c off, http2 auto or off)
 // goes on Sluice's own client, h1up, whose connections a committed stream
-// can take over. The files are read once, here.
+// can take over, unless http1_client is net_http. The files are read
+// once, here.
 func NewPoolTransport(cfg Config, pc routing.PoolConfig) (*PoolTransport, error) {
 	t := NewTransport(cfg)
 	tlsCfg, err := UpstreamTLSConfig(pc.TLS)
@@ -50,8 +51,14 @@ func NewPoolTransport(cfg Config, pc routing.PoolConfig) (*PoolTransport, error)
 	}
 	t.Protocols = &p
 	pt := &PoolTransport{Std: t}
-	if !pc.H2C && pc.HTTP2 != routing.HTTP2On {
-		pt.H1 = NewH1Transport(cfg)
+	switch pc.HTTP1Client {
+	case "", routing.HTTP1ClientOwn:
+		if !pc.H2C && pc.HTTP2 != routing.HTTP2On {
+			pt.H1 = NewH1Transport(cfg)
+		}
+	case routing.HTTP1ClientNetHTTP:
+	default:
+		return nil, fmt.Errorf("pool %q: http1_client %q: want own or net_http", pc.Name, pc.HTTP1Client)
 	}
 	return pt, nil
 }

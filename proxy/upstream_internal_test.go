@@ -17,18 +17,20 @@ func TestPoolTransportSelection(t *testing.T) {
 	}))
 	defer backend.Close()
 	for _, tc := range []struct {
-		name  string
-		http2 string
-		h2c   bool
-		own   bool
+		name   string
+		http2  string
+		h2c    bool
+		client string
+		own    bool
 	}{
-		{"auto", "", false, true},
-		{"off", routing.HTTP2Off, false, true},
-		{"on", routing.HTTP2On, false, false},
-		{"h2c", "", true, false},
+		{"auto", "", false, "", true},
+		{"off", routing.HTTP2Off, false, routing.HTTP1ClientOwn, true},
+		{"on", routing.HTTP2On, false, "", false},
+		{"h2c", "", true, "", false},
+		{"net_http", "", false, routing.HTTP1ClientNetHTTP, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pc := routing.PoolConfig{Name: tc.name, HTTP2: tc.http2, H2C: tc.h2c}
+			pc := routing.PoolConfig{Name: tc.name, HTTP2: tc.http2, H2C: tc.h2c, HTTP1Client: tc.client}
 			pt, err := NewPoolTransport(Config{}, pc)
 			if err != nil {
 				t.Fatal(err)
@@ -39,6 +41,10 @@ func TestPoolTransportSelection(t *testing.T) {
 			}
 			if !tc.own {
 				return
+			}
+			// The probes' transport is a clone of the net/http side.
+			if pt.StdTransport() != pt.Std {
+				t.Fatal("StdTransport is not the net/http side")
 			}
 			req, _ := http.NewRequest(http.MethodGet, backend.URL, nil)
 			resp, err := pt.RoundTrip(req)
@@ -51,5 +57,11 @@ func TestPoolTransportSelection(t *testing.T) {
 				t.Fatalf("backend saw %q, own client holds %d idle; want HTTP/1.1 and 1", b, pt.H1.IdleConns())
 			}
 		})
+	}
+}
+
+func TestPoolTransportBadClient(t *testing.T) {
+	if _, err := NewPoolTransport(Config{}, routing.PoolConfig{Name: "p", HTTP1Client: "curl"}); err == nil {
+		t.Fatal("http1_client curl accepted")
 	}
 }
