@@ -223,8 +223,13 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (r
 		return fail(err)
 	}
 	resp.Body = b
-	if b.mode == modeNone {
+	switch {
+	case b.mode == modeNone:
 		b.finish() // no body: the connection is free now
+	case c.br.Buffered() == 0: // nothing of the body yet: hold no reader while waiting
+		c.br.Reset(nil)
+		t.readers.Put(c.br)
+		c.br = nil
 	}
 	return resp, true, nil
 }

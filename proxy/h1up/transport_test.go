@@ -791,3 +791,51 @@ func TestRequestHead(t *testing.T) {
 		t.Fatal("a header value with CRLF was sent")
 	}
 }
+
+// TestReaderReleasedBetweenReads: a stream waiting for its next event
+// holds no read buffer, and reading on takes one again.
+func TestReaderReleasedBetweenReads(t *testing.T) {
+	step := make(chan struct{})
+	raw := newRawServer(t, func(c net.Conn) {
+		if readRequest(t, bufio.NewReader(c)) == nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\none\r\n")
+		select {
+		case <-step:
+		case <-time.After(10 * time.Second):
+			return
+		}
+		io.WriteString(c, "3\r\ntwo\r\n0\r\n\r\n")
+	})
+	tr := New(Options{})
+	defer tr.CloseIdleConnections()
+	resp, err := get(t, tr, context.Background(), raw.url())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := resp.Body.(*Body)
+	buf := make([]byte, 4<<10)
+	got := ""
+	for got != "one" {
+		n, err := b.Read(buf)
+		if err != nil {
+			t.Fatalf("first event: %v", err)
+		}
+		got += string(buf[:n])
+	}
+	b.mu.Lock()
+	held := b.c.br != nil
+	b.mu.Unlock()
+	if held {
+		t.Fatal("the body holds a read buffer while nothing is buffered")
+	}
+	close(step)
+	rest, err := io.ReadAll(b)
+	if err != nil || string(rest) != "two" {
+		t.Fatalf("rest %q, %v; want %q", rest, err, "two")
+	}
+	if got := tr.IdleConns(); got != 1 {
+		t.Fatalf("idle %d; want the connection back in the pool", got)
+	}
+}
