@@ -97,7 +97,7 @@ func (b *Body) Read(p []byte) (int, error) {
 		return n, io.EOF
 	}
 	b.state = stOpen
-	if br := b.c.br; br.Buffered() == 0 {
+	if br := b.c.br; br != nil && br.Buffered() == 0 {
 		// Nothing buffered: the reader goes back to its pool until the
 		// next Read, so a stream waiting for its next event holds none.
 		br.Reset(nil)

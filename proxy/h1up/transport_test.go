@@ -830,6 +830,9 @@ func TestReaderReleasedBetweenReads(t *testing.T) {
 	if held {
 		t.Fatal("the body holds a read buffer while nothing is buffered")
 	}
+	if n, err := b.Read(nil); n != 0 || err != nil { // an empty read, with no reader held
+		t.Fatalf("empty read: %d, %v", n, err)
+	}
 	close(step)
 	rest, err := io.ReadAll(b)
 	if err != nil || string(rest) != "two" {
