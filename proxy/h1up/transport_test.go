@@ -208,7 +208,7 @@ func TestRequestBody(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eof := &eofWatch{r: strings.NewReader("hello")}
-			req, _ := http.NewRequest(http.MethodPost, srv.URL, io.NopCloser(eof))
+			req, _ := http.NewRequest(http.MethodPost, srv.URL, eof)
 			req.ContentLength = tc.cl
 			resp, err := tr.RoundTrip(req)
 			if err != nil {
@@ -217,8 +217,8 @@ func TestRequestBody(t *testing.T) {
 			if got := readAll(t, resp); got != tc.want {
 				t.Fatalf("got %q; want %q", got, tc.want)
 			}
-			if !eof.seen {
-				t.Fatal("the request body was not read to io.EOF")
+			if !eof.seen || !eof.closed {
+				t.Fatalf("request body read to io.EOF %v, closed %v; want both", eof.seen, eof.closed)
 			}
 		})
 	}
@@ -233,9 +233,12 @@ func TestRequestBody(t *testing.T) {
 // eofWatch records that its reader returned io.EOF, as the proxy's
 // sentBody does.
 type eofWatch struct {
-	r    io.Reader
-	seen bool
+	r      io.Reader
+	seen   bool
+	closed bool
 }
+
+func (e *eofWatch) Close() error { e.closed = true; return nil }
 
 func (e *eofWatch) Read(p []byte) (int, error) {
 	n, err := e.r.Read(p)
