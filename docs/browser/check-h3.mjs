@@ -69,6 +69,7 @@ async function pageStream({ url, key, maxTokens, extraHeaders, timeoutMs }) {
   const r = { url, ok: false, error: null, status: 0, bytes: 0, reads: 0, done: false, comment: null, trailerHeader: null, serverTimingHeader: null };
   const ctl = new AbortController();
   const timer = setTimeout(() => ctl.abort(new Error('timeout')), timeoutMs);
+  let text = '';
   try {
     const res = await fetch(url, {
       method: 'POST',
@@ -81,7 +82,6 @@ async function pageStream({ url, key, maxTokens, extraHeaders, timeoutMs }) {
     r.serverTimingHeader = res.headers.get('server-timing');
     const reader = res.body.getReader();
     const dec = new TextDecoder();
-    let text = '';
     for (;;) {
       const { value, done } = await reader.read();
       if (done) break;
@@ -96,6 +96,8 @@ async function pageStream({ url, key, maxTokens, extraHeaders, timeoutMs }) {
     if (!r.ok && !r.error) r.error = `status ${r.status}, ends with ${JSON.stringify(text.slice(-40))}`;
   } catch (e) {
     r.error = `${e && e.name}: ${e && e.message}`;
+    // Whether the whole body had arrived when the read failed.
+    r.doneBeforeError = /(^|\n)data: \[DONE\]\n\n$/.test(text);
   } finally {
     clearTimeout(timer);
   }
@@ -218,6 +220,8 @@ function judge(name, results) {
   }
   if (name === 'comment' && opts.expect === 'sluice' && s.comments !== s.n) s.bad += s.n - s.comments;
   for (const [e, k] of errs) console.log(`  ${name}: ${k} x ${e}`);
+  const afterDone = results.filter((r) => r.doneBeforeError).length;
+  if (s.errors) console.log(`  ${name}: ${afterDone} of ${s.errors} errors came after the whole body, [DONE] included, had been read`);
   const ex = results.find((r) => r.ok) || results[0];
   if (ex) console.log(`  ${name} e.g.: status ${ex.status} proto ${ex.nextHopProtocol} reads ${ex.reads} bytes ${ex.bytes} trailer-header ${JSON.stringify(ex.trailerHeader)} serverTiming [${(ex.serverTiming || []).join(',')}]${ex.comment ? ' comment ' + JSON.stringify(ex.comment.slice(0, 60) + '...') : ''}`);
   return s;

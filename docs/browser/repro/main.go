@@ -25,6 +25,7 @@ import (
 	"crypto/x509/pkix"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"math/big"
 	"net"
@@ -55,6 +56,14 @@ func main() {
 		fmt.Fprintln(w, "<!doctype html><title>repro</title>")
 	})
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		// Read the request body to its end first, as Sluice does (it
+		// parses the JSON): otherwise quic-go answers the unread body
+		// with STOP_SENDING when the handler returns, which Sluice never
+		// sends, and the repro would differ from it in two ways at once.
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
 		stream(w, *end, *delay, *events, *gap)
 	})
 
