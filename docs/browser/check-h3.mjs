@@ -8,10 +8,11 @@
 // running server, in several cases, and exits 1 when any request did not end
 // cleanly, was not served over h3, or (for Sluice) lost its Server-Timing.
 //
-// Usage (see README.md): node check-h3.mjs [--origin https://127.0.0.1:18443]
-//   [--n 30] [--parallel 1] [--cases plain,te-js,comment,te-cdp]
-//   [--chromium /usr/bin/chromium] [--netlog FILE] [--key sk-sluice-demo]
-//   [--expect sluice|any]
+// Usage (see README.md): node check-h3.mjs [-origin https://127.0.0.1:18443]
+//   [-n 30] [-parallel 1] [-cases plain,te-js,comment,te-cdp]
+//   [-chromium /usr/bin/chromium] [-netlog FILE] [-key sk-sluice-demo]
+//   [-expect sluice|any] [-max-tokens 16] [-timeout 20000 (ms)]
+// Flags take one dash or two.
 //
 // The server must serve TLS over TCP on the same port as QUIC with the same
 // certificate: the script reads the certificate there to pin its SPKI hash
@@ -142,7 +143,13 @@ async function main() {
     `--ignore-certificate-errors-spki-list=${spki}`,
   ];
   if (opts.netlog) args.push(`--log-net-log=${opts.netlog}`, '--net-log-capture-mode=Everything');
-  const ctx = await chromium.launchPersistentContext(userDataDir, { executablePath: opts.chromium, headless: true, args });
+  // Only these flags: Playwright's defaults (dozens of --disable-features
+  // and the like) are left out, so the pipe it drives Chromium through and
+  // the profile are given here.
+  const ctx = await chromium.launchPersistentContext(userDataDir, {
+    executablePath: opts.chromium, headless: true, ignoreDefaultArgs: true,
+    args: [...args, '--remote-debugging-pipe', `--user-data-dir=${userDataDir}`, 'about:blank'],
+  });
   let failed = 0;
   const summary = [];
   try {
