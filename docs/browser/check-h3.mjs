@@ -21,9 +21,9 @@
 
 import { chromium } from 'playwright-core';
 import { createHash } from 'node:crypto';
-import { mkdtempSync, rmSync, readFileSync, existsSync } from 'node:fs';
+import { mkdtempSync, mkdirSync, rmSync, readFileSync, existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import tls from 'node:tls';
 
 const opts = parseArgs(process.argv.slice(2), {
@@ -142,7 +142,10 @@ async function main() {
     '--enable-quic', `--origin-to-force-quic-on=${host}:${port}`,
     `--ignore-certificate-errors-spki-list=${spki}`,
   ];
-  if (opts.netlog) args.push(`--log-net-log=${opts.netlog}`, '--net-log-capture-mode=Everything');
+  if (opts.netlog) {
+    mkdirSync(dirname(resolve(opts.netlog)), { recursive: true }); // Chromium does not make it
+    args.push(`--log-net-log=${opts.netlog}`, '--net-log-capture-mode=Everything');
+  }
   // Only these flags: Playwright's defaults (dozens of --disable-features
   // and the like) are left out, so the pipe it drives Chromium through and
   // the profile are given here.
