@@ -495,3 +495,33 @@ func (r *Region) Rebalance(ctx context.Context) {
 		r.opt.Logger.Info("limiter: global store back; regional shares reconciled", "region", r.opt.Name)
 	}
 }
+
+// RegionReport is the node's regional view for the admin status
+// (GET /debug/regions): every tenant it has seen with its share.
+type RegionReport struct {
+	Region   string        `json:"region"`
+	Regions  []string      `json:"regions"`
+	Interval time.Duration `json:"interval_ns"`
+	Floor    float64       `json:"floor"`
+	// Syncs and SyncFailures count rebalancing rounds; Reachable is false
+	// while the last round failed (shares held, then decaying).
+	Syncs        int64 `json:"syncs"`
+	SyncFailures int64 `json:"sync_failures"`
+	Reachable    bool  `json:"reachable"`
+	// Tenants are the tenants seen recently, by id.
+	Tenants map[string]RegionStatus `json:"tenants"`
+}
+
+// Report returns the node's regional view.
+func (r *Region) Report() RegionReport {
+	ok, failed := r.Syncs()
+	rep := RegionReport{Region: r.opt.Name, Regions: r.opt.Regions, Interval: r.opt.Interval, Floor: r.floor,
+		Syncs: ok, SyncFailures: failed, Reachable: !r.down.Load(), Tenants: map[string]RegionStatus{}}
+	r.tenants.Range(func(k, v any) bool {
+		rt := v.(*regionTenant)
+		rep.Tenants[k.(string)] = r.RegionStatus(k.(string), Limits{TokensPerMinute: rt.gTok.Load(),
+			RequestsPerMinute: rt.gReq.Load(), MaxConcurrency: int(rt.gConc.Load())})
+		return true
+	})
+	return rep
+}
