@@ -428,7 +428,7 @@ func (r *Region) Rebalance(ctx context.Context) {
 	var calls []*scriptCall
 	forget := r.opt.Hold + r.opt.Decay + 3*r.opt.Interval
 	args := []any{r.opt.Name, r.opt.NodeID, 0.0, 0.0, r.floor, r.opt.Hold.Microseconds(),
-		r.opt.Decay.Microseconds(), (3 * r.opt.Interval).Microseconds(), (2 * forget).Milliseconds()}
+		r.opt.Decay.Microseconds(), (3 * r.opt.Interval).Microseconds(), (2 * forget).Milliseconds(), 0.0}
 	for _, reg := range r.opt.Regions {
 		args = append(args, reg)
 	}
@@ -447,6 +447,11 @@ func (r *Region) Rebalance(ctx context.Context) {
 		a := append([]any(nil), args...)
 		a[2] = strconv.FormatFloat(r.shareAt(rt, now), 'f', 9, 64)
 		a[3] = strconv.FormatFloat(rt.demand, 'f', 9, 64)
+		inf := 0.0
+		if g := rt.gConc.Load(); g > 0 {
+			inf = float64(max(rt.inflight.Load(), 0)) / float64(g)
+		}
+		a[9] = strconv.FormatFloat(inf, 'f', 9, 64)
 		items = append(items, item{k.(string), rt})
 		calls = append(calls, &scriptCall{script: regionSyncScript, keys: []string{regionKey(k.(string))}, args: a})
 		return true

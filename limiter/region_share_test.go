@@ -160,3 +160,77 @@ func TestRegionDecay(t *testing.T) {
 		t.Errorf("a share below the floor moved: %.4f", got)
 	}
 }
+
+// BenchmarkRegionAdmit measures what the regional layer adds to an
+// admission: Region over a Local against the Local alone (no Redis, so the
+// difference is the share lookup, the scaling of the limits and the demand
+// counters).
+func BenchmarkRegionAdmit(b *testing.B) {
+	lim := Limits{TokensPerMinute: 1e12, RequestsPerMinute: 1e12, MaxConcurrency: 1 << 20}
+	run := func(b *testing.B, l Limiter) {
+		ctx := context.Background()
+		req := Request{ID: "x", Tenant: "acme", Limits: lim, InputTokens: 100, OutputTokens: 1}
+		b.ReportAllocs()
+		for b.Loop() {
+			d, err := l.Admit(ctx, req)
+			if err != nil || !d.Allowed {
+				b.Fatal(err, d)
+			}
+			_ = l.Settle(ctx, d.Ticket, Usage{InputTokens: 100, OutputTokens: 1})
+		}
+	}
+	b.Run("local", func(b *testing.B) { run(b, NewLocal(1)) })
+	b.Run("region", func(b *testing.B) {
+		r, err := NewRegion(NewLocal(1), nil, RegionOptions{Name: "a", Regions: []string{"a", "b", "c"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		run(b, r)
+	})
+}
+
+// TestRegionConcurrencyStaysReserved checks that concurrency leases stay
+// regional and keep their share: a region holding streams keeps that much
+// of the global concurrency reserved after its share fell, so another
+// region cannot be granted slots that are still in use; once the streams
+// end, the share moves.
+func TestRegionConcurrencyStaysReserved(t *testing.T) {
+	a, b := twoRegions(t)
+	ctx := context.Background()
+	lim := Limits{MaxConcurrency: 10}
+	var held []*Ticket
+	for range 8 { // a's share grows as its streams do
+		a.Rebalance(ctx)
+		d := admit(t, a, Request{Tenant: "acme", Limits: lim})
+		if d.Allowed {
+			held = append(held, d.Ticket)
+		}
+	}
+	a.Rebalance(ctx)
+	if len(held) < 6 {
+		t.Fatalf("a admitted only %d streams of 10 (share %.3f)", len(held), shareOf(a, "acme"))
+	}
+	// b's streams now want the slots; a's demand is gone but its streams
+	// are not.
+	for range 6 {
+		b.tenant("acme").peak.Store(10) // b's demand: the whole limit
+		b.tenant("acme").gConc.Store(10)
+		b.Rebalance(ctx)
+		a.Rebalance(ctx)
+	}
+	inUse := float64(len(held)) / 10
+	if got := b.RegionStatus("acme", lim).Share; got > 1-inUse+1e-9 {
+		t.Fatalf("b's share %.3f while a still holds %d of 10 slots", got, len(held))
+	}
+	for _, tk := range held {
+		settle(t, a, tk, Usage{})
+	}
+	for range 6 {
+		b.tenant("acme").peak.Store(10)
+		b.Rebalance(ctx)
+		a.Rebalance(ctx)
+	}
+	if got := b.RegionStatus("acme", lim).Share; got <= 1-inUse+1e-9 {
+		t.Errorf("b's share %.3f after a's streams ended; want more than %.3f", got, 1-inUse)
+	}
+}

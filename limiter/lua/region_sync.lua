@@ -4,12 +4,14 @@
 -- migration here.
 --
 -- KEYS: 1 the tenant's region hash: field "<region>|<node>" ->
---       "reserve seen_us demand" (one entry per edge node).
+--       "reserve seen_us demand inflight" (one entry per edge node).
 -- ARGV: 1 this region, 2 this node, 3 cur: the share the node enforces now
 --       (the most it may have enforced since its last sync), 4 demand: the
 --       node's use as a fraction of the global limit per minute,
 --       5 floor: every region's guaranteed share, 6 hold us, 7 decay us,
---       8 demand freshness us, 9 key TTL ms, 10.. the configured regions.
+--       8 demand freshness us, 9 key TTL ms, 10 inflight: the node's
+--       streams in flight as a fraction of the global concurrency limit,
+--       11.. the configured regions.
 -- Returns: {grant, global demand, sum of reserves, reserve of this region}
 --          as strings ("%.9f").
 --
@@ -19,7 +21,10 @@
 -- of that region has reported enforcing the smaller value (lend, then
 -- borrow). A reserve not renewed by its node is held for `hold` and then
 -- decays linearly to the floor over `decay` (the node decays its own share
--- on the same schedule from an earlier instant, its send time).
+-- on the same schedule from an earlier instant, its send time). A
+-- region's reserve is also at least the sum of its nodes' in-flight
+-- fractions: concurrency a region lowered stays reserved until its streams
+-- have ended.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -36,8 +41,9 @@ local function decayed(v, age)
   return v - (v - floor) * f
 end
 
-local reserve, demand = {}, {}
-for i = 10, #ARGV do
+local reserve, demand, inflight = {}, {}, {}
+local myinf = tonumber(ARGV[10])
+for i = 11, #ARGV do
   reserve[ARGV[i]] = floor
   demand[ARGV[i]] = 0
 end
@@ -50,9 +56,9 @@ for i = 1, #all, 2 do
   local f, v = all[i], all[i + 1]
   if f ~= mine then
     local region = string.match(f, '^(.*)|[^|]*$')
-    local r, seen, d = string.match(v, '^(%S+) (%S+) (%S+)$')
-    r, seen, d = tonumber(r), tonumber(seen), tonumber(d)
-    if region and r and seen and d then
+    local r, seen, d, inf = string.match(v, '^(%S+) (%S+) (%S+) (%S+)$')
+    r, seen, d, inf = tonumber(r), tonumber(seen), tonumber(d), tonumber(inf)
+    if region and r and seen and d and inf then
       local age = now - seen
       if age > hold + decay + fresh then
         redis.call('HDEL', KEYS[1], f) -- decayed to the floor long ago
@@ -61,11 +67,16 @@ for i = 1, #all, 2 do
         if rv > (reserve[region] or floor) then reserve[region] = rv end
         if reserve[region] == nil then reserve[region] = floor end
         if age <= fresh then demand[region] = (demand[region] or 0) + d end
+        inflight[region] = (inflight[region] or 0) + inf
       end
     end
   end
 end
 demand[me] = demand[me] + dem
+inflight[me] = (inflight[me] or 0) + myinf
+for region, inf in pairs(inflight) do
+  if inf > (reserve[region] or floor) then reserve[region] = math.min(inf, 1) end
+end
 local others_min = reserve[me]
 if cur > reserve[me] then reserve[me] = cur end
 
@@ -94,7 +105,7 @@ if grant < floor then grant = floor end
 -- A node of this region that is still enforcing more (it has not synced
 -- since a decrease) keeps the region's reserve up until it reports.
 local keep = math.max(cur, grant)
-redis.call('HSET', KEYS[1], mine, string.format('%.9f %.0f %.9f', keep, now, dem))
+redis.call('HSET', KEYS[1], mine, string.format('%.9f %.0f %.9f %.9f', keep, now, dem, myinf))
 redis.call('PEXPIRE', KEYS[1], ARGV[9])
 local myres = math.max(keep, others_min)
 local total = others + myres
