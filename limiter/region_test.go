@@ -325,8 +325,8 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 // region farthest from the global store (120 ms one way) against a
 // single-region node (Shared on its own Redis), in alternating rounds so
 // that both see the same machine load, with the rebalancer running every
-// 100 ms. In at least one round the region's P99 is within 1 ms of the
-// single-region one (noise only adds; waiting for the global store would
+// 100 ms. The region's P99 in its quietest round is within 1 ms of the
+// single-region one's (noise only adds; waiting for the global store would
 // add 80-240 ms in every round); the log has the medians over rounds.
 func TestRegionsAdmitLatency(t *testing.T) {
 	lim := Limits{TokensPerMinute: 1e12, RequestsPerMinute: 1e12, MaxConcurrency: 1 << 20}
@@ -357,18 +357,15 @@ func TestRegionsAdmitLatency(t *testing.T) {
 				t.Errorf("the rebalancer made %d rounds while admissions were measured", ok)
 			}
 			mr, ms := percentile(rp, 0.5), percentile(sp, 0.5)
-			best := rp[0] - sp[0]
-			for i := range rp {
-				best = min(best, rp[i]-sp[i])
-			}
-			t.Logf("regions=%d P99 admit per round: region %v, single %v; medians %v and %v; best round difference %v",
-				n, rp, sp, mr, ms, best)
+			br, bs := slices.Min(rp), slices.Min(sp)
+			t.Logf("regions=%d P99 admit per round: region %v, single %v; medians %v and %v; quietest rounds %v and %v",
+				n, rp, sp, mr, ms, br, bs)
 			// Machine noise only adds to a round's P99; an admission that
 			// waited for the global store (80–240 ms round trip) even once
-			// in 100 would add to every round's. So the best round is the
-			// robust test, the medians the figure to quote.
-			if best > time.Millisecond {
-				t.Errorf("P99 admit latency more than 1 ms above single-region in every round: %v vs %v", rp, sp)
+			// in 100 would add to every round's. So the quietest rounds are
+			// the robust test, the medians the figure to quote.
+			if br > bs+time.Millisecond {
+				t.Errorf("P99 admit latency in the quietest round %v, single-region %v: more than 1 ms apart (%v vs %v)", br, bs, rp, sp)
 			}
 		})
 	}
