@@ -246,9 +246,9 @@ func (r *Region) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 	rt := r.tenant(req.Tenant)
 	eff, _ := req.Limits.Effective(req.Model)
-	rt.gTok.Store(eff.TokensPerMinute)
-	rt.gReq.Store(eff.RequestsPerMinute)
-	rt.gConc.Store(int64(eff.MaxConcurrency))
+	storeIfChanged(&rt.gTok, eff.TokensPerMinute) // read-mostly: no shared write per admission
+	storeIfChanged(&rt.gReq, eff.RequestsPerMinute)
+	storeIfChanged(&rt.gConc, int64(eff.MaxConcurrency))
 	global := req.Limits
 	req.Limits = scaleLimits(global, r.shareAt(rt, r.now()))
 	d, err := r.inner.Admit(ctx, req)
@@ -266,6 +266,12 @@ func (r *Region) Admit(ctx context.Context, req Request) (Decision, error) {
 		rt.tokens.Add(in + out)
 	}
 	return d, nil
+}
+
+func storeIfChanged(a *atomic.Int64, v int64) {
+	if a.Load() != v {
+		a.Store(v)
+	}
 }
 
 // Settle settles t in the regional store and corrects the demand count by

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -67,8 +68,8 @@ func (c RegionConfig) Validate(name string) error {
 	}
 	seen := map[string]bool{}
 	for i, r := range c.Regions {
-		if r == "" {
-			bad(fmt.Sprintf("regions[%d]", i), "must not be empty")
+		if r == "" || strings.Contains(r, "|") {
+			bad(fmt.Sprintf("regions[%d]", i), "%q: a region name is not empty and has no '|'", r)
 		}
 		if seen[r] {
 			bad(fmt.Sprintf("regions[%d]", i), "%q is listed twice", r)

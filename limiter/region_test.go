@@ -298,9 +298,11 @@ func TestRegionsSkewedDemand(t *testing.T) {
 				t.Errorf("admitted only %d tokens in %v: shares did not follow demand", r.admittedTokens, r.window)
 			}
 			if n > 1 {
+				// More than an even split (the target is 0.87–0.9; a loaded
+				// machine slows the rounds, hence the margin).
 				for k, s := range r.hotShare {
-					if s < 0.5 {
-						t.Errorf("phase %d: the hot region's share is %.3f, want > 0.5", k, s)
+					if want := 1/float64(n) + 0.05; s < want {
+						t.Errorf("phase %d: the hot region's share is %.3f, want > %.3f", k, s, want)
 					}
 				}
 			}
