@@ -420,7 +420,52 @@ func appendScope(b []byte, s instrumentation.Scope) []byte {
 	return closeAt(b, at)
 }
 
-func appendSpan(b []byte, s sdktrace.ReadOnlySpan) []byte {
+// spanData is what appendSpan reads of a span: the methods of
+// sdktrace.ReadOnlySpan that the SDK's transform reads, which the lean
+// recorder's records have too.
+type spanData interface {
+	SpanContext() trace.SpanContext
+	Parent() trace.SpanContext
+	Name() string
+	SpanKind() trace.SpanKind
+	StartTime() time.Time
+	EndTime() time.Time
+	Attributes() []attribute.KeyValue
+	DroppedAttributes() int
+	Events() []sdktrace.Event
+	DroppedEvents() int
+	Links() []sdktrace.Link
+	DroppedLinks() int
+	Status() sdktrace.Status
+}
+
+// exportRecords encodes the lean recorder's records, all of the
+// resource res and the scope scope, and posts them.
+func (e *wireExporter) exportRecords(ctx context.Context, recs []*record, res *resource.Resource, scope instrumentation.Scope) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	b, at := open(e.buf[:0], fReqResourceSpans)
+	b = e.appendResource(b, res)
+	var sat int
+	b, sat = open(b, fRSScopeSpans)
+	b = appendScope(b, scope)
+	for _, r := range recs {
+		var pat int
+		b, pat = open(b, fSSSpans)
+		b = appendSpan(b, r)
+		b = closeAt(b, pat)
+	}
+	b = appendString(b, fSSSchemaURL, scope.SchemaURL)
+	b = closeAt(b, sat)
+	b = appendString(b, fRSSchemaURL, schemaURL(res))
+	e.buf = closeAt(b, at)
+	return e.post(ctx, e.buf)
+}
+
+func appendSpan(b []byte, s spanData) []byte {
 	sc := s.SpanContext()
 	tid, sid := sc.TraceID(), sc.SpanID()
 	b = appendBytes(b, fSpanTraceID, tid[:])

@@ -1,0 +1,189 @@
+package tracing
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
+	"go.opentelemetry.io/otel/sdk/resource"
+)
+
+// exportQueue is the lean recorder's batch span processor: ended spans'
+// records wait in a bounded buffer that one goroutine, owned by the
+// Tracer and stopped by Shutdown, takes whole and exports. Pushing takes a
+// short lock and never blocks on the export: a record that finds the
+// buffer full is dropped and counted (Dropped, and an error to otel.Handle,
+// which the node logs). The goroutine is woken only when a batch is full,
+// at the schedule delay, or to flush: not per span, as the SDK's channel
+// does. Sizes and delays are the SDK's, from the same OTEL_BSP_*
+// variables.
+type exportQueue struct {
+	exp       *wireExporter
+	res       *resource.Resource // of every span
+	scope     instrumentation.Scope
+	maxQueue  int
+	batchSize int
+	delay     time.Duration
+	timeout   time.Duration
+
+	mu     sync.Mutex
+	buf    []*record
+	closed bool
+
+	kick    chan struct{}      // a batch is full (capacity 1: wakes once)
+	flushes chan chan struct{} // ForceFlush: closed when the queue was exported
+	stop    chan struct{}      // closed by Shutdown
+	done    chan struct{}      // closed when the goroutine ends
+
+	dropped  atomic.Uint64
+	reported uint64 // dropped as of the last report; the goroutine's
+}
+
+// envInt reads a positive integer variable, else def.
+func envInt(k string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// newExportQueue starts the queue's goroutine exporting to exp.
+func newExportQueue(exp *wireExporter, res *resource.Resource, scope instrumentation.Scope) *exportQueue {
+	q := &exportQueue{
+		exp:       exp,
+		res:       res,
+		scope:     scope,
+		maxQueue:  envInt("OTEL_BSP_MAX_QUEUE_SIZE", 2048),
+		batchSize: envInt("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512),
+		delay:     time.Duration(envInt("OTEL_BSP_SCHEDULE_DELAY", 5000)) * time.Millisecond,
+		timeout:   time.Duration(envInt("OTEL_BSP_EXPORT_TIMEOUT", 30000)) * time.Millisecond,
+		kick:      make(chan struct{}, 1),
+		flushes:   make(chan chan struct{}),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+	}
+	q.batchSize = min(q.batchSize, q.maxQueue) // as the SDK
+	q.buf = make([]*record, 0, q.maxQueue)
+	go q.run()
+	return q
+}
+
+// push queues an ended span's record, or drops it when the queue is full
+// or shut down.
+func (q *exportQueue) push(r *record) {
+	q.mu.Lock()
+	if q.closed || len(q.buf) >= q.maxQueue {
+		closed := q.closed
+		q.mu.Unlock()
+		if !closed { // after Shutdown spans are not exported, as with the SDK
+			q.dropped.Add(1)
+		}
+		r.reset()
+		records.Put(r)
+		return
+	}
+	q.buf = append(q.buf, r)
+	full := len(q.buf) == q.batchSize
+	q.mu.Unlock()
+	if full {
+		select {
+		case q.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run is the export goroutine: it exports what is queued when a batch is
+// full, at the schedule delay, on a flush, and at the stop.
+func (q *exportQueue) run() {
+	defer close(q.done)
+	spare := make([]*record, 0, q.maxQueue)
+	t := time.NewTimer(q.delay)
+	defer t.Stop()
+	for {
+		select {
+		case <-q.kick:
+		case <-t.C:
+		case ch := <-q.flushes:
+			spare = q.exportAll(spare)
+			close(ch)
+			continue
+		case <-q.stop:
+			q.exportAll(spare)
+			return
+		}
+		spare = q.exportAll(spare)
+		t.Reset(q.delay)
+	}
+}
+
+// exportAll takes the queued records (leaving spare as the new buffer),
+// exports them in batches, returns them to the pool and gives back the
+// taken slice as the next spare.
+func (q *exportQueue) exportAll(spare []*record) []*record {
+	q.mu.Lock()
+	taken := q.buf
+	q.buf = spare[:0]
+	q.mu.Unlock()
+	for batch := taken; len(batch) > 0; {
+		n := min(len(batch), q.batchSize)
+		ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
+		if err := q.exp.exportRecords(ctx, batch[:n], q.res, q.scope); err != nil {
+			otel.Handle(err)
+		}
+		cancel()
+		for i, r := range batch[:n] {
+			r.reset()
+			records.Put(r)
+			batch[i] = nil
+		}
+		batch = batch[n:]
+	}
+	if d := q.dropped.Load(); d != q.reported {
+		otel.Handle(fmt.Errorf("tracing: %d spans dropped: the export queue (%d spans) was full", d-q.reported, q.maxQueue))
+		q.reported = d
+	}
+	return taken[:0]
+}
+
+// flush exports what is queued now, waiting for it up to ctx.
+func (q *exportQueue) flush(ctx context.Context) error {
+	ch := make(chan struct{})
+	select {
+	case q.flushes <- ch:
+	case <-q.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// shutdown stops taking records, exports those queued and ends the
+// goroutine, waiting for it up to ctx.
+func (q *exportQueue) shutdown(ctx context.Context) error {
+	q.mu.Lock()
+	already := q.closed
+	q.closed = true
+	q.mu.Unlock()
+	if !already {
+		close(q.stop)
+	}
+	select {
+	case <-q.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
