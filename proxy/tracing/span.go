@@ -70,20 +70,22 @@ func (r *record) reset() {
 	*r = record{attrs: r.attrs[:0], events: r.events[:0], evAttrs: r.evAttrs[:0]}
 }
 
-func (r *record) SpanContext() trace.SpanContext      { return r.sc }
-func (r *record) Parent() trace.SpanContext           { return r.parent }
-func (r *record) Name() string                        { return r.name }
-func (r *record) SpanKind() trace.SpanKind            { return r.kind }
-func (r *record) StartTime() time.Time                { return r.start }
-func (r *record) EndTime() time.Time                  { return r.end }
-func (r *record) Attributes() []attribute.KeyValue    { return r.attrs }
-func (r *record) DroppedAttributes() int              { return r.droppedAttrs }
-func (r *record) Events() []sdktrace.Event            { return r.events }
-func (r *record) DroppedEvents() int                  { return r.droppedEvs }
-func (r *record) Links() []sdktrace.Link              { return r.links }
-func (r *record) DroppedLinks() int                   { return r.droppedLinks }
-func (r *record) Status() sdktrace.Status             { return r.status }
-func (r *record) setAttrs(attrs []attribute.KeyValue) { r.attrs, r.droppedAttrs = setAttrs(r.attrs, r.droppedAttrs, attrs) }
+func (r *record) SpanContext() trace.SpanContext   { return r.sc }
+func (r *record) Parent() trace.SpanContext        { return r.parent }
+func (r *record) Name() string                     { return r.name }
+func (r *record) SpanKind() trace.SpanKind         { return r.kind }
+func (r *record) StartTime() time.Time             { return r.start }
+func (r *record) EndTime() time.Time               { return r.end }
+func (r *record) Attributes() []attribute.KeyValue { return r.attrs }
+func (r *record) DroppedAttributes() int           { return r.droppedAttrs }
+func (r *record) Events() []sdktrace.Event         { return r.events }
+func (r *record) DroppedEvents() int               { return r.droppedEvs }
+func (r *record) Links() []sdktrace.Link           { return r.links }
+func (r *record) DroppedLinks() int                { return r.droppedLinks }
+func (r *record) Status() sdktrace.Status          { return r.status }
+func (r *record) setAttrs(attrs []attribute.KeyValue) {
+	r.attrs, r.droppedAttrs = setAttrs(r.attrs, r.droppedAttrs, attrs)
+}
 
 // setAttrs sets attrs in have as the SDK's span does: an invalid one is
 // dropped, a key already there takes the new value in its place, a new key
