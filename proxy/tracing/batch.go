@@ -34,6 +34,7 @@ type exportQueue struct {
 
 	mu     sync.Mutex
 	buf    []*record
+	free   []*record // records to reuse, at most maxQueue
 	closed bool
 
 	kick    chan struct{}      // a batch is full (capacity 1: wakes once)
@@ -84,8 +85,7 @@ func (q *exportQueue) push(r *record) {
 		if !closed { // after Shutdown spans are not exported, as with the SDK
 			q.dropped.Add(1)
 		}
-		r.reset()
-		records.Put(r)
+		q.release([]*record{r})
 		return
 	}
 	q.buf = append(q.buf, r)
@@ -97,6 +97,35 @@ func (q *exportQueue) push(r *record) {
 		default:
 		}
 	}
+}
+
+// get returns a record from the free list, else a new one. A free list
+// of its own rather than a sync.Pool: the pool is emptied by every GC,
+// which on a busy proxy is often enough to make each span allocate its
+// record (3 objects, about 2.3 kB) again.
+func (q *exportQueue) get() *record {
+	q.mu.Lock()
+	if n := len(q.free); n > 0 {
+		r := q.free[n-1]
+		q.free[n-1] = nil
+		q.free = q.free[:n-1]
+		q.mu.Unlock()
+		return r
+	}
+	q.mu.Unlock()
+	return newRecord()
+}
+
+// release resets rs and keeps them on the free list, up to maxQueue (the
+// rest are left to the GC).
+func (q *exportQueue) release(rs []*record) {
+	for _, r := range rs {
+		r.reset()
+	}
+	q.mu.Lock()
+	n := min(len(rs), q.maxQueue-len(q.free))
+	q.free = append(q.free, rs[:max(n, 0)]...)
+	q.mu.Unlock()
 }
 
 // run is the export goroutine: it exports what is queued when a batch is
@@ -138,11 +167,8 @@ func (q *exportQueue) exportAll(spare []*record) []*record {
 			otel.Handle(err)
 		}
 		cancel()
-		for i, r := range batch[:n] {
-			r.reset()
-			records.Put(r)
-			batch[i] = nil
-		}
+		q.release(batch[:n])
+		clear(batch[:n])
 		batch = batch[n:]
 	}
 	if d := q.dropped.Load(); d != q.reported {

@@ -38,9 +38,9 @@ type Span struct {
 	rec *record // while recording: from Start to End, nil when sampled out
 }
 
-// record is a span's data: kept in a pool with the capacity of its
-// slices, filled from Start to End, then owned by the export queue until
-// it is encoded and put back. It has the methods of sdktrace.ReadOnlySpan
+// record is a span's data: taken from the export queue's free list (with
+// the capacity of its slices), filled from Start to End, then owned by the
+// export queue until it is encoded and put back on the free list. It has the methods of sdktrace.ReadOnlySpan
 // the encoder reads (spanData).
 type record struct {
 	sc, parent   trace.SpanContext
@@ -57,12 +57,14 @@ type record struct {
 	status       sdktrace.Status
 }
 
-var records = sync.Pool{New: func() any {
+// newRecord makes a record with room for a server span's attributes and
+// stage events.
+func newRecord() *record {
 	return &record{attrs: make([]attribute.KeyValue, 0, 24), events: make([]sdktrace.Event, 0, 8), evAttrs: make([]attribute.KeyValue, 0, 4)}
-}}
+}
 
-// reset clears r for the pool, keeping its slices' capacity (the values
-// are cleared: the pool must not keep the strings alive).
+// reset clears r for the free list, keeping its slices' capacity (the values
+// are cleared: the free list must not keep the strings alive).
 func (r *record) reset() {
 	clear(r.attrs)
 	clear(r.events)

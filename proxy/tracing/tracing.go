@@ -332,7 +332,7 @@ func (t *Tracer) newSpan(parent context.Context, name string, kind trace.SpanKin
 	if start.IsZero() {
 		start = time.Now()
 	}
-	r := records.Get().(*record)
+	r := t.queue.get()
 	r.sc, r.parent, r.name, r.kind, r.start = s.sc, psc, name, trace.ValidateSpanKind(kind), start
 	r.setAttrs(sr.Attributes)
 	r.setAttrs(attrs)
