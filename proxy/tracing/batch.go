@@ -14,27 +14,29 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 )
 
-// exportQueue is the lean recorder's batch span processor: ended spans'
-// records wait in a bounded buffer that one goroutine, owned by the
-// Tracer and stopped by Shutdown, takes whole and exports. Pushing takes a
-// short lock and never blocks on the export: a record that finds the
-// buffer full is dropped and counted (Dropped, and an error to otel.Handle,
-// which the node logs). The goroutine is woken only when a batch is full,
-// at the schedule delay, or to flush: not per span, as the SDK's channel
-// does. Sizes and delays are the SDK's, from the same OTEL_BSP_*
-// variables.
+// exportQueue is the lean recorder's batch span processor. A span is
+// encoded when it ends (the Span message, wire.go) into a bounded buffer
+// of bytes that one goroutine, owned by the Tracer and stopped by
+// Shutdown, takes whole and posts; the span's record goes straight back to
+// a small free list. So the queue holds no pointers for the GC to scan,
+// and only the spans in progress hold records. Pushing takes a short lock
+// and never blocks on the export: a span that finds the queue full is
+// dropped and counted (Dropped, and an error to otel.Handle, which the
+// node logs). The goroutine is woken only when a batch is full, at the
+// schedule delay, or to flush: not per span, as the SDK's channel does.
+// Sizes and delays are the SDK's, from the same OTEL_BSP_* variables.
 type exportQueue struct {
 	exp       *wireExporter
 	res       *resource.Resource // of every span
 	scope     instrumentation.Scope
-	maxQueue  int
-	batchSize int
+	maxQueue  int // spans
+	batchSize int // spans per export
 	delay     time.Duration
 	timeout   time.Duration
 
 	mu     sync.Mutex
-	buf    []*record
-	free   []*record // records to reuse, at most maxQueue
+	q      encoded
+	free   []*record // records to reuse, at most maxFree
 	closed bool
 
 	kick    chan struct{}      // a batch is full (capacity 1: wakes once)
@@ -45,6 +47,17 @@ type exportQueue struct {
 	dropped  atomic.Uint64
 	reported uint64 // dropped as of the last report; the goroutine's
 }
+
+// encoded are encoded spans: each a ScopeSpans.spans field, ends[i] the
+// end of span i in buf.
+type encoded struct {
+	buf  []byte
+	ends []int
+}
+
+// maxFree bounds the free list: records are held only from a span's start
+// to its end, so a few per request in progress.
+const maxFree = 256
 
 // envInt reads a positive integer variable, else def.
 func envInt(k string, def int) int {
@@ -70,27 +83,31 @@ func newExportQueue(exp *wireExporter, res *resource.Resource, scope instrumenta
 		done:      make(chan struct{}),
 	}
 	q.batchSize = min(q.batchSize, q.maxQueue) // as the SDK
-	q.buf = make([]*record, 0, q.maxQueue)
 	go q.run()
 	return q
 }
 
-// push queues an ended span's record, or drops it when the queue is full
-// or shut down.
+// push encodes an ended span's record and queues the bytes, or drops them
+// when the queue is full or shut down; the record goes back to the free
+// list either way.
 func (q *exportQueue) push(r *record) {
+	b, at := open(r.enc[:0], fSSSpans)
+	r.enc = closeAt(appendSpan(b, r), at)
 	q.mu.Lock()
-	if q.closed || len(q.buf) >= q.maxQueue {
+	if q.closed || len(q.q.ends) >= q.maxQueue {
 		closed := q.closed
 		q.mu.Unlock()
 		if !closed { // after Shutdown spans are not exported, as with the SDK
 			q.dropped.Add(1)
 		}
-		q.release([]*record{r})
+		q.release(r)
 		return
 	}
-	q.buf = append(q.buf, r)
-	full := len(q.buf) == q.batchSize
+	q.q.buf = append(q.q.buf, r.enc...)
+	q.q.ends = append(q.q.ends, len(q.q.buf))
+	full := len(q.q.ends) == q.batchSize
 	q.mu.Unlock()
+	q.release(r)
 	if full {
 		select {
 		case q.kick <- struct{}{}:
@@ -102,7 +119,7 @@ func (q *exportQueue) push(r *record) {
 // get returns a record from the free list, else a new one. A free list
 // of its own rather than a sync.Pool: the pool is emptied by every GC,
 // which on a busy proxy is often enough to make each span allocate its
-// record (3 objects, about 2.3 kB) again.
+// record again.
 func (q *exportQueue) get() *record {
 	q.mu.Lock()
 	if n := len(q.free); n > 0 {
@@ -116,15 +133,13 @@ func (q *exportQueue) get() *record {
 	return newRecord()
 }
 
-// release resets rs and keeps them on the free list, up to maxQueue (the
-// rest are left to the GC).
-func (q *exportQueue) release(rs []*record) {
-	for _, r := range rs {
-		r.reset()
-	}
+// release resets r and keeps it on the free list, unless that is full.
+func (q *exportQueue) release(r *record) {
+	r.reset()
 	q.mu.Lock()
-	n := min(len(rs), q.maxQueue-len(q.free))
-	q.free = append(q.free, rs[:max(n, 0)]...)
+	if len(q.free) < maxFree {
+		q.free = append(q.free, r)
+	}
 	q.mu.Unlock()
 }
 
@@ -132,7 +147,7 @@ func (q *exportQueue) release(rs []*record) {
 // full, at the schedule delay, on a flush, and at the stop.
 func (q *exportQueue) run() {
 	defer close(q.done)
-	spare := make([]*record, 0, q.maxQueue)
+	var spare encoded
 	t := time.NewTimer(q.delay)
 	defer t.Stop()
 	for {
@@ -152,30 +167,29 @@ func (q *exportQueue) run() {
 	}
 }
 
-// exportAll takes the queued records (leaving spare as the new buffer),
-// exports them in batches, returns them to the pool and gives back the
-// taken slice as the next spare.
-func (q *exportQueue) exportAll(spare []*record) []*record {
+// exportAll takes the queued spans (leaving spare as the new buffer),
+// posts them in batches and gives back the taken buffer as the next
+// spare.
+func (q *exportQueue) exportAll(spare encoded) encoded {
 	q.mu.Lock()
-	taken := q.buf
-	q.buf = spare[:0]
+	taken := q.q
+	q.q = encoded{buf: spare.buf[:0], ends: spare.ends[:0]}
 	q.mu.Unlock()
-	for batch := taken; len(batch) > 0; {
-		n := min(len(batch), q.batchSize)
+	from := 0
+	for i := 0; i < len(taken.ends); i += q.batchSize {
+		last := taken.ends[min(i+q.batchSize, len(taken.ends))-1]
 		ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
-		if err := q.exp.exportRecords(ctx, batch[:n], q.res, q.scope); err != nil {
+		if err := q.exp.exportEncoded(ctx, taken.buf[from:last], q.res, q.scope); err != nil {
 			otel.Handle(err)
 		}
 		cancel()
-		q.release(batch[:n])
-		clear(batch[:n])
-		batch = batch[n:]
+		from = last
 	}
 	if d := q.dropped.Load(); d != q.reported {
 		otel.Handle(fmt.Errorf("tracing: %d spans dropped: the export queue (%d spans) was full", d-q.reported, q.maxQueue))
 		q.reported = d
 	}
-	return taken[:0]
+	return taken
 }
 
 // flush exports what is queued now, waiting for it up to ctx.

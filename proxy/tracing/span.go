@@ -39,8 +39,8 @@ type Span struct {
 }
 
 // record is a span's data: taken from the export queue's free list (with
-// the capacity of its slices), filled from Start to End, then owned by the
-// export queue until it is encoded and put back on the free list. It has the methods of sdktrace.ReadOnlySpan
+// the capacity of its slices), filled from Start to End, then encoded and
+// put back. It has the methods of sdktrace.ReadOnlySpan
 // the encoder reads (spanData).
 type record struct {
 	sc, parent   trace.SpanContext
@@ -55,6 +55,7 @@ type record struct {
 	links        []sdktrace.Link
 	droppedLinks int
 	status       sdktrace.Status
+	enc          []byte // the encoding, made at the end (exportQueue.push)
 }
 
 // newRecord makes a record with room for a server span's attributes and
@@ -69,7 +70,7 @@ func (r *record) reset() {
 	clear(r.attrs)
 	clear(r.events)
 	clear(r.evAttrs)
-	*r = record{attrs: r.attrs[:0], events: r.events[:0], evAttrs: r.evAttrs[:0]}
+	*r = record{attrs: r.attrs[:0], events: r.events[:0], evAttrs: r.evAttrs[:0], enc: r.enc[:0]}
 }
 
 func (r *record) SpanContext() trace.SpanContext   { return r.sc }

@@ -439,10 +439,10 @@ type spanData interface {
 	Status() sdktrace.Status
 }
 
-// exportRecords encodes the lean recorder's records, all of the
-// resource res and the scope scope, and posts them.
-func (e *wireExporter) exportRecords(ctx context.Context, recs []*record, res *resource.Resource, scope instrumentation.Scope) error {
-	if len(recs) == 0 {
+// exportEncoded posts spans, Span messages the lean recorder encoded (each
+// a ScopeSpans.spans field), all of the resource res and the scope scope.
+func (e *wireExporter) exportEncoded(ctx context.Context, spans []byte, res *resource.Resource, scope instrumentation.Scope) error {
+	if len(spans) == 0 {
 		return nil
 	}
 	e.mu.Lock()
@@ -452,12 +452,7 @@ func (e *wireExporter) exportRecords(ctx context.Context, recs []*record, res *r
 	var sat int
 	b, sat = open(b, fRSScopeSpans)
 	b = appendScope(b, scope)
-	for _, r := range recs {
-		var pat int
-		b, pat = open(b, fSSSpans)
-		b = appendSpan(b, r)
-		b = closeAt(b, pat)
-	}
+	b = append(b, spans...)
 	b = appendString(b, fSSSchemaURL, scope.SchemaURL)
 	b = closeAt(b, sat)
 	b = appendString(b, fRSSchemaURL, schemaURL(res))
