@@ -18,7 +18,7 @@ import (
 // into a header, seven stages, the same attributes), exported over
 // OTLP/HTTP to an in-process receiver that only counts spans; the export is
 // flushed every 128 requests and counted in the op. It reports the process
-// CPU per request ("cpu-µs/req": the SDK, the wire exporter's protobuf
+// CPU per request ("cpu-µs/req": the lean recorder, the protobuf encoding
 // and HTTP, and the receiver's small share) with stages as events (the
 // default), as child spans, without stage events (stage_events: false),
 // and for a request the sampler leaves out (ratio 0; the pipeline then
