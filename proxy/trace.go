@@ -160,7 +160,7 @@ func (x *exchange) endTrace(end time.Time) {
 	if status == 0 {
 		status = 499
 	}
-	// Each attribute costs a few allocations in the exporter: the set is
+	// Each attribute is stored and encoded with every trace: the set is
 	// kept to what a trace is read for (the backend and pool are on the
 	// attempt spans).
 	var buf [20]attribute.KeyValue // on the stack: SetAttrs copies them
