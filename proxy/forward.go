@@ -125,25 +125,34 @@ func isEventStream(h http.Header) bool {
 // credentials, forwarding headers and the request id.
 func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*http.Request, error) {
 	r := x.r
-	u := x.backendURL(b)
 	var body io.Reader
 	if x.body != nil {
 		body = bytes.NewReader(x.body)
 	}
-	req, err := http.NewRequestWithContext(ctx, r.Method, u.String(), body)
+	// The URL is set as built, not printed and parsed back: the request
+	// line the transport writes (URL.RequestURI) is the same.
+	req, err := http.NewRequestWithContext(ctx, r.Method, "", body)
 	if err != nil {
 		return nil, err
 	}
+	u := new(url.URL)
+	*u = x.backendURL(b)
+	req.URL, req.Host = u, strings.TrimSuffix(u.Host, ":")
+	// Sized for the client's fields and Sluice's own, so that it never
+	// grows; Sluice's five values share one array (one allocation, not
+	// one per field).
+	req.Header = make(http.Header, len(r.Header)+8)
 	copyRequestHeader(req.Header, r.Header)
-	req.Header.Set("X-Forwarded-For", clientIP(r))
 	proto := "http"
 	if r.TLS != nil {
 		proto = "https"
 	}
-	req.Header.Set("X-Forwarded-Proto", proto)
-	req.Header.Set("X-Forwarded-Host", r.Host)
-	req.Header.Set("X-Request-Id", x.id)
-	req.Header.Set("X-Sluice-Request-Id", x.ownID)
+	own := &[5]string{clientIP(r), proto, r.Host, x.id, x.ownID}
+	req.Header["X-Forwarded-For"] = own[0:1:1]
+	req.Header["X-Forwarded-Proto"] = own[1:2:2]
+	req.Header["X-Forwarded-Host"] = own[2:3:3]
+	req.Header["X-Request-Id"] = own[3:4:4]
+	req.Header["X-Sluice-Request-Id"] = own[4:5:5]
 	if f := b.LoadHeaderFormat(); f != "" {
 		req.Header["Endpoint-Load-Metrics-Format"] = loadFormatValue(f) // ask vLLM for its load report
 	}

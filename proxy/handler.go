@@ -161,8 +161,8 @@ func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.Co
 		x.ownID = newID() // the client's id is kept, and Sluice's own goes beside it
 	}
 	hdr := sink.Header()
-	hdr.Set("X-Request-Id", x.id)
-	hdr.Set("X-Sluice-Request-Id", x.ownID)
+	ids := &[2]string{x.id, x.ownID} // one allocation for both values
+	hdr["X-Request-Id"], hdr["X-Sluice-Request-Id"] = ids[0:1:1], ids[1:2:2]
 	if h.region != "" {
 		hdr.Set("X-Sluice-Region", h.region)
 	}
