@@ -254,12 +254,17 @@ func copyHeader(dst, src http.Header, owned map[string]bool, ownedPrefix string)
 }
 
 // dropConnectionHeaders removes the fields src's Connection header names.
+// The usual options ("keep-alive", "close") name no field that could have
+// been copied (Keep-Alive is hop-by-hop): they are skipped without
+// canonicalizing them (an allocation each).
 func dropConnectionHeaders(dst, src http.Header) {
 	for _, v := range src["Connection"] {
-		for _, f := range strings.Split(v, ",") {
-			if f = textproto.TrimString(f); f != "" {
-				dst.Del(f)
+		for f := range strings.SplitSeq(v, ",") {
+			f = textproto.TrimString(f)
+			if f == "" || strings.EqualFold(f, "keep-alive") || strings.EqualFold(f, "close") {
+				continue
 			}
+			dst.Del(f)
 		}
 	}
 }
