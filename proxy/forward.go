@@ -211,6 +211,10 @@ var (
 	loadFormatJSON = []string{"JSON"}
 )
 
+// jsonContentType is the Content-Type value of a request body read as
+// JSON, shared by every request (never modified).
+var jsonContentType = []string{"application/json"}
+
 func loadFormatValue(f string) []string {
 	if f == "JSON" {
 		return loadFormatJSON
