@@ -138,10 +138,12 @@ func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*ht
 	u := new(url.URL)
 	*u = x.backendURL(b)
 	req.URL, req.Host = u, strings.TrimSuffix(u.Host, ":")
-	// Sized for the client's fields and Sluice's own, so that it never
-	// grows; Sluice's five values share one array (one allocation, not
-	// one per field).
-	req.Header = make(http.Header, len(r.Header)+8)
+	// Sized for the client's fields and Sluice's five, less the client's
+	// Authorization (nearly always sent, never copied): many SDK fields
+	// need no growth of the map, a few (curl's) stay in a small map of 8.
+	// Sluice's five values share one array (one allocation, not one per
+	// field).
+	req.Header = make(http.Header, len(r.Header)+4)
 	copyRequestHeader(req.Header, r.Header)
 	proto := "http"
 	if r.TLS != nil {
