@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -843,5 +844,59 @@ func TestReaderReleasedBetweenReads(t *testing.T) {
 	}
 	if got := tr.IdleConns(); got != 1 {
 		t.Fatalf("idle %d; want the connection back in the pool", got)
+	}
+}
+
+// TestNoGoroutinePerConn holds 50 open streams with cancellable contexts:
+// no goroutine runs in h1up's code for them (net/http's Transport, the
+// control, shows one readLoop per connection).
+func TestNoGoroutinePerConn(t *testing.T) {
+	release := make(chan struct{})
+	srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "x")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(release)
+	const streams = 50
+	for _, tc := range []struct {
+		name, frame string
+		rt          http.RoundTripper
+		want        int
+	}{
+		{"h1up", "proxy/h1up.(*", New(Options{}), 0}, // any method of Transport, Body, conn
+		{"nethttp", "net/http.(*persistConn).readLoop", netHTTPTransport(), streams},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var bodies []io.ReadCloser
+			for range streams {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+				resp, err := tc.rt.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.ReadFull(resp.Body, make([]byte, 1))
+				bodies = append(bodies, resp.Body)
+			}
+			buf := make([]byte, 8<<20)
+			stacks := string(buf[:runtime.Stack(buf, true)])
+			n := 0
+			for _, g := range strings.Split(stacks, "\n\n") {
+				if strings.Contains(g, tc.frame) && !strings.Contains(g, "TestNoGoroutinePerConn") {
+					n++
+				}
+			}
+			if n != tc.want {
+				t.Fatalf("%d goroutines in %s; want %d", n, tc.frame, tc.want)
+			}
+			for _, b := range bodies {
+				b.Close()
+			}
+		})
 	}
 }
