@@ -87,7 +87,7 @@ type Stream struct {
 	// Idle ends the stream (ErrIdle) when the backend sends nothing for
 	// that long; 0 means never. It also bounds how long a client may
 	// leave bytes unread (ErrSlowClient).
-	Idle time.Duration
+	Idle  time.Duration
 	Relay Relay
 }
 
