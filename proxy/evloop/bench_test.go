@@ -145,4 +145,3 @@ func runRelayBench(b *testing.B, mode string, streams int) {
 	}
 	wg.Wait()
 }
-
