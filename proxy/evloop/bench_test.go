@@ -25,8 +25,10 @@ type benchRelay struct{ closed chan struct{} }
 func (r *benchRelay) Event(out, ev []byte, _ time.Time) ([]byte, bool) {
 	return chunked.AppendChunk(out, ev), false
 }
-func (r *benchRelay) End(out []byte, _ error) []byte { return chunked.AppendLast(out, nil) }
-func (r *benchRelay) Closed(error, int64)            { close(r.closed) }
+func (r *benchRelay) End(out []byte, _ error) ([]byte, bool) {
+	return chunked.AppendLast(out, nil), false
+}
+func (r *benchRelay) Closed(error, int64) { close(r.closed) }
 
 // goroutineRelay is the design the loop replaces, on the same sockets: a
 // goroutine per stream blocked in a read through a bufio.Reader and the
@@ -86,7 +88,7 @@ func runRelayBench(b *testing.B, mode string, streams int) {
 		ups[i], cls[i] = up, cl
 		relays[i] = &benchRelay{closed: make(chan struct{})}
 		if g != nil {
-			if err := g.Add(&Stream{Client: cs, Upstream: us, Decoder: new(chunked.Decoder), Relay: relays[i]}); err != nil {
+			if _, err := g.Add(&Stream{Client: cs, Upstream: us, Decoder: new(chunked.Decoder), Relay: relays[i]}); err != nil {
 				b.Fatal(err)
 			}
 		} else {

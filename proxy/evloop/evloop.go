@@ -60,12 +60,16 @@ type Relay interface {
 	// End appends the stream's last bytes to out (the timing comment, the
 	// error event, the last chunk and trailer). err is nil when Event said
 	// done, else why the stream ended (one of this package's errors, a
-	// read or decode error). For ErrClientGone and ErrSlowClient the
-	// bytes are not written.
-	End(out []byte, err error) []byte
+	// read or decode error, or the cause given to EndAll or Handle.End).
+	// For ErrClientGone and ErrSlowClient the bytes are not written. The
+	// backend's socket is closed before End. hold keeps the client's
+	// socket open after out is written, until Handle.Finish gives the
+	// stream's tail (work that may wait, such as a settle, comes between).
+	End(out []byte, err error) (_ []byte, hold bool)
 	// Closed reports that both sockets are closed and the stream left the
 	// loop; sent is the bytes written to the client. It runs on the loop:
-	// anything that may wait (settle, logs) goes to another goroutine.
+	// anything that may wait (settle, logs) goes to another goroutine. A
+	// held stream is closed after its Finish, or when the loop stops.
 	Closed(err error, sent int64)
 }
 
@@ -152,19 +156,41 @@ func New(opts Options) (*Group, error) {
 // Streams is the number of streams the loops hold now.
 func (g *Group) Streams() int64 { return g.live.Load() }
 
+// Handle is a stream in its loop, for other goroutines.
+type Handle struct {
+	l *loop
+	s *stream
+}
+
+// End ends the stream with err, as if its backend had failed with it (no
+// effect when it is ending already). It does not wait.
+func (h *Handle) End(err error) {
+	h.l.command(func() {
+		if !h.s.closed && !h.s.ending {
+			h.l.end(h.s, err)
+		}
+	})
+}
+
+// Finish ends a stream held by its Relay's End: tail is written, then the
+// client's socket closes. It does not wait; tail must not change after.
+func (h *Handle) Finish(tail []byte) {
+	h.l.command(func() { h.l.release(h.s, tail) })
+}
+
 // Add hands s to a loop. It takes the sockets out of Go's netpoller and
 // closes s.Client and s.Upstream whatever happens; on error the stream was
 // not taken (Relay is not called) and both connections are closed.
-func (g *Group) Add(s *Stream) error {
+func (g *Group) Add(s *Stream) (*Handle, error) {
 	cfd, err := detach(s.Client)
 	if err != nil {
 		s.Upstream.Close()
-		return err
+		return nil, err
 	}
 	ufd, err := detach(s.Upstream)
 	if err != nil {
 		unix.Close(cfd)
-		return err
+		return nil, err
 	}
 	st := &stream{cfd: cfd, ufd: ufd, relay: s.Relay, dec: s.Decoder, remaining: s.Remaining,
 		idle: s.Idle, init: s.Pending, raw: s.Raw}
@@ -172,21 +198,21 @@ func (g *Group) Add(s *Stream) error {
 		st.remaining = 0
 	}
 	l := g.loops[int(g.next.Add(1))%len(g.loops)]
+	g.live.Add(1)
 	if !l.submit(st) {
+		g.live.Add(-1)
 		unix.Close(cfd)
 		unix.Close(ufd)
-		return ErrClosed
+		return nil, ErrClosed
 	}
-	g.live.Add(1)
-	return nil
+	return &Handle{l: l, s: st}, nil
 }
 
-// EndAll ends every stream held now with err (for example the drain's
-// cause): each gets Relay.End(out, err) written, then is closed. The loops
-// keep running.
+// EndAll ends every stream running now with err (for example the drain's
+// cause), as Handle.End does. The loops keep running.
 func (g *Group) EndAll(err error) {
 	for _, l := range g.loops {
-		l.command(func() { l.endAll(err) })
+		l.command(func() { l.endAll(err, false) })
 	}
 }
 

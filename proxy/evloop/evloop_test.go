@@ -55,6 +55,7 @@ func listen(t testing.TB) net.Listener {
 type chunkRelay struct {
 	closed chan result
 	events int
+	hold   chan error // when set, End holds the stream and reports here
 }
 
 type result struct {
@@ -70,11 +71,15 @@ func (r *chunkRelay) Event(out, ev []byte, _ time.Time) ([]byte, bool) {
 	return out, bytes.Contains(ev, []byte("[DONE]"))
 }
 
-func (r *chunkRelay) End(out []byte, err error) []byte {
+func (r *chunkRelay) End(out []byte, err error) ([]byte, bool) {
 	if err != nil {
 		out = chunked.AppendChunk(out, []byte("event: error\ndata: "+err.Error()+"\n\n"))
 	}
-	return chunked.AppendLast(out, nil)
+	if r.hold != nil {
+		r.hold <- err
+		return out, true
+	}
+	return chunked.AppendLast(out, nil), false
 }
 
 func (r *chunkRelay) Closed(err error, sent int64) { r.closed <- result{err, sent} }
@@ -93,20 +98,29 @@ func (r *chunkRelay) wait(t testing.TB) result {
 // streamOn starts a stream of g between two fresh connections and returns
 // the peers: up is the backend's side, cl the client's.
 func streamOn(t testing.TB, g *Group, s Stream) (up, cl net.Conn, r *chunkRelay) {
+	up, cl, r, _ = handleOn(t, g, s, nil)
+	return up, cl, r
+}
+
+// handleOn is streamOn with the stream's Handle; hold, when set, makes
+// End hold the stream.
+func handleOn(t testing.TB, g *Group, s Stream, hold chan error) (up, cl net.Conn, r *chunkRelay, h *Handle) {
 	t.Helper()
 	ln := listen(t)
 	cs, cl := pair(t, ln)
 	us, up := pair(t, ln)
 	r = newRelay()
+	r.hold = hold
 	s.Client, s.Upstream, s.Relay = cs, us, r
 	if s.Decoder == nil && s.Remaining == 0 {
 		s.Decoder = new(chunked.Decoder)
 	}
-	if err := g.Add(&s); err != nil {
+	h, err := g.Add(&s)
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { up.Close(); cl.Close() })
-	return up, cl, r
+	return up, cl, r, h
 }
 
 func newGroup(t testing.TB, o Options) *Group {
@@ -378,7 +392,7 @@ func TestEndAllAndClose(t *testing.T) {
 	if got, err := readEvents(cl); err != nil || len(got) != 1 {
 		t.Fatalf("after Close: %q %v", got, err)
 	}
-	if err := g.Add(&Stream{Client: cl, Upstream: cl}); err == nil {
+	if _, err := g.Add(&Stream{Client: cl, Upstream: cl}); err == nil {
 		t.Fatal("Add after Close succeeded")
 	}
 }
@@ -403,7 +417,7 @@ func TestManyHeldStreams(t *testing.T) {
 		cs, cl := pair(t, ln)
 		us, up := pair(t, ln)
 		rs[i] = newRelay()
-		if err := g.Add(&Stream{Client: cs, Upstream: us, Decoder: new(chunked.Decoder), Idle: time.Minute, Relay: rs[i]}); err != nil {
+		if _, err := g.Add(&Stream{Client: cs, Upstream: us, Decoder: new(chunked.Decoder), Idle: time.Minute, Relay: rs[i]}); err != nil {
 			t.Fatalf("stream %d: %v", i, err)
 		}
 		ups[i], cls[i] = up, cl
@@ -449,4 +463,60 @@ func TestManyHeldStreams(t *testing.T) {
 	if got := g.Streams(); got != 0 {
 		t.Fatalf("%d streams left", got)
 	}
+}
+
+// TestHoldAndFinish: a Relay that holds its ended stream (the proxy
+// settles before the client sees the end) gets its events and End's bytes
+// out at once, the backend closed, and the client's end only at Finish;
+// Handle.End ends a running stream from another goroutine.
+func TestHoldAndFinish(t *testing.T) {
+	g := newGroup(t, Options{Loops: 1})
+	hold := make(chan error, 1)
+	up, cl, r, h := handleOn(t, g, Stream{Idle: time.Minute}, hold)
+	up.Write(chunked.AppendChunk(nil, []byte(ev(0)+"data: [DONE]\n\n")))
+	if err := <-hold; err != nil {
+		t.Fatalf("End with %v", err)
+	}
+	up.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := up.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("backend's socket after the end: %v", err)
+	}
+	cr := httputil.NewChunkedReader(bufio.NewReader(cl))
+	buf := make([]byte, 256)
+	cl.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for _, want := range []string{ev(0), "data: [DONE]\n\n"} {
+		if n, err := io.ReadFull(cr, buf[:len(want)]); err != nil || string(buf[:n]) != want {
+			t.Fatalf("read %q %v, want %q", buf[:n], err, want)
+		}
+	}
+	select {
+	case res := <-r.closed:
+		t.Fatalf("closed (%v) before Finish", res.err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	h.Finish(chunked.AppendLast(chunked.AppendChunk(nil, []byte(": tail\n\n")), nil))
+	rest, err := io.ReadAll(cr)
+	if err != nil || string(rest) != ": tail\n\n" {
+		t.Fatalf("tail %q %v", rest, err)
+	}
+	if res := r.wait(t); res.err != nil {
+		t.Fatal(res.err)
+	}
+
+	up, cl, r, h = handleOn(t, g, Stream{Idle: time.Minute}, hold)
+	cause := errors.New("node draining")
+	h.End(cause)
+	if err := <-hold; err != cause {
+		t.Fatalf("End with %v", err)
+	}
+	h.End(cause) // ending already: no effect
+	h.Finish(chunked.AppendLast(nil, nil))
+	got, err := readEvents(cl)
+	if err != nil || len(got) != 1 || !strings.Contains(got[0], "node draining") {
+		t.Fatalf("events %q %v", got, err)
+	}
+	if res := r.wait(t); res.err != cause {
+		t.Fatalf("closed with %v", res.err)
+	}
+	_ = up
 }

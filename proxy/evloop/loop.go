@@ -160,21 +160,22 @@ func (l *loop) commands(now time.Time) bool {
 		f()
 	}
 	if stopping {
-		l.endAll(ErrClosed)
+		l.endAll(ErrClosed, true)
 		return true
 	}
 	return false
 }
 
-// endAll ends every stream with err, writing their last bytes at once
-// (best effort: nothing is left pending).
-func (l *loop) endAll(err error) {
-	for len(l.all) > 0 {
-		s := l.all[len(l.all)-1]
+// endAll ends every stream with err. With force (the loop stops) each is
+// closed at once: its last bytes are written best effort, a held one is
+// not waited for.
+func (l *loop) endAll(err error, force bool) {
+	all := append([]*stream(nil), l.all...)
+	for _, s := range all {
 		if !s.ending {
 			l.end(s, err)
 		}
-		if !s.closed {
+		if force && !s.closed {
 			l.finish(s)
 		}
 	}
@@ -237,6 +238,9 @@ func (l *loop) clientReady(s *stream, evs uint32, now time.Time) {
 		if s.closed || len(s.pend) > 0 {
 			return
 		}
+		if s.held {
+			return
+		}
 		if s.ending {
 			l.finish(s)
 			return
@@ -247,6 +251,11 @@ func (l *loop) clientReady(s *stream, evs uint32, now time.Time) {
 
 // gone ends s because the client left.
 func (l *loop) gone(s *stream) {
+	if s.held {
+		s.gone = true // Finish closes it
+		l.dropPend(s)
+		return
+	}
 	if s.ending {
 		l.finish(s) // its last bytes are no longer wanted
 		return
@@ -308,17 +317,7 @@ func (l *loop) feed(s *stream, out, p []byte, now time.Time) ([]byte, bool, erro
 // when the stream no longer reads its backend.
 func (l *loop) settle(s *stream, out []byte, done bool, err error) bool {
 	if done || err != nil {
-		l.out = out[:0]
-		s.ending, s.why = true, err
-		unix.Close(s.ufd)
-		l.unmap(s.ufd)
-		s.ufd = -1
-		out = s.relay.End(out, err)
-		l.out = out[:0]
-		l.write(s, out)
-		if !s.closed && len(s.pend) == 0 {
-			l.finish(s)
-		}
+		l.endWith(s, out, err)
 		return true
 	}
 	l.out = out[:0]
@@ -328,9 +327,14 @@ func (l *loop) settle(s *stream, out []byte, done bool, err error) bool {
 	return s.closed || len(s.pend) > 0
 }
 
-// end ends s with err: the backend's socket closes at once (that cancels
-// its request), the Relay's last bytes go to the client unless it is gone.
-func (l *loop) end(s *stream, err error) {
+// end ends s with err (see endWith).
+func (l *loop) end(s *stream, err error) { l.endWith(s, l.out[:0], err) }
+
+// endWith ends s with err after out (events not yet written): the
+// backend's socket closes at once (that cancels its request), the Relay's
+// last bytes go to the client unless it is gone. A held stream stays, its
+// client socket open, until its Handle's Finish.
+func (l *loop) endWith(s *stream, out []byte, err error) {
 	if s.ending {
 		return
 	}
@@ -340,13 +344,32 @@ func (l *loop) end(s *stream, err error) {
 		l.unmap(s.ufd)
 		s.ufd = -1
 	}
-	out := s.relay.End(l.out[:0], err)
+	out, s.held = s.relay.End(out, err)
 	l.out = out[:0]
 	if err == ErrClientGone || err == ErrSlowClient {
-		l.finish(s)
+		s.gone = true
+		l.dropPend(s)
+		if !s.held {
+			l.finish(s)
+		}
 		return
 	}
 	l.write(s, out)
+	if !s.closed && !s.held && len(s.pend) == 0 {
+		l.finish(s)
+	}
+}
+
+// release ends a held stream: tail goes to the client (unless it is gone),
+// then the client's socket closes.
+func (l *loop) release(s *stream, tail []byte) {
+	if s.closed || !s.held {
+		return
+	}
+	s.held = false
+	if !s.gone {
+		l.write(s, tail)
+	}
 	if !s.closed && len(s.pend) == 0 {
 		l.finish(s)
 	}
@@ -435,6 +458,11 @@ func (l *loop) write(s *stream, out []byte) {
 // checkPending cuts a stream whose client is too far behind.
 func (l *loop) checkPending(s *stream) {
 	if len(s.pend) > l.opts.MaxPending {
+		if s.held {
+			s.gone = true
+			l.dropPend(s)
+			return
+		}
 		if s.ending {
 			l.finish(s)
 			return
@@ -476,7 +504,7 @@ func (l *loop) dropPend(s *stream) {
 func (l *loop) sweep(now time.Time) {
 	for i := 0; i < len(l.all); {
 		s := l.all[i]
-		if s.idle > 0 && now.Sub(s.last) >= s.idle {
+		if s.idle > 0 && !s.held && now.Sub(s.last) >= s.idle {
 			switch {
 			case s.ending:
 				l.finish(s) // its last bytes could not be delivered in time
@@ -541,6 +569,8 @@ type stream struct {
 	pend      []byte    // bytes the client has not taken yet
 	sent      int64
 	ending    bool  // the backend is closed; the last bytes may be pending
+	held      bool  // ended, waiting for its Handle's Finish
+	gone      bool  // the client left (or was cut) while held
 	closed    bool  // finished
 	why       error // the end's cause; nil for a completed stream
 }
