@@ -78,6 +78,10 @@ type Stream struct {
 	// Client and Upstream are the connections; each must be a
 	// syscall.Conn (a *net.TCPConn). Add takes them over: it closes both.
 	Client, Upstream net.Conn
+	// Out is written to the client first (the response head and the
+	// first event, say), without blocking: what the socket does not take
+	// waits as any other pending bytes. Add takes a copy.
+	Out []byte
 	// Pending is payload already decoded from Upstream but not yet split
 	// into events (it comes before Raw).
 	Pending []byte
@@ -194,6 +198,10 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 	}
 	st := &stream{cfd: cfd, ufd: ufd, relay: s.Relay, dec: s.Decoder, remaining: s.Remaining,
 		idle: s.Idle, init: s.Pending, raw: s.Raw}
+	if len(s.Out) > 0 {
+		st.pendp = getBuf()
+		st.first = append(*st.pendp, s.Out...)
+	}
 	if st.dec != nil {
 		st.remaining = 0
 	}

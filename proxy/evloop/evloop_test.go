@@ -171,7 +171,12 @@ func TestRelayAnySplit(t *testing.T) {
 	wire = chunked.AppendLast(wire, nil)
 	dec := new(chunked.Decoder)
 	raw := wire[:5] // mid chunk-size line... of the first wire chunk
-	up, cl, r := streamOn(t, g, Stream{Pending: []byte(ev(0) + ev(1)[:4]), Raw: raw, Decoder: dec, Idle: 5 * time.Second})
+	head := "HTTP/1.1 200 OK\r\n\r\n"
+	up, cl, r := streamOn(t, g, Stream{Out: []byte(head), Pending: []byte(ev(0) + ev(1)[:4]), Raw: raw, Decoder: dec, Idle: 5 * time.Second})
+	cl.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got := make([]byte, len(head)); func() bool { _, err := io.ReadFull(cl, got); return err != nil }() || string(got) != head {
+		t.Fatalf("Out not first: %q", got)
+	}
 	// The pending partial event "data" continues in the body: prefix the
 	// rest of ev(1) in the wire chunks' payload.
 	_ = up

@@ -197,6 +197,17 @@ func (l *loop) start(s *stream, now time.Time) {
 			return
 		}
 	}
+	if len(s.first) > 0 {
+		first := s.first
+		s.first = nil
+		l.write(s, first) // into pend when cut short: s.pendp holds it
+		if len(s.pend) == 0 {
+			l.dropPend(s)
+		}
+		if s.closed {
+			return
+		}
+	}
 	init, raw := s.init, s.raw
 	s.init, s.raw = nil, nil
 	if len(init) > 0 || len(raw) > 0 {
@@ -494,7 +505,9 @@ func (l *loop) flush(s *stream, now time.Time) {
 
 func (l *loop) dropPend(s *stream) {
 	if s.pendp != nil {
-		*s.pendp = s.pend[:0]
+		if s.pend != nil {
+			*s.pendp = s.pend[:0]
+		}
 		putBuf(s.pendp)
 		s.pendp, s.pend = nil, nil
 	}
@@ -564,6 +577,7 @@ type stream struct {
 	last      time.Time // the last byte from the backend (or to a slow client)
 	idx       int       // in loop.all
 	init, raw []byte    // until start
+	first     []byte    // Stream.Out, in pendp, until start
 	carry     *[]byte   // a partial event; nil when none
 	pendp     *[]byte   // holds pend's storage
 	pend      []byte    // bytes the client has not taken yet
