@@ -1,0 +1,263 @@
+package h1up
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+
+	"github.com/sluice-proxy/sluice/internal/chunked"
+)
+
+// How a response body is delimited.
+const (
+	modeNone    uint8 = iota // no body (HEAD, 1xx, 204, 304, Content-Length: 0)
+	modeLength               // Content-Length
+	modeChunked              // Transfer-Encoding: chunked
+	modeClose                // up to the connection's close
+)
+
+// Body states.
+const (
+	stOpen     uint8 = iota
+	stReading        // a Read is in flight (Close then only closes the socket)
+	stEOF            // read to its end; the connection went back to the pool or was closed
+	stClosed         // closed by Close, or failed
+	stDetached       // taken over by Detach
+)
+
+// Body is a response body read straight off its connection. Read and
+// Detach must not be called concurrently with each other; Close may be
+// called at any time from any goroutine (it then ends a Read in flight).
+type Body struct {
+	t    *Transport
+	c    *conn
+	nc   net.Conn // c.nc, never changed: what the cancel callback closes
+	ctx  context.Context
+	stop func() bool // stops the context.AfterFunc that closes nc
+
+	mode      uint8
+	keep      bool  // the connection may serve another request after the body
+	remaining int64 // modeLength: body bytes not yet returned by Read
+	dec       chunked.Decoder
+
+	mu    sync.Mutex
+	state uint8
+	err   error // why the body ended early, returned by later Reads
+}
+
+var _ io.ReadCloser = (*Body)(nil)
+
+// cancel runs when the request's context is done before the body ended:
+// it closes the socket, which ends any Read or write in flight.
+func (b *Body) cancel() { b.nc.Close() }
+
+// Read reads the body's payload (decoded when chunked). It returns io.EOF
+// at the end of the body, together with the last bytes when it can; the
+// connection is released at that moment. After the request's context is
+// done it returns the context's cause.
+func (b *Body) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	switch b.state {
+	case stEOF:
+		b.mu.Unlock()
+		return 0, io.EOF
+	case stClosed:
+		err := b.err
+		b.mu.Unlock()
+		return 0, err
+	case stDetached:
+		b.mu.Unlock()
+		return 0, ErrDetached
+	}
+	b.state = stReading
+	b.mu.Unlock()
+
+	n, done, err := b.read(p)
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state != stReading { // closed meanwhile: Close closed the socket
+		b.release(false)
+		return n, b.err
+	}
+	switch {
+	case err != nil:
+		if b.ctx.Err() != nil {
+			err = context.Cause(b.ctx)
+		}
+		b.state, b.err = stClosed, err
+		b.release(false)
+		return n, err
+	case done:
+		b.state = stEOF
+		b.release(b.keep)
+		return n, io.EOF
+	}
+	b.state = stOpen
+	return n, nil
+}
+
+// read reads from the connection by the body's framing. done reports the
+// end of the body.
+func (b *Body) read(p []byte) (n int, done bool, err error) {
+	if len(p) == 0 {
+		return 0, false, nil
+	}
+	br := b.c.br
+	switch b.mode {
+	case modeNone:
+		return 0, true, nil
+	case modeLength:
+		if int64(len(p)) > b.remaining {
+			p = p[:b.remaining]
+		}
+		n, err = br.Read(p)
+		b.remaining -= int64(n)
+		if b.remaining == 0 {
+			return n, true, nil
+		}
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return n, false, err
+	case modeChunked:
+		for {
+			if br.Buffered() == 0 {
+				if _, err := br.Peek(1); err != nil {
+					if err == io.EOF {
+						err = io.ErrUnexpectedEOF
+					}
+					return 0, false, err
+				}
+			}
+			src, _ := br.Peek(min(br.Buffered(), len(p)))
+			// The payload never runs ahead of the input, so it fits in p.
+			out, used, fin, derr := b.dec.Decode(p[:0], src)
+			br.Discard(used)
+			if derr != nil {
+				return 0, false, errors.Join(ErrMalformedResponse, derr)
+			}
+			if len(out) > 0 || fin {
+				return len(out), fin, nil
+			}
+		}
+	default: // modeClose
+		n, err = br.Read(p)
+		if err == io.EOF {
+			return n, true, nil
+		}
+		return n, false, err
+	}
+}
+
+// Close ends the body. A body not read to its end closes its connection,
+// unless the rest of a Content-Length body is already buffered. Close
+// after Detach does nothing.
+func (b *Body) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case stReading:
+		b.state, b.err = stClosed, ErrBodyClosed
+		b.nc.Close() // ends the Read, which then releases the rest
+		return nil
+	case stOpen:
+		b.state, b.err = stClosed, ErrBodyClosed
+		keep := b.keep && b.mode == modeLength && b.remaining <= int64(b.c.br.Buffered())
+		if keep {
+			b.c.br.Discard(int(b.remaining))
+			b.remaining = 0
+		}
+		b.release(keep)
+	}
+	return nil
+}
+
+// finish ends a body that has none (called by RoundTrip).
+func (b *Body) finish() {
+	b.state = stEOF
+	b.release(b.keep)
+}
+
+// abort closes the connection of an exchange that failed before a
+// response was returned.
+func (b *Body) abort() {
+	b.state, b.err = stClosed, ErrBodyClosed
+	b.release(false)
+}
+
+// release stops the cancel callback and returns the connection to the
+// pool when keep is set and nothing is left over, else closes it.
+func (b *Body) release(keep bool) {
+	c := b.c
+	if c == nil {
+		return
+	}
+	b.c = nil
+	if !b.stop() { // the context is done: cancel closes (or closed) the socket
+		keep = false
+	}
+	if keep && (c.br == nil || c.br.Buffered() == 0) {
+		b.t.putIdle(c)
+		return
+	}
+	c.nc.Close()
+	if c.br != nil {
+		c.br.Reset(nil)
+		b.t.readers.Put(c.br)
+		c.br = nil
+	}
+}
+
+// Detach takes the connection over: after it the Transport forgets conn
+// (never reuses it), Read returns ErrDetached and Close does nothing;
+// context cancellation no longer touches conn. raw holds the bytes already
+// read from conn that Read has not returned yet, still in wire framing
+// (a copy: the reader goes back to its pool). dec is a copy of the
+// chunked decoder's state when the body is chunked (continue decoding raw
+// and further reads with it), nil otherwise. remaining is the bytes left
+// of a Content-Length body (counting raw), -1 for a body delimited by the
+// connection's close, 0 when chunked. Detach fails when the body already
+// ended, was closed, or the request's context is done.
+func (b *Body) Detach() (conn net.Conn, raw []byte, dec *chunked.Decoder, remaining int64, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.state {
+	case stDetached:
+		return nil, nil, nil, 0, ErrDetached
+	case stEOF:
+		return nil, nil, nil, 0, errors.New("h1up: detach after the body ended")
+	case stClosed:
+		return nil, nil, nil, 0, b.err
+	case stReading:
+		return nil, nil, nil, 0, errors.New("h1up: detach during a read")
+	}
+	if !b.stop() { // the cancel callback ran or runs: conn is being closed
+		b.state, b.err = stClosed, context.Cause(b.ctx)
+		b.c = nil
+		return nil, nil, nil, 0, b.err
+	}
+	c := b.c
+	b.c, b.state = nil, stDetached
+	if br := c.br; br != nil {
+		if k := br.Buffered(); k > 0 {
+			raw = make([]byte, k)
+			br.Read(raw)
+		}
+		br.Reset(nil)
+		b.t.readers.Put(br)
+		c.br = nil
+	}
+	switch b.mode {
+	case modeChunked:
+		d := b.dec
+		dec = &d
+	case modeLength:
+		remaining = b.remaining
+	case modeClose:
+		remaining = -1
+	}
+	return c.nc, raw, dec, remaining, nil
+}

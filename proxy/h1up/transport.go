@@ -1,0 +1,348 @@
+// Package h1up is Sluice's own HTTP/1.1 client for plaintext (http://)
+// upstreams. Unlike net/http's Transport it keeps no goroutine per
+// connection: RoundTrip writes the request and reads the response head on
+// the caller's goroutine, the response body is read on the reader's, and
+// context cancellation closes the connection through context.AfterFunc.
+// That lets the proxy take an upstream connection over once a stream is
+// committed (Body.Detach) and hand it to an event loop, which net/http's
+// readLoop/writeLoop pair never allows.
+//
+// A body read to its end returns its connection to a per-host idle pool
+// (LIFO, bounded, with an idle timeout and a liveness check on reuse).
+// TLS, HTTP/2 and protocol upgrades are not spoken: the proxy keeps
+// net/http for those.
+package h1up
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Options configure a Transport. The zero value is usable: every field has
+// a default.
+type Options struct {
+	// Dial opens a connection to addr ("host:port"). If nil, a net.Dialer
+	// with Timeout DialTimeout and 30s TCP keep-alive is used.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// DialTimeout bounds the default dialer's connect. Zero means no bound
+	// beyond the request's context.
+	DialTimeout time.Duration
+	// IdleConnTimeout closes a connection that stayed idle in the pool this
+	// long. Zero means 90s.
+	IdleConnTimeout time.Duration
+	// MaxIdleConnsPerHost bounds the idle pool of each host; the oldest
+	// idle connection is closed to make room. Zero means 1024.
+	MaxIdleConnsPerHost int
+	// ReadBufferSize is the size of the pooled buffered reader a
+	// connection holds while a response is read. Zero means 4 KiB.
+	ReadBufferSize int
+}
+
+// Errors callers may branch on.
+var (
+	// ErrScheme is returned for a URL whose scheme is not http.
+	ErrScheme = errors.New("h1up: only http:// URLs are supported")
+	// ErrMalformedResponse wraps a response head the client refuses:
+	// unparseable, or with framing that could smuggle a second response
+	// (Content-Length with Transfer-Encoding, differing Content-Lengths,
+	// a transfer coding other than chunked).
+	ErrMalformedResponse = errors.New("h1up: malformed response")
+	// ErrDetached is returned by Read after Detach, and by Detach twice.
+	ErrDetached = errors.New("h1up: body detached")
+	// ErrBodyClosed is returned by Read after Close.
+	ErrBodyClosed = errors.New("h1up: read on closed body")
+)
+
+// Transport is an http.RoundTripper for HTTP/1.1 over plaintext TCP. It is
+// safe for concurrent use by multiple goroutines.
+type Transport struct {
+	o       Options
+	readers sync.Pool // *bufio.Reader of o.ReadBufferSize
+	writers sync.Pool // *bufio.Writer
+
+	mu    sync.Mutex
+	idle  map[string][]*conn // per host:port, oldest first (LIFO: take the last)
+	sweep *time.Timer        // closes expired idle conns; nil when none is armed
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// New returns a Transport with o's settings, defaults filled in.
+func New(o Options) *Transport {
+	if o.IdleConnTimeout <= 0 {
+		o.IdleConnTimeout = 90 * time.Second
+	}
+	if o.MaxIdleConnsPerHost <= 0 {
+		o.MaxIdleConnsPerHost = 1024
+	}
+	if o.ReadBufferSize <= 0 {
+		o.ReadBufferSize = 4 << 10
+	}
+	if o.Dial == nil {
+		d := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}
+		o.Dial = d.DialContext
+	}
+	t := &Transport{o: o, idle: map[string][]*conn{}}
+	size := o.ReadBufferSize
+	t.readers.New = func() any { return bufio.NewReaderSize(nil, size) }
+	t.writers.New = func() any { return bufio.NewWriterSize(nil, 4<<10) }
+	return t
+}
+
+// conn is one upstream connection. While a request is in flight it holds
+// a pooled reader; idle in the pool it holds nothing but the socket.
+type conn struct {
+	nc     net.Conn
+	key    string // host:port it is pooled under
+	br     *bufio.Reader
+	idleAt time.Time // when it went idle
+	reused bool      // it served a request before the current one
+}
+
+// RoundTrip sends req on an idle or new connection and reads the response
+// head. The returned response's Body is a *Body. A request on a reused
+// connection that fails before any response byte is retried once on a new
+// connection under net/http's rule: when nothing of it could be written
+// and its body can be sent again, or when it is replayable (no body or
+// GetBody set) and idempotent (GET, HEAD, OPTIONS, TRACE, or an
+// Idempotency-Key header).
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.roundTrip(req)
+	if err != nil && req.Body != nil {
+		req.Body.Close() // a RoundTripper always closes the request body
+	}
+	return resp, err
+}
+
+func (t *Transport) roundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL == nil {
+		return nil, errors.New("h1up: nil request URL")
+	}
+	if req.URL.Scheme != "http" {
+		return nil, fmt.Errorf("%w: %q", ErrScheme, req.URL.Scheme)
+	}
+	if req.URL.Host == "" {
+		return nil, errors.New("h1up: request URL has no host")
+	}
+	ctx := req.Context()
+	if ctx.Err() != nil {
+		return nil, context.Cause(ctx)
+	}
+	key := hostPort(req.URL.Host, req.URL.Port())
+	for retried := false; ; retried = true {
+		c, err := t.getConn(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		resp, wrote, err := t.exchange(ctx, c, req)
+		if err == nil {
+			return resp, nil
+		}
+		if retried || !c.reused || ctx.Err() != nil || !retryable(req, wrote, err) {
+			return nil, err
+		}
+		if req.GetBody != nil && req.Body != nil && req.Body != http.NoBody {
+			body, gerr := req.GetBody()
+			if gerr != nil {
+				return nil, err
+			}
+			r2 := *req // a shallow copy: the caller's request stays as given
+			r2.Body = body
+			req = &r2
+		}
+	}
+}
+
+// hostPort is the pool key and dial address of a URL host: port 80 when
+// the URL names none.
+func hostPort(host, port string) string {
+	if port != "" {
+		return host
+	}
+	if len(host) > 0 && host[0] == '[' { // [v6]
+		return host + ":80"
+	}
+	return net.JoinHostPort(host, "80")
+}
+
+// errNoResponse marks a connection that failed before any byte of the
+// response arrived: a candidate for a retry on a fresh connection.
+type errNoResponse struct{ err error }
+
+func (e *errNoResponse) Error() string { return "h1up: no response: " + e.err.Error() }
+func (e *errNoResponse) Unwrap() error { return e.err }
+
+// retryable applies net/http's retry rule to a request that failed on a
+// reused connection.
+func retryable(req *http.Request, wrote bool, err error) bool {
+	hasBody := req.Body != nil && req.Body != http.NoBody
+	if !wrote {
+		return !hasBody || req.GetBody != nil
+	}
+	var nr *errNoResponse
+	if !errors.As(err, &nr) || (hasBody && req.GetBody == nil) {
+		return false
+	}
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, a := req.Header["Idempotency-Key"]
+	_, b := req.Header["X-Idempotency-Key"]
+	return a || b
+}
+
+// exchange writes req on c and reads the response head. wrote reports
+// that the request write succeeded (a retry may duplicate it). On error c
+// is closed.
+func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (resp *http.Response, wrote bool, err error) {
+	b := &Body{t: t, c: c, nc: c.nc, ctx: ctx}
+	b.stop = context.AfterFunc(ctx, b.cancel)
+	fail := func(err error) (*http.Response, bool, error) {
+		b.abort()
+		if ctx.Err() != nil {
+			err = context.Cause(ctx)
+		}
+		return nil, wrote, err
+	}
+	if err := t.writeRequest(c.nc, req); err != nil {
+		return fail(err)
+	}
+	wrote = true
+	c.br = t.readers.Get().(*bufio.Reader)
+	c.br.Reset(c.nc)
+	resp, err = readResponse(c, req, b)
+	if err != nil {
+		return fail(err)
+	}
+	resp.Body = b
+	if b.mode == modeNone {
+		b.finish() // no body: the connection is free now
+	}
+	return resp, true, nil
+}
+
+// getConn takes the newest live idle connection to key, or dials one.
+func (t *Transport) getConn(ctx context.Context, key string) (*conn, error) {
+	now := time.Now()
+	t.mu.Lock()
+	for {
+		s := t.idle[key]
+		if len(s) == 0 {
+			break
+		}
+		c := s[len(s)-1]
+		s[len(s)-1] = nil
+		t.idle[key] = s[:len(s)-1]
+		if now.Sub(c.idleAt) >= t.o.IdleConnTimeout {
+			t.closeAllLocked(key) // the rest are older still
+			c.nc.Close()
+			break
+		}
+		t.mu.Unlock()
+		if alive(c.nc) {
+			c.reused = true
+			return c, nil
+		}
+		c.nc.Close()
+		t.mu.Lock()
+	}
+	t.mu.Unlock()
+	nc, err := t.o.Dial(ctx, "tcp", key)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		return nil, err
+	}
+	return &conn{nc: nc, key: key}, nil
+}
+
+// putIdle returns c, its response read to the end, to its host's pool.
+func (t *Transport) putIdle(c *conn) {
+	if c.br != nil {
+		c.br.Reset(nil)
+		t.readers.Put(c.br)
+		c.br = nil
+	}
+	c.idleAt = time.Now()
+	t.mu.Lock()
+	s := t.idle[c.key]
+	if len(s) >= t.o.MaxIdleConnsPerHost {
+		s[0].nc.Close()
+		copy(s, s[1:])
+		s = s[:len(s)-1]
+	}
+	t.idle[c.key] = append(s, c)
+	if t.sweep == nil {
+		t.sweep = time.AfterFunc(t.o.IdleConnTimeout, t.sweepIdle)
+	}
+	t.mu.Unlock()
+}
+
+// sweepIdle closes the connections idle for longer than IdleConnTimeout
+// and re-arms itself for the next one to expire, if any.
+func (t *Transport) sweepIdle() {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.sweep = nil
+	var next time.Duration
+	for key, s := range t.idle {
+		i := 0
+		for i < len(s) && now.Sub(s[i].idleAt) >= t.o.IdleConnTimeout {
+			s[i].nc.Close()
+			i++
+		}
+		if i > 0 {
+			n := copy(s, s[i:])
+			clear(s[n:])
+			s = s[:n]
+		}
+		if len(s) == 0 {
+			delete(t.idle, key)
+			continue
+		}
+		t.idle[key] = s
+		if d := t.o.IdleConnTimeout - now.Sub(s[0].idleAt); next == 0 || d < next {
+			next = d
+		}
+	}
+	if next > 0 {
+		t.sweep = time.AfterFunc(next, t.sweepIdle)
+	}
+}
+
+func (t *Transport) closeAllLocked(key string) {
+	for _, c := range t.idle[key] {
+		c.nc.Close()
+	}
+	delete(t.idle, key)
+}
+
+// CloseIdleConnections closes every idle connection. Connections in use
+// are not touched.
+func (t *Transport) CloseIdleConnections() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for key := range t.idle {
+		t.closeAllLocked(key)
+	}
+	if t.sweep != nil {
+		t.sweep.Stop()
+		t.sweep = nil
+	}
+}
+
+// idleCount is the number of idle connections to key (for tests).
+func (t *Transport) idleCount(key string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.idle[key])
+}
