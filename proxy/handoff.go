@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"sync"
@@ -110,9 +111,18 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 		return false, nil
 	}
 	x.netRTT() // read while the client's socket is Go's (the access log reports it)
+	// The backend's socket first: a body that already ended (all of it
+	// read with the first event) or failed stays on this goroutine.
+	up, raw, dec, remaining, err := d.Detach()
+	if err != nil {
+		return false, nil
+	}
 	conn, brw, err := s.rc.Hijack()
 	if err != nil {
-		return false, nil // the goroutine path serves
+		// Not hijackable after all: nothing was sent, the client gets a 502.
+		up.Close()
+		l.outcome = routing.Failed
+		return true, fmt.Errorf("hand-off to the event loop: %w", err)
 	}
 	// From here the response is ours to write.
 	x.firstToken = l.first
@@ -120,16 +130,12 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	x.announceTrailer(hdr)
 	x.commitHeader(l.resp.Header, true)
 	if !hasFD(conn) {
-		return true, x.loopAbort(conn, nil, errors.New("client connection has no descriptor"))
-	}
-	up, raw, dec, remaining, err := d.Detach()
-	if err != nil {
-		return true, x.loopAbort(conn, nil, causeOf(l.ctx, err))
+		return true, x.loopAbort(conn, up, errors.New("client connection has no descriptor"))
 	}
 	l.wd.stop() // the loop watches idleness
-	// The handler returns now: its request's context is cancelled then,
-	// but the exchange goes on (the client is watched by the loop).
-	x.r = r.WithContext(context.WithoutCancel(r.Context()))
+	// The handler returns now and its request's context is cancelled
+	// then, but the exchange goes on: nothing after this point consults
+	// that context (loopFailed is told why the stream ended).
 	ls := &loopStream{x: x, l: l, done: make(chan struct{})}
 	ls.sink.hdr = hdr
 	ls.sink.trailer = wantsTrailer(r)
@@ -158,21 +164,32 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	l.bufp, l.ev = nil, nil
 	var stopped context.Context
 	ls.release, stopped = listen.Hold(r.Context()) // Shutdown waits for the stream
+	if stopped != nil {
+		// The drain's deadline: the stream ends with shutting_down.
+		ls.stopAt = context.AfterFunc(stopped, func() {
+			<-ls.done
+			if ls.h != nil {
+				ls.h.End(context.Cause(stopped))
+			}
+		})
+	}
 	x.loop = ls
-	h, err := g.Add(&evloop.Stream{Client: conn, Upstream: up, Out: ls.sink.out, Pending: pending, Raw: raw,
+	out := ls.sink.out
+	ls.sink.out = nil // the loop's from here
+	h, err := g.Add(&evloop.Stream{Client: conn, Upstream: up, Out: out, Pending: pending, Raw: raw,
 		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls})
-	ls.sink.out = nil
 	if err != nil {
 		// The loops are closed (the handler is shutting down): both
 		// sockets are closed; complete here.
 		x.loop = nil
+		close(ls.done)
+		if ls.stopAt != nil {
+			ls.stopAt()
+		}
 		ls.release()
 		return true, listen.ErrDraining
 	}
 	ls.h = h
-	if stopped != nil {
-		ls.stopAt = context.AfterFunc(stopped, func() { h.End(context.Cause(stopped)) })
-	}
 	close(ls.done)
 	return true, errHandedOff
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -161,6 +162,9 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	}
 	if o.errLog == nil {
 		o.errLog = io.Discard
+		if os.Getenv("EDGE_LOG") != "" {
+			o.errLog = os.Stderr
+		}
 	}
 	log := slog.New(slog.NewTextHandler(o.errLog, nil))
 	logs := &logBuffer{}
@@ -175,7 +179,7 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		o.metrics = observe.NewMetrics(reg, 0)
 	}
 	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, AccessLog: observe.NewAccessLog(o.log, "json"),
-		Metrics: o.metrics, Stats: observe.NewStats(), Tracer: o.tracer, NoEventLoop: o.noLoop})
+		Metrics: o.metrics, Stats: observe.NewStats(), Tracer: o.tracer, NoEventLoop: o.noLoop || *allNoLoop})
 	t.Cleanup(h.Close)
 	br := bridge.New(h, bridge.Options{Log: log, Metrics: o.metrics})
 	if o.tls == nil {

@@ -12,6 +12,10 @@ import (
 // streams go through the event loops: go test ./proxy -args -proxy.h1up
 var allH1up = flag.Bool("proxy.h1up", false, "reach plain HTTP/1.1 pools with proxy/h1up in every test edge (h1 streams then take the event loops)")
 
+// allNoLoop keeps every test edge's streams on their goroutines (to tell
+// the event loop's failures from the upstream client's).
+var allNoLoop = flag.Bool("proxy.noloop", false, "no event loops in the test edges")
+
 // plainHTTP1 reports whether h1up can reach pc's backends: cleartext
 // HTTP/1.1.
 func plainHTTP1(pc routing.PoolConfig) bool {
