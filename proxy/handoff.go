@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -40,8 +41,7 @@ var errHandedOff = errors.New("stream handed to the event loop")
 // loops is the handler's event loops, started on the first hand-off.
 type loops struct {
 	once sync.Once
-	g    *evloop.Group
-	err  error
+	g    atomic.Pointer[evloop.Group]
 }
 
 // eventLoops returns the handler's loops, starting them once; nil when
@@ -51,12 +51,14 @@ func (h *Handler) eventLoops() *evloop.Group {
 		return nil
 	}
 	h.loops.once.Do(func() {
-		h.loops.g, h.loops.err = evloop.New(evloop.Options{})
-		if h.loops.err != nil {
-			h.log.Warn("event loops unavailable; streams stay on their goroutines", "err", h.loops.err)
+		g, err := evloop.New(evloop.Options{})
+		if err != nil {
+			h.log.Warn("event loops unavailable; streams stay on their goroutines", "err", err)
+			return
 		}
+		h.loops.g.Store(g)
 	})
-	return h.loops.g
+	return h.loops.g.Load()
 }
 
 // Close stops the handler's event loops: streams still on them end with
@@ -64,14 +66,14 @@ func (h *Handler) eventLoops() *evloop.Group {
 // (which waits for loop streams as for running requests).
 func (h *Handler) Close() {
 	h.loops.once.Do(func() {}) // no loops start after Close
-	if h.loops.g != nil {
-		h.loops.g.Close()
+	if g := h.loops.g.Load(); g != nil {
+		g.Close()
 	}
 }
 
 // LoopStreams is the number of streams the event loops relay now.
 func (h *Handler) LoopStreams() int64 {
-	if g := h.loops.g; g != nil {
+	if g := h.loops.g.Load(); g != nil {
 		return g.Streams()
 	}
 	return 0
