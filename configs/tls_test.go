@@ -136,6 +136,8 @@ func TestUpstreamTLSConfigErrors(t *testing.T) {
 	wantErrors(t, pool("http://10.0.0.1", "    tls:\n      server_name: x\n"), `8:7: pool "p": tls is set but no backend url is https://`)
 	wantErrors(t, pool("https://10.0.0.1", "    http2: maybe\n"), `7:12: pool "p": http2 "maybe" must be auto, on or off`)
 	wantErrors(t, pool("http://10.0.0.1", "    http2: off\n    h2c: true\n"), `8:10: pool "p": h2c needs http2 auto or on`)
+	wantErrors(t, pool("http://10.0.0.1", "    http1_client: net_http\n"))
+	wantErrors(t, pool("http://10.0.0.1", "    http1_client: curl\n"), `7:19: pool "p": http1_client "curl" must be own or net_http`)
 }
 
 // A route host that no certificate of the HTTPS listener covers is an

@@ -285,12 +285,18 @@ func (v *validator) pools() map[string]bool {
 	return names
 }
 
-// upstream checks a pool's HTTP/2 choice and upstream TLS files.
+// upstream checks a pool's HTTP/2 and HTTP/1.1 client choices and
+// upstream TLS files.
 func (v *validator) upstream(path string, p routing.PoolConfig) {
 	switch p.HTTP2 {
 	case routing.HTTP2Auto, routing.HTTP2On, routing.HTTP2Off:
 	default:
 		v.errorf(path+".http2", "pool %q: http2 %q must be auto, on or off", p.Name, p.HTTP2)
+	}
+	switch p.HTTP1Client {
+	case "", routing.HTTP1ClientOwn, routing.HTTP1ClientNetHTTP:
+	default:
+		v.errorf(path+".http1_client", "pool %q: http1_client %q must be own or net_http", p.Name, p.HTTP1Client)
 	}
 	if p.H2C && p.HTTP2 == routing.HTTP2Off {
 		v.errorf(path+".h2c", "pool %q: h2c needs http2 auto or on, not off", p.Name)

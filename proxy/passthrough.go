@@ -143,7 +143,7 @@ func (x *exchange) dialBackend(b *routing.Backend) (*websocket.Conn, error) {
 // the protocol a WebSocket handshake needs.
 func (x *exchange) upstreamTLS() *tls.Config {
 	cfg := &tls.Config{}
-	if t, ok := x.transport().(*http.Transport); ok && t.TLSClientConfig != nil {
+	if t := stdTransport(x.transport()); t != nil && t.TLSClientConfig != nil {
 		cfg = t.TLSClientConfig.Clone()
 	}
 	cfg.NextProtos = []string{"http/1.1"}

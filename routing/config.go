@@ -133,7 +133,18 @@ type PoolConfig struct {
 	// H2C speaks cleartext HTTP/2 with prior knowledge to http://
 	// backends (they must support it). Default false: HTTP/1.1.
 	H2C bool `yaml:"h2c"`
+	// HTTP1Client picks the client for HTTP/1.1 to http:// backends:
+	// "own" (the default, also when empty: Sluice's own client, whose
+	// connections a committed stream can hand over) or "net_http" (Go's
+	// http.Transport, as before it existed).
+	HTTP1Client string `yaml:"http1_client"`
 }
+
+// Clients of PoolConfig.HTTP1Client.
+const (
+	HTTP1ClientOwn     = "own"
+	HTTP1ClientNetHTTP = "net_http"
+)
 
 // Selection policies (PoolConfig.Policy).
 const (

@@ -228,9 +228,13 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 // with a small idle pool of its own, so probes and scrapes never share
 // connections, or wait, with the requests: a backend holding thousands of
 // streams still gets its probes on a connection of their own. Other round
-// trippers are used as they are. Call it before Start. By default probes
+// trippers are used as they are, except those with a StdTransport method,
+// whose net/http transport is cloned. Call it before Start. By default probes
 // and scrapes use a plain HTTP client of their own.
 func (p *Pool) UseTransport(rt http.RoundTripper) {
+	if s, ok := rt.(interface{ StdTransport() *http.Transport }); ok {
+		rt = s.StdTransport() // a wrapper (proxy.PoolTransport): probe with its net/http side's settings
+	}
 	if t, ok := rt.(*http.Transport); ok {
 		t = t.Clone()
 		t.MaxIdleConns, t.MaxIdleConnsPerHost, t.MaxConnsPerHost = 0, probeIdleConns, 0

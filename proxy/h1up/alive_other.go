@@ -2,8 +2,10 @@
 
 package h1up
 
-import "net"
+type prober struct{}
+
+func (c *conn) initProbe() {}
 
 // alive assumes an idle connection is alive where no cheap check is
 // implemented; a request that fails on it is retried by RoundTrip's rule.
-func alive(net.Conn) bool { return true }
+func (c *conn) alive() bool { return true }

@@ -1,6 +1,9 @@
 package h1up
 
 import (
+	"bufio"
+	"bytes"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/textproto"
@@ -18,8 +21,11 @@ func readResponse(c *conn, req *http.Request, b *Body) (*http.Response, error) {
 	}
 	tp := textproto.Reader{R: c.br}
 	for {
-		line, err := tp.ReadLine()
+		line, err := c.br.ReadSlice('\n')
 		if err != nil {
+			if err == bufio.ErrBufferFull {
+				err = errors.New("status line too long")
+			}
 			return nil, fmt.Errorf("h1up: reading status line: %w", err)
 		}
 		resp, err := parseStatus(line)
@@ -50,30 +56,34 @@ func readResponse(c *conn, req *http.Request, b *Body) (*http.Response, error) {
 	}
 }
 
-// parseStatus parses "HTTP/1.1 200 OK".
-func parseStatus(line string) (*http.Response, error) {
-	proto, status, ok := strings.Cut(line, " ")
-	if !ok {
+// parseStatus parses a status line, "HTTP/1.1 200 OK\r\n". The common
+// protocol and status strings are constants, not copies.
+func parseStatus(line []byte) (*http.Response, error) {
+	line = bytes.TrimSuffix(bytes.TrimSuffix(line, []byte("\n")), []byte("\r"))
+	proto, status, ok := bytes.Cut(line, []byte(" "))
+	if !ok || len(proto) != len("HTTP/1.1") || string(proto[:7]) != "HTTP/1." || (proto[7] != '0' && proto[7] != '1') {
 		return nil, fmt.Errorf("%w: status line %q", ErrMalformedResponse, line)
 	}
-	major, minor, ok := http.ParseHTTPVersion(proto)
-	if !ok || major != 1 {
-		return nil, fmt.Errorf("%w: protocol %q", ErrMalformedResponse, proto)
-	}
-	status = strings.TrimLeft(status, " ")
+	status = bytes.TrimLeft(status, " ")
 	code, ok := parseCode(status)
 	if !ok {
 		return nil, fmt.Errorf("%w: status %q", ErrMalformedResponse, status)
 	}
-	return &http.Response{
-		Status: status, StatusCode: code,
-		Proto: proto, ProtoMajor: major, ProtoMinor: minor,
-	}, nil
+	resp := &http.Response{StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}
+	if proto[7] == '0' {
+		resp.Proto, resp.ProtoMinor = "HTTP/1.0", 0
+	}
+	if code == http.StatusOK && string(status) == "200 OK" {
+		resp.Status = "200 OK"
+	} else {
+		resp.Status = string(status)
+	}
+	return resp, nil
 }
 
 // parseCode reads the three-digit status code at the start of s, followed
 // by the end or a space.
-func parseCode(s string) (int, bool) {
+func parseCode(s []byte) (int, bool) {
 	if len(s) < 3 || (len(s) > 3 && s[3] != ' ') {
 		return 0, false
 	}

@@ -103,6 +103,7 @@ type conn struct {
 	br     *bufio.Reader
 	idleAt time.Time // when it went idle
 	reused bool      // it served a request before the current one
+	probe  *prober   // the liveness check; nil where there is none
 }
 
 // RoundTrip sends req on an idle or new connection and reads the response
@@ -246,7 +247,7 @@ func (t *Transport) getConn(ctx context.Context, key string) (*conn, error) {
 			break
 		}
 		t.mu.Unlock()
-		if alive(c.nc) {
+		if c.alive() {
 			c.reused = true
 			return c, nil
 		}
@@ -261,7 +262,9 @@ func (t *Transport) getConn(ctx context.Context, key string) (*conn, error) {
 		}
 		return nil, err
 	}
-	return &conn{nc: nc, key: key}, nil
+	c := &conn{nc: nc, key: key}
+	c.initProbe()
+	return c, nil
 }
 
 // putIdle returns c, its response read to the end, to its host's pool.
@@ -338,6 +341,17 @@ func (t *Transport) CloseIdleConnections() {
 		t.sweep.Stop()
 		t.sweep = nil
 	}
+}
+
+// IdleConns is the number of idle connections in the pool, all hosts.
+func (t *Transport) IdleConns() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, s := range t.idle {
+		n += len(s)
+	}
+	return n
 }
 
 // idleCount is the number of idle connections to key (for tests).
