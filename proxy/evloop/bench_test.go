@@ -62,7 +62,7 @@ func goroutineRelay(up, cl net.Conn) {
 // harness allocates nothing per event).
 func BenchmarkRelay(b *testing.B) {
 	for _, streams := range []int{64} {
-		for _, mode := range []string{"loop", "goroutine"} {
+		for _, mode := range []string{"loop", "loop-blocking", "goroutine"} {
 			b.Run(fmt.Sprintf("%s/streams=%d", mode, streams), func(b *testing.B) { runRelayBench(b, mode, streams) })
 		}
 	}
@@ -71,9 +71,9 @@ func BenchmarkRelay(b *testing.B) {
 func runRelayBench(b *testing.B, mode string, streams int) {
 	ln := listen(b)
 	var g *Group
-	if mode == "loop" {
+	if mode != "goroutine" {
 		var err error
-		if g, err = New(Options{}); err != nil {
+		if g, err = New(Options{Blocking: mode == "loop-blocking"}); err != nil {
 			b.Fatal(err)
 		}
 		defer g.Close()

@@ -113,6 +113,9 @@ type Options struct {
 	Sweep time.Duration
 	// ReadBuffer is the size of each loop's read buffer; 0 means 64 KiB.
 	ReadBuffer int
+	// Blocking makes each loop block in epoll_wait on its own thread
+	// instead of waiting in Go's netpoller (see loop.run).
+	Blocking bool
 }
 
 // MaxEventBytes bounds one event (as proxy.MaxEventBytes does).

@@ -2,6 +2,7 @@ package evloop
 
 import (
 	"bytes"
+	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -42,6 +43,9 @@ func newLoop(g *Group, opts Options) (*loop, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, err
+	}
+	if !opts.Blocking {
+		unix.SetNonblock(epfd, true) // os.NewFile then puts it in the netpoller
 	}
 	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
@@ -95,22 +99,54 @@ func (l *loop) stop() {
 	l.wake()
 }
 
-// run is the loop's goroutine.
+// run is the loop's goroutine. It waits for its epoll descriptor in Go's
+// own netpoller (the descriptor is readable when streams are ready) and
+// collects the ready streams with a non-blocking epoll_wait: no thread
+// stays blocked in a system call, so the runtime never has to hand the
+// loop's P to another thread (as it must for a goroutine blocked in
+// epoll_wait past sysmon's 20 µs), and a wake-up costs what any
+// goroutine's does. With Options.Blocking it blocks in epoll_wait instead
+// (measured in BenchmarkRelay).
 func (l *loop) run() {
 	defer l.g.wg.Done()
-	defer unix.Close(l.epfd)
 	defer unix.Close(l.efd)
+	var wait func(timeout time.Duration) int
+	if l.opts.Blocking {
+		defer unix.Close(l.epfd)
+		wait = l.waitBlocking
+	} else {
+		f := os.NewFile(uintptr(l.epfd), "evloop") // non-blocking: in the netpoller
+		defer f.Close()
+		rc, err := f.SyscallConn()
+		if err != nil {
+			panic("evloop: " + err.Error())
+		}
+		var deadline time.Time
+		wait = func(timeout time.Duration) int {
+			switch {
+			case timeout < 0 && !deadline.IsZero():
+				deadline = time.Time{}
+				f.SetReadDeadline(deadline)
+			case timeout >= 0 && (deadline.IsZero() || !time.Now().Before(deadline)):
+				deadline = time.Now().Add(timeout)
+				f.SetReadDeadline(deadline)
+			}
+			n := 0
+			rc.Read(func(fd uintptr) bool {
+				n, _ = unix.EpollWait(int(fd), l.ready, 0)
+				return n > 0
+			})
+			return n
+		}
+	}
 	sweep := l.opts.Sweep
 	lastSweep := time.Now()
 	for {
-		timeout := -1
+		timeout := time.Duration(-1)
 		if len(l.all) > 0 {
-			timeout = int(sweep / time.Millisecond)
+			timeout = sweep
 		}
-		n, err := unix.EpollWait(l.epfd, l.ready, timeout)
-		if err != nil && err != unix.EINTR {
-			panic("evloop: epoll_wait: " + err.Error())
-		}
+		n := wait(timeout)
 		now := time.Now()
 		woken := false
 		for _, ev := range l.ready[:max(n, 0)] {
@@ -144,6 +180,19 @@ func (l *loop) run() {
 			l.sweep(now)
 		}
 	}
+}
+
+// waitBlocking waits in epoll_wait (timeout < 0: without a bound).
+func (l *loop) waitBlocking(timeout time.Duration) int {
+	ms := -1
+	if timeout >= 0 {
+		ms = int(timeout / time.Millisecond)
+	}
+	n, err := unix.EpollWait(l.epfd, l.ready, ms)
+	if err != nil && err != unix.EINTR {
+		panic("evloop: epoll_wait: " + err.Error())
+	}
+	return max(n, 0)
 }
 
 // commands takes the queued streams and commands; true when the loop
