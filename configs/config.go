@@ -47,6 +47,11 @@ type Config struct {
 	// Admin secures the admin listener (token, allowed host names).
 	Admin Admin `yaml:"admin"`
 
+	// Region shares the tenants' global limits with other edge regions
+	// through a global store (docs/CONFIG.md "region"); off by default:
+	// the node is single-region.
+	Region limiter.RegionConfig `yaml:"region"`
+
 	// File is the path the config was read from.
 	File string `yaml:"-"`
 	// Version identifies the file's content (see Version).
@@ -278,6 +283,7 @@ func (c *Config) applyDefaults() {
 	if c.Redis.Enabled() {
 		c.Redis = c.Redis.WithDefaults()
 	}
+	c.Region = c.Region.WithDefaults()
 	for i := range c.Pools {
 		c.Pools[i] = c.Pools[i].WithDefaults()
 	}

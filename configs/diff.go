@@ -161,6 +161,7 @@ func RestartRequired(old, new *Config) []FieldChange {
 	out = append(out, diffFields("node.region", old.Node.Region, new.Node.Region)...)
 	out = append(out, diffFields("listeners", old.Listeners, new.Listeners)...)
 	out = append(out, diffFields("redis", old.Redis, new.Redis)...)
+	out = append(out, diffFields("region", old.Region, new.Region)...) // the rebalancer is made once, at start
 	out = append(out, diffFields("proxy.dial_timeout", old.Proxy.DialTimeout, new.Proxy.DialTimeout)...)
 	out = append(out, diffFields("proxy.tenant_metric_labels", old.Proxy.TenantMetricLabels, new.Proxy.TenantMetricLabels)...)
 	out = append(out, diffFields("tracing", old.Tracing, new.Tracing)...) // the exporter is made once, at start

@@ -94,6 +94,12 @@ func (c *Config) secretSlots() []secretSlot {
 	slots := []secretSlot{{path: "redis.password", value: r.Password, filePath: "redis.password_file", file: r.PasswordFile,
 		set: func(s string) { r.Password = s }},
 		{path: "redis.sentinel.password", value: r.Sentinel.Password, set: func(s string) { r.Sentinel.Password = s }}}
+	// The region's global store is a Redis too (region_config.go).
+	g := &c.Region.GlobalStore
+	slots = append(slots, secretSlot{path: "region.global_store.password", value: g.Password,
+		filePath: "region.global_store.password_file", file: g.PasswordFile, set: func(s string) { g.Password = s }},
+		secretSlot{path: "region.global_store.sentinel.password", value: g.Sentinel.Password,
+			set: func(s string) { g.Sentinel.Password = s }})
 	for i := range c.Pools {
 		p := &c.Pools[i]
 		slots = append(slots, secretSlot{path: fmt.Sprintf("pools[%d].api_key", i), value: p.APIKey,

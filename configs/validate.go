@@ -40,6 +40,7 @@ func (v *validator) validate() {
 	v.routeHosts(leaves)
 	v.tenants()
 	v.redis()
+	v.region()
 	v.tracing()
 	v.secrets()
 }
@@ -74,6 +75,25 @@ func (v *validator) redis() {
 				path += "." + fe.Field // at the field's own line:col
 			}
 			v.errorf(path, "redis: %v", e)
+		}
+	}
+}
+
+// region checks the region section: a global store needs the regional
+// Redis (the region's nodes admit against it) and node.region among the
+// regions.
+func (v *validator) region() {
+	rc := v.c.Region
+	if rc.Enabled() && !v.c.Redis.Enabled() {
+		v.errorf("region.global_store", "region: a global store needs the regional redis section (the region's nodes admit against it)")
+	}
+	if err := rc.Validate(v.c.Node.Region); err != nil {
+		for _, e := range unjoin(err) {
+			path := "region"
+			if fe, ok := errors.AsType[*limiter.FieldError](e); ok {
+				path += "." + fe.Field
+			}
+			v.errorf(path, "region: %v", e)
 		}
 	}
 }

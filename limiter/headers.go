@@ -15,7 +15,7 @@ type policy struct {
 	q      Quota
 }
 
-func (d Decision) policies() []policy {
+func (d Decision) policies() (out [5]policy, n int) {
 	all := [...]policy{
 		{name: ReasonRequests, window: true, q: d.Requests},
 		{name: ReasonTokens, unit: "tokens", window: true, q: d.Tokens},
@@ -23,24 +23,22 @@ func (d Decision) policies() []policy {
 		{name: ReasonOutputTokens, unit: "tokens", window: true, q: d.OutputTokens},
 		{name: ReasonConcurrency, unit: "concurrency", q: d.Concurrency},
 	}
-	out := make([]policy, 0, len(all))
 	for _, p := range all {
 		if p.q.Limit > 0 {
-			out = append(out, p)
+			out[n] = p
+			n++
 		}
 	}
-	return out
+	return out, n
 }
 
 // The fields SetHeaders writes, in canonical form (as Header.Set would
 // write them), so that no key is canonicalized per request.
 var (
-	hdrPolicy    = http.CanonicalHeaderKey("RateLimit-Policy")
-	hdrRateLimit = http.CanonicalHeaderKey("RateLimit")
-	hdrOpenAI    = map[string][3]string{
-		"requests": openAIKeys("requests"),
-		"tokens":   openAIKeys("tokens"),
-	}
+	hdrPolicy         = http.CanonicalHeaderKey("RateLimit-Policy")
+	hdrRateLimit      = http.CanonicalHeaderKey("RateLimit")
+	hdrOpenAIRequests = openAIKeys("requests")
+	hdrOpenAITokens   = openAIKeys("tokens")
 )
 
 func openAIKeys(kind string) [3]string {
@@ -64,30 +62,59 @@ func openAIKeys(kind string) [3]string {
 // Limits that are not configured are left out; with none, nothing is set
 // but Retry-After on refusals.
 func SetHeaders(h http.Header, d Decision) {
-	// Every value is a slice of one backing array and one string buffer:
-	// a few allocations per request instead of one or more per field.
-	var vals [8]string
+	// Every value is a substring of one string, and every field's value
+	// slice a piece of one array: two allocations per request (the string
+	// and the array) instead of one or more per field. The values are
+	// built on the stack first.
+	var buf [320]byte
+	b := buf[:0]
+	var ends [8]int
 	n := 0
-	set := func(k, v string) {
-		vals[n] = v
-		h[k] = vals[n : n+1 : n+1]
-		n++
+	mark := func() { ends[n] = len(b); n++ }
+	var keys [8]string
+	ps, np := d.policies()
+	if np > 0 {
+		b = appendPolicyField(b, ps[:np])
+		keys[n] = hdrPolicy
+		mark()
+		b = appendRateLimitField(b, ps[:np])
+		keys[n] = hdrRateLimit
+		mark()
 	}
-	ps := d.policies()
-	if len(ps) > 0 {
-		set(hdrPolicy, policyField(ps))
-		set(hdrRateLimit, rateLimitField(ps))
+	for _, kind := range [...]struct {
+		keys *[3]string
+		q    Quota
+	}{{&hdrOpenAIRequests, d.Requests}, {&hdrOpenAITokens, d.Tokens}} {
+		if kind.q.Limit <= 0 {
+			continue
+		}
+		b = strconv.AppendInt(b, kind.q.Limit, 10)
+		keys[n] = kind.keys[0]
+		mark()
+		b = strconv.AppendInt(b, max(kind.q.Remaining, 0), 10)
+		keys[n] = kind.keys[1]
+		mark()
+		b = appendReset(b, kind.q.Reset)
+		keys[n] = kind.keys[2]
+		mark()
 	}
-	openAI(set, "requests", d.Requests)
-	openAI(set, "tokens", d.Tokens)
+	if n > 0 {
+		all := string(b)
+		vals := make([]string, n)
+		start := 0
+		for i := range n {
+			vals[i] = all[start:ends[i]]
+			start = ends[i]
+			h[keys[i]] = vals[i : i+1 : i+1]
+		}
+	}
 	if !d.Allowed {
 		h.Set("Retry-After", strconv.FormatInt(retrySeconds(d.RetryAfter), 10))
 		h.Set("retry-after-ms", strconv.FormatInt(max(ceilMS(d.RetryAfter), 1), 10))
 	}
 }
 
-func policyField(ps []policy) string {
-	b := make([]byte, 0, 40*len(ps))
+func appendPolicyField(b []byte, ps []policy) []byte {
 	for i, p := range ps {
 		if i > 0 {
 			b = append(b, ", "...)
@@ -104,11 +131,10 @@ func policyField(ps []policy) string {
 			b = append(b, '"')
 		}
 	}
-	return string(b)
+	return b
 }
 
-func rateLimitField(ps []policy) string {
-	b := make([]byte, 0, 32*len(ps))
+func appendRateLimitField(b []byte, ps []policy) []byte {
 	for i, p := range ps {
 		if i > 0 {
 			b = append(b, ", "...)
@@ -121,17 +147,38 @@ func rateLimitField(ps []policy) string {
 			b = strconv.AppendInt(b, ceilSeconds(p.q.Reset), 10)
 		}
 	}
-	return string(b)
+	return b
 }
 
-func openAI(set func(k, v string), kind string, q Quota) {
-	if q.Limit <= 0 {
-		return
+// appendReset appends resetString(d) without allocating: d rounded up to
+// whole milliseconds, formatted as time.Duration.String formats it ("0s",
+// "20ms", "1.5s", "6m0s", "1h0m0s").
+func appendReset(b []byte, d time.Duration) []byte {
+	ms := ceilMS(d)
+	switch {
+	case ms <= 0:
+		return append(b, "0s"...)
+	case ms < 1000:
+		return append(strconv.AppendInt(b, ms, 10), "ms"...)
 	}
-	keys := hdrOpenAI[kind]
-	set(keys[0], strconv.FormatInt(q.Limit, 10))
-	set(keys[1], strconv.FormatInt(max(q.Remaining, 0), 10))
-	set(keys[2], resetString(q.Reset))
+	if h := ms / 3600000; h > 0 {
+		b = append(strconv.AppendInt(b, h, 10), 'h')
+		ms %= 3600000
+		b = append(strconv.AppendInt(b, ms/60000, 10), 'm')
+	} else if m := ms / 60000; m > 0 {
+		b = append(strconv.AppendInt(b, m, 10), 'm')
+	}
+	ms %= 60000
+	b = strconv.AppendInt(b, ms/1000, 10)
+	if frac := ms % 1000; frac > 0 {
+		digits := [3]byte{byte('0' + frac/100), byte('0' + frac/10%10), byte('0' + frac%10)}
+		k := 3
+		for digits[k-1] == '0' {
+			k--
+		}
+		b = append(append(b, '.'), digits[:k]...)
+	}
+	return append(b, 's')
 }
 
 func ceilSeconds(d time.Duration) int64 {

@@ -366,3 +366,46 @@ func BenchmarkSetHeaders(b *testing.B) {
 		SetHeaders(make(http.Header, 8), d)
 	}
 }
+
+// TestAppendReset checks the allocation-free reset formatting against
+// time.Duration.String (what resetString returns) from 0 to past an hour,
+// including the roundings up to whole milliseconds.
+func TestAppendReset(t *testing.T) {
+	check := func(d time.Duration) {
+		t.Helper()
+		if got, want := string(appendReset(nil, d)), resetString(d); got != want {
+			t.Fatalf("appendReset(%v) = %q, want %q", int64(d), got, want)
+		}
+	}
+	for _, d := range []time.Duration{-time.Second, 0, 1, time.Millisecond - 1, time.Millisecond, 999 * time.Millisecond,
+		time.Second, 1500 * time.Millisecond, 1050 * time.Millisecond, 1005 * time.Millisecond, time.Minute,
+		6 * time.Minute, 61*time.Second + 250*time.Millisecond, time.Hour, time.Hour + time.Millisecond,
+		25*time.Hour + 59*time.Minute + 59*time.Second + 999*time.Millisecond + 1} {
+		check(d)
+	}
+	for ms := int64(0); ms < 3*3600*1000; ms += 997 {
+		check(time.Duration(ms)*time.Millisecond + 3)
+	}
+}
+
+// TestSetHeadersAllocs bounds SetHeaders' allocations for an allowed
+// decision with every limit: one string holds all the values, one array
+// their slices.
+func TestSetHeadersAllocs(t *testing.T) {
+	d := Decision{Allowed: true,
+		Requests:     Quota{Limit: 600, Remaining: 599, Reset: 100 * time.Millisecond},
+		Tokens:       Quota{Limit: 100000, Remaining: 99000, Reset: 600 * time.Millisecond},
+		InputTokens:  Quota{Limit: 50000, Remaining: 1, Reset: 61 * time.Second},
+		OutputTokens: Quota{Limit: 50000, Remaining: -3, Reset: time.Hour},
+		Concurrency:  Quota{Limit: 8, Remaining: 7}}
+	h := make(http.Header, 16)
+	if n := testing.AllocsPerRun(100, func() { clear(h); SetHeaders(h, d) }); n > 2 {
+		t.Errorf("SetHeaders: %v allocations, want at most 2", n)
+	}
+	if got := h.Get("X-Ratelimit-Reset-Tokens"); got != "600ms" {
+		t.Errorf("x-ratelimit-reset-tokens %q, want 600ms", got)
+	}
+	if got := h.Get("RateLimit"); !strings.Contains(got, `"output_tokens";r=0;t=3600`) {
+		t.Errorf("RateLimit %q: want output_tokens r=0 t=3600", got)
+	}
+}

@@ -28,6 +28,9 @@ type Status struct {
 	OutputTokens Quota `json:"output_tokens,omitzero"`
 	// Models holds one entry per model with its own limits (Limits.Models).
 	Models []Status `json:"models,omitempty"`
+	// Region is the tenant's regional share and the fleet's global use
+	// when the node runs in a region of several (region.go); nil otherwise.
+	Region *RegionStatus `json:"region,omitempty"`
 }
 
 // MarshalJSON writes {"limit":…,"remaining":…,"reset":"6m0s","reset_ms":…}.

@@ -115,10 +115,11 @@ func readBody(w http.ResponseWriter, r *http.Request, lim bodyLimits, budget *bo
 			}
 		}
 	}
-	var slow atomic.Bool
+	var slow *atomic.Bool // set only here: allocated only without deadlines
 	if rc == nil {
 		// No read deadline on this transport: close the body at the hard
 		// limit, which ends a blocked read.
+		slow = new(atomic.Bool)
 		t := time.AfterFunc(lim.timeout, func() { slow.Store(true); r.Body.Close() })
 		defer t.Stop()
 	}
@@ -159,7 +160,7 @@ func readBody(w http.ResponseWriter, r *http.Request, lim bodyLimits, budget *bo
 			break
 		}
 		if rerr != nil {
-			if slow.Load() || errors.Is(rerr, os.ErrDeadlineExceeded) || !time.Now().Before(hard) {
+			if slow != nil && slow.Load() || errors.Is(rerr, os.ErrDeadlineExceeded) || !time.Now().Before(hard) {
 				return nil, reserved, errBodySlow
 			}
 			return nil, reserved, errBodyRead

@@ -125,25 +125,36 @@ func isEventStream(h http.Header) bool {
 // credentials, forwarding headers and the request id.
 func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*http.Request, error) {
 	r := x.r
-	u := x.backendURL(b)
 	var body io.Reader
 	if x.body != nil {
 		body = bytes.NewReader(x.body)
 	}
-	req, err := http.NewRequestWithContext(ctx, r.Method, u.String(), body)
+	// The URL is set as built, not printed and parsed back: the request
+	// line the transport writes (URL.RequestURI) is the same.
+	req, err := http.NewRequestWithContext(ctx, r.Method, "", body)
 	if err != nil {
 		return nil, err
 	}
+	u := new(url.URL)
+	*u = x.backendURL(b)
+	req.URL, req.Host = u, strings.TrimSuffix(u.Host, ":")
+	// Sized for the client's fields and Sluice's five, less the client's
+	// Authorization (nearly always sent, never copied): many SDK fields
+	// need no growth of the map, a few (curl's) stay in a small map of 8.
+	// Sluice's five values share one array (one allocation, not one per
+	// field).
+	req.Header = make(http.Header, len(r.Header)+4)
 	copyRequestHeader(req.Header, r.Header)
-	req.Header.Set("X-Forwarded-For", clientIP(r))
 	proto := "http"
 	if r.TLS != nil {
 		proto = "https"
 	}
-	req.Header.Set("X-Forwarded-Proto", proto)
-	req.Header.Set("X-Forwarded-Host", r.Host)
-	req.Header.Set("X-Request-Id", x.id)
-	req.Header.Set("X-Sluice-Request-Id", x.ownID)
+	own := &[5]string{clientIP(r), proto, r.Host, x.id, x.ownID}
+	req.Header["X-Forwarded-For"] = own[0:1:1]
+	req.Header["X-Forwarded-Proto"] = own[1:2:2]
+	req.Header["X-Forwarded-Host"] = own[2:3:3]
+	req.Header["X-Request-Id"] = own[3:4:4]
+	req.Header["X-Sluice-Request-Id"] = own[4:5:5]
 	if f := b.LoadHeaderFormat(); f != "" {
 		req.Header["Endpoint-Load-Metrics-Format"] = loadFormatValue(f) // ask vLLM for its load report
 	}
@@ -202,6 +213,10 @@ var (
 	loadFormatJSON = []string{"JSON"}
 )
 
+// jsonContentType is the Content-Type value of a request body read as
+// JSON, shared by every request (never modified).
+var jsonContentType = []string{"application/json"}
+
 func loadFormatValue(f string) []string {
 	if f == "JSON" {
 		return loadFormatJSON
@@ -245,12 +260,17 @@ func copyHeader(dst, src http.Header, owned map[string]bool, ownedPrefix string)
 }
 
 // dropConnectionHeaders removes the fields src's Connection header names.
+// The usual options ("keep-alive", "close") name no field that could have
+// been copied (Keep-Alive is hop-by-hop): they are skipped without
+// canonicalizing them (an allocation each).
 func dropConnectionHeaders(dst, src http.Header) {
 	for _, v := range src["Connection"] {
-		for _, f := range strings.Split(v, ",") {
-			if f = textproto.TrimString(f); f != "" {
-				dst.Del(f)
+		for f := range strings.SplitSeq(v, ",") {
+			f = textproto.TrimString(f)
+			if f == "" || strings.EqualFold(f, "keep-alive") || strings.EqualFold(f, "close") {
+				continue
 			}
+			dst.Del(f)
 		}
 	}
 }

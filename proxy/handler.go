@@ -168,8 +168,8 @@ func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.Co
 		x.ownID = newID() // the client's id is kept, and Sluice's own goes beside it
 	}
 	hdr := sink.Header()
-	hdr.Set("X-Request-Id", x.id)
-	hdr.Set("X-Sluice-Request-Id", x.ownID)
+	ids := &[2]string{x.id, x.ownID} // one allocation for both values
+	hdr["X-Request-Id"], hdr["X-Sluice-Request-Id"] = ids[0:1:1], ids[1:2:2]
 	if h.region != "" {
 		hdr.Set("X-Sluice-Region", h.region)
 	}
@@ -361,7 +361,7 @@ func (x *exchange) intake(pre *routing.Route) error {
 	x.meta, x.body, x.parsed = meta, body, true
 	// The body was read as JSON whatever the client declared: the backend
 	// is told so too (a form or vnd type could be read otherwise there).
-	r.Header.Set("Content-Type", "application/json")
+	r.Header["Content-Type"] = jsonContentType
 	route, err := x.st.Routes.Match(r.Host, r.URL.Path, meta.Model)
 	if err != nil {
 		return &APIError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
@@ -504,9 +504,11 @@ func (h *Handler) WaitSettles() { h.settling.Wait() }
 // outcome is what the exchange reports to Serve's caller.
 func (x *exchange) outcome(timing bool) Outcome {
 	o := Outcome{RequestID: x.id, Status: x.status, Err: x.err, Usage: x.usage}
-	var rf *refusal
-	if errors.As(x.err, &rf) {
-		o.RetryAfter = rf.d.RetryAfter
+	if x.err != nil {
+		var rf *refusal // declared here: errors.As moves it to the heap
+		if errors.As(x.err, &rf) {
+			o.RetryAfter = rf.d.RetryAfter
+		}
 	}
 	if timing {
 		o.Timing = timingJSON(x, time.Now())

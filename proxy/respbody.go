@@ -154,18 +154,21 @@ func (x *exchange) relayBody(l *leg) error {
 
 	h := x.sink.Header()
 	copyResponseHeader(h, resp.Header)
-	switch {
-	case !unchanged:
-	case !l.more:
-		h.Set("Content-Length", strconv.Itoa(len(head)))
-	case resp.ContentLength >= 0:
+	if unchanged && l.more && resp.ContentLength >= 0 {
 		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
 	}
 	if !l.more {
 		if scan {
 			x.usageOfBody(l.body)
 		}
-		h.Set("Server-Timing", x.serverTiming())
+		// The whole body's exact length and the timing share one
+		// array of values (one allocation for both fields).
+		v := &[2]string{1: x.serverTiming()}
+		if unchanged {
+			v[0] = strconv.Itoa(len(head))
+			h["Content-Length"] = v[0:1:1]
+		}
+		h["Server-Timing"] = v[1:2:2]
 		x.status = resp.StatusCode
 		x.sink.Start(resp.StatusCode, false)
 		if _, err := w.Write(head); err == nil {

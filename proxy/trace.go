@@ -55,7 +55,7 @@ const (
 // tracing is on.
 type reqTrace struct {
 	ctx    context.Context // holds span: the parent of the others
-	span   trace.Span      // the request's SERVER span
+	span   *tracing.Span   // the request's SERVER span
 	finish []string        // finish reasons seen, in order, without repeats
 }
 
@@ -128,7 +128,7 @@ func (x *exchange) endTrace(end time.Time) {
 	}
 	t, s := x.h.tracer, tr.span
 	if !s.IsRecording() {
-		s.End(trace.WithTimestamp(end))
+		s.EndAt(end)
 		return
 	}
 	if t.StagesRecorded() {
@@ -160,11 +160,11 @@ func (x *exchange) endTrace(end time.Time) {
 	if status == 0 {
 		status = 499
 	}
-	// Each attribute costs a few allocations in the exporter: the set is
+	// Each attribute is stored and encoded with every trace: the set is
 	// kept to what a trace is read for (the backend and pool are on the
 	// attempt spans).
-	attrs := make([]attribute.KeyValue, 0, 16)
-	attrs = append(attrs, attrHTTPMethod.String(x.r.Method), attrHTTPStatus.Int(status),
+	var buf [20]attribute.KeyValue // on the stack: SetAttrs copies them
+	attrs := append(buf[:0], attrHTTPMethod.String(x.r.Method), attrHTTPStatus.Int(status),
 		attrProtocol.String(protoOf(x.r, x.conn)), attrClientAddress.String(clientIP(x.r)), attrRequestID.String(x.id))
 	if x.tenant != nil {
 		attrs = append(attrs, attrTenant.String(x.tenant.ID))
@@ -208,8 +208,8 @@ func (x *exchange) endTrace(end time.Time) {
 		}
 	}
 	s.SetName(name)
-	s.SetAttributes(attrs...)
-	s.End(trace.WithTimestamp(end))
+	s.SetAttrs(attrs)
+	s.EndAt(end)
 }
 
 // operation is the request's gen_ai.operation.name.
@@ -278,9 +278,9 @@ func (l *leg) startSpan() {
 
 // endSpan ends the attempt's span with how the attempt went.
 func (l *leg) endSpan() {
-	s := l.span
+	s := l.span.(*tracing.Span)
 	if !s.IsRecording() {
-		s.End()
+		s.EndAt(time.Time{})
 		return
 	}
 	var buf [4]attribute.KeyValue
@@ -292,7 +292,7 @@ func (l *leg) endSpan() {
 		attrs = append(attrs, attrHTTPStatus.Int(l.resp.StatusCode))
 	}
 	if !l.first.IsZero() {
-		s.AddEvent("first_token", trace.WithTimestamp(l.first))
+		s.AddEventAt("first_token", l.first)
 	}
 	switch {
 	case errors.Is(l.err, errHedgeLost) || errors.Is(context.Cause(l.ctx), errHedgeLost) && l.err != nil:
@@ -303,6 +303,6 @@ func (l *leg) endSpan() {
 	default:
 		attrs = append(attrs, attrResult.String("relayed"))
 	}
-	s.SetAttributes(attrs...)
-	s.End()
+	s.SetAttrs(attrs)
+	s.EndAt(time.Time{})
 }

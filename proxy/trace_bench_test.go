@@ -20,7 +20,9 @@ import (
 // non-streamed requests from 8 keep-alive clients, the whole pipeline on)
 // through two edges in the same process: tracing off, and tracing on at
 // sampler ratio 1.0 exporting over OTLP/HTTP to an in-process receiver,
-// with stage events (the default), stage spans, and stage_events: false.
+// with stage events (the default), stage spans, stage_events: false, and
+// at ratio 0 (sampled-out: every request gets a trace id and sends its
+// backend a traceparent, nothing is recorded or exported).
 // An op is a round of 400 requests through each, alternating. It reports
 // per case the process CPU per request and the allocations per request,
 // and "tracing-cpu-µs/req", the difference: what tracing every request
@@ -30,7 +32,7 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkTracingSmallRequests -benchtime 20x -count 5 ./proxy/
 func BenchmarkTracingSmallRequests(b *testing.B) {
-	for _, mode := range []string{"stage-events", "stage-spans", "no-stage-events"} {
+	for _, mode := range []string{"stage-events", "stage-spans", "no-stage-events", "sampled-out"} {
 		b.Run(mode, func(b *testing.B) { benchTracing(b, mode) })
 	}
 }
@@ -43,6 +45,9 @@ func benchTracing(b *testing.B, mode string) {
 	}), false)
 	url, spans := otlptest.StartCounting(b)
 	ratio, events := 1.0, mode != "no-stage-events"
+	if mode == "sampled-out" { // tracing on, nothing recorded: what remains is the trace context (ids, headers, log)
+		ratio = 0
+	}
 	tr, err := tracing.New(context.Background(), tracing.Config{Enabled: true, Endpoint: url, SamplerRatio: &ratio,
 		StageSpans: mode == "stage-spans", StageEvents: &events}, "bench")
 	if err != nil {

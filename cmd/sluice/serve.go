@@ -40,6 +40,7 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sluice: %v\n", err)
 		return 2
 	}
+	applyRuntimeDefaults(log)
 	var cfg *configs.Config
 	if *file == "" {
 		cfg, err = configs.Default()

@@ -6,6 +6,7 @@ import (
 	"net/http/pprof"
 
 	"github.com/sluice-proxy/sluice/configs"
+	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy/observe"
 )
 
@@ -15,7 +16,17 @@ import (
 //	GET  /debug/config   the active config's version, load time and the last reload attempt (JSON);
 //	                     ?format=yaml the active config's text (secrets redacted),
 //	                     ?format=tenants the active tenants file's text (comments removed)
+//	GET  /debug/regions  this region's share of every tenant's global limits and the
+//	                     global use (JSON; 404 on a single-region node)
 func (n *Node) adminRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /debug/regions", func(w http.ResponseWriter, r *http.Request) {
+		rg, ok := n.limiter.(*limiter.Region)
+		if !ok {
+			http.Error(w, "single-region node: no region.global_store is configured", http.StatusNotFound)
+			return
+		}
+		writeJSON(w, http.StatusOK, rg.Report())
+	})
 	mux.HandleFunc("POST /-/reload", func(w http.ResponseWriter, r *http.Request) {
 		res := n.Reload(TriggerAPI)
 		writeJSON(w, reloadStatusCode(res), res)

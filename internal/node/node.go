@@ -140,6 +140,14 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 			return nil, fmt.Errorf("redis limiter: %w", err)
 		}
 		n.limiter = shared
+		if cfg.Region.Enabled() { // several regions share the global limits
+			region, err := limiter.NewRegionFromConfig(shared, cfg.Node.Region, cfg.Region, log)
+			if err != nil {
+				shared.Close()
+				return nil, fmt.Errorf("region limiter: %w", err)
+			}
+			n.limiter = region
+		}
 	}
 	st.Limiter = n.limiter
 	n.bgDone = make(chan struct{})

@@ -1,6 +1,7 @@
 package h1up
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -96,6 +97,13 @@ func (b *Body) Read(p []byte) (int, error) {
 		return n, io.EOF
 	}
 	b.state = stOpen
+	if br := b.c.br; br != nil && br.Buffered() == 0 {
+		// Nothing buffered: the reader goes back to its pool until the
+		// next Read, so a stream waiting for its next event holds none.
+		br.Reset(nil)
+		b.t.readers.Put(br)
+		b.c.br = nil
+	}
 	return n, nil
 }
 
@@ -106,6 +114,11 @@ func (b *Body) read(p []byte) (n int, done bool, err error) {
 		return 0, false, nil
 	}
 	br := b.c.br
+	if br == nil {
+		br = b.t.readers.Get().(*bufio.Reader)
+		br.Reset(b.nc)
+		b.c.br = br
+	}
 	switch b.mode {
 	case modeNone:
 		return 0, true, nil
@@ -165,7 +178,11 @@ func (b *Body) Close() error {
 		return nil
 	case stOpen:
 		b.state, b.err = stClosed, ErrBodyClosed
-		keep := b.keep && b.mode == modeLength && b.remaining <= int64(b.c.br.Buffered())
+		buffered := 0
+		if b.c.br != nil {
+			buffered = b.c.br.Buffered()
+		}
+		keep := b.keep && b.mode == modeLength && b.remaining <= int64(buffered)
 		if keep {
 			b.c.br.Discard(int(b.remaining))
 			b.remaining = 0

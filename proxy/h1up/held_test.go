@@ -127,14 +127,14 @@ func heldRound(b *testing.B, url string, rt http.RoundTripper, detach bool, stre
 	bodies := make([]io.ReadCloser, 0, streams)
 	conns := make([]net.Conn, 0, streams)
 	raws := make([][]byte, 0, streams)
-	buf := make([]byte, 64)
+	buf := make([]byte, 4<<10) // as the proxy reads: into a buffer of its own
 	for range streams {
 		req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{"stream":true}`))
 		resp, err := rt.RoundTrip(req)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := io.ReadFull(resp.Body, buf[:13]); err != nil {
+		if _, err := io.ReadAtLeast(resp.Body, buf, len("data: first\n\n")); err != nil {
 			b.Fatal(err)
 		}
 		if detach {

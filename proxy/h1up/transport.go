@@ -114,11 +114,10 @@ type conn struct {
 // GetBody set) and idempotent (GET, HEAD, OPTIONS, TRACE, or an
 // Idempotency-Key header).
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := t.roundTrip(req)
-	if err != nil && req.Body != nil {
-		req.Body.Close() // a RoundTripper always closes the request body
+	if req.Body != nil {
+		defer req.Body.Close() // a RoundTripper always closes it: written or failed
 	}
-	return resp, err
+	return t.roundTrip(req)
 }
 
 func (t *Transport) roundTrip(req *http.Request) (*http.Response, error) {
@@ -137,7 +136,7 @@ func (t *Transport) roundTrip(req *http.Request) (*http.Response, error) {
 	}
 	key := hostPort(req.URL.Host, req.URL.Port())
 	for retried := false; ; retried = true {
-		c, err := t.getConn(ctx, key)
+		c, err := t.getConn(ctx, key, retried)
 		if err != nil {
 			return nil, err
 		}
@@ -153,6 +152,7 @@ func (t *Transport) roundTrip(req *http.Request) (*http.Response, error) {
 			if gerr != nil {
 				return nil, err
 			}
+			defer body.Close()
 			r2 := *req // a shallow copy: the caller's request stays as given
 			r2.Body = body
 			req = &r2
@@ -223,17 +223,23 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (r
 		return fail(err)
 	}
 	resp.Body = b
-	if b.mode == modeNone {
+	switch {
+	case b.mode == modeNone:
 		b.finish() // no body: the connection is free now
+	case c.br.Buffered() == 0: // nothing of the body yet: hold no reader while waiting
+		c.br.Reset(nil)
+		t.readers.Put(c.br)
+		c.br = nil
 	}
 	return resp, true, nil
 }
 
-// getConn takes the newest live idle connection to key, or dials one.
-func (t *Transport) getConn(ctx context.Context, key string) (*conn, error) {
+// getConn takes the newest live idle connection to key, or dials one;
+// with fresh set it always dials.
+func (t *Transport) getConn(ctx context.Context, key string, fresh bool) (*conn, error) {
 	now := time.Now()
 	t.mu.Lock()
-	for {
+	for !fresh {
 		s := t.idle[key]
 		if len(s) == 0 {
 			break

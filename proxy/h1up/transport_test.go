@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -208,7 +209,7 @@ func TestRequestBody(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eof := &eofWatch{r: strings.NewReader("hello")}
-			req, _ := http.NewRequest(http.MethodPost, srv.URL, io.NopCloser(eof))
+			req, _ := http.NewRequest(http.MethodPost, srv.URL, eof)
 			req.ContentLength = tc.cl
 			resp, err := tr.RoundTrip(req)
 			if err != nil {
@@ -217,8 +218,8 @@ func TestRequestBody(t *testing.T) {
 			if got := readAll(t, resp); got != tc.want {
 				t.Fatalf("got %q; want %q", got, tc.want)
 			}
-			if !eof.seen {
-				t.Fatal("the request body was not read to io.EOF")
+			if !eof.seen || !eof.closed {
+				t.Fatalf("request body read to io.EOF %v, closed %v; want both", eof.seen, eof.closed)
 			}
 		})
 	}
@@ -233,9 +234,12 @@ func TestRequestBody(t *testing.T) {
 // eofWatch records that its reader returned io.EOF, as the proxy's
 // sentBody does.
 type eofWatch struct {
-	r    io.Reader
-	seen bool
+	r      io.Reader
+	seen   bool
+	closed bool
 }
+
+func (e *eofWatch) Close() error { e.closed = true; return nil }
 
 func (e *eofWatch) Read(p []byte) (int, error) {
 	n, err := e.r.Read(p)
@@ -789,5 +793,110 @@ func TestRequestHead(t *testing.T) {
 	req.Header.Set("X-Bad", "a\r\nInjected: 1")
 	if _, err := tr.RoundTrip(req); err == nil {
 		t.Fatal("a header value with CRLF was sent")
+	}
+}
+
+// TestReaderReleasedBetweenReads: a stream waiting for its next event
+// holds no read buffer, and reading on takes one again.
+func TestReaderReleasedBetweenReads(t *testing.T) {
+	step := make(chan struct{})
+	raw := newRawServer(t, func(c net.Conn) {
+		if readRequest(t, bufio.NewReader(c)) == nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\none\r\n")
+		select {
+		case <-step:
+		case <-time.After(10 * time.Second):
+			return
+		}
+		io.WriteString(c, "3\r\ntwo\r\n0\r\n\r\n")
+	})
+	tr := New(Options{})
+	defer tr.CloseIdleConnections()
+	resp, err := get(t, tr, context.Background(), raw.url())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := resp.Body.(*Body)
+	buf := make([]byte, 4<<10)
+	got := ""
+	for got != "one" {
+		n, err := b.Read(buf)
+		if err != nil {
+			t.Fatalf("first event: %v", err)
+		}
+		got += string(buf[:n])
+	}
+	b.mu.Lock()
+	held := b.c.br != nil
+	b.mu.Unlock()
+	if held {
+		t.Fatal("the body holds a read buffer while nothing is buffered")
+	}
+	if n, err := b.Read(nil); n != 0 || err != nil { // an empty read, with no reader held
+		t.Fatalf("empty read: %d, %v", n, err)
+	}
+	close(step)
+	rest, err := io.ReadAll(b)
+	if err != nil || string(rest) != "two" {
+		t.Fatalf("rest %q, %v; want %q", rest, err, "two")
+	}
+	if got := tr.IdleConns(); got != 1 {
+		t.Fatalf("idle %d; want the connection back in the pool", got)
+	}
+}
+
+// TestNoGoroutinePerConn holds 50 open streams with cancellable contexts:
+// no goroutine runs in h1up's code for them (net/http's Transport, the
+// control, shows one readLoop per connection).
+func TestNoGoroutinePerConn(t *testing.T) {
+	release := make(chan struct{})
+	srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "x")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(release)
+	const streams = 50
+	for _, tc := range []struct {
+		name, frame string
+		rt          http.RoundTripper
+		want        int
+	}{
+		{"h1up", "proxy/h1up.(*", New(Options{}), 0}, // any method of Transport, Body, conn
+		{"nethttp", "net/http.(*persistConn).readLoop", netHTTPTransport(), streams},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var bodies []io.ReadCloser
+			for range streams {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+				resp, err := tc.rt.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.ReadFull(resp.Body, make([]byte, 1))
+				bodies = append(bodies, resp.Body)
+			}
+			buf := make([]byte, 8<<20)
+			stacks := string(buf[:runtime.Stack(buf, true)])
+			n := 0
+			for _, g := range strings.Split(stacks, "\n\n") {
+				if strings.Contains(g, tc.frame) && !strings.Contains(g, "TestNoGoroutinePerConn") {
+					n++
+				}
+			}
+			if n != tc.want {
+				t.Fatalf("%d goroutines in %s; want %d", n, tc.frame, tc.want)
+			}
+			for _, b := range bodies {
+				b.Close()
+			}
+		})
 	}
 }

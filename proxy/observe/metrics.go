@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,10 +31,9 @@ type Metrics struct {
 	// The OpenTelemetry GenAI server metrics (see genai below).
 	genTTFT, genTPOT, genDuration, genTokens *prometheus.HistogramVec
 
-	tenantCap int
-	mu        sync.Mutex
-	tenants   map[string]bool
-	models    map[string]bool // model label values given out (genAIModelCap at most)
+	// tenants and models are the label values given out
+	// (NewMetrics's tenantLabels and genAIModelCap at most).
+	tenants, models labelSet
 
 	// Series looked up once and kept, so that recording a request does
 	// not hash its label values again: *routeObs by routeKey,
@@ -191,17 +191,39 @@ func genAIPath(path string) string {
 const genAIModelCap = 100
 
 // modelLabel bounds the model label's cardinality.
-func (m *Metrics) modelLabel(model string) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.models[model] {
-		return model
+func (m *Metrics) modelLabel(model string) string { return m.models.label(model) }
+
+// labelSet is a bounded set of label values given out: a value seen before
+// is looked up without a lock (every request does that); only the first
+// sight of a value takes the lock. Past max values, the rest share
+// "other".
+type labelSet struct {
+	max  int64
+	n    atomic.Int64 // values in seen
+	mu   sync.Mutex   // serializes additions
+	seen sync.Map     // string → struct{}
+}
+
+// label returns v when it is (or now becomes) one of the set's values,
+// else "other".
+func (s *labelSet) label(v string) string {
+	if _, ok := s.seen.Load(v); ok {
+		return v
 	}
-	if len(m.models) < genAIModelCap {
-		m.models[model] = true
-		return model
+	if s.n.Load() >= s.max {
+		return "other"
 	}
-	return "other"
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.seen.Load(v); ok {
+		return v
+	}
+	if s.n.Load() >= s.max {
+		return "other"
+	}
+	s.seen.Store(v, struct{}{})
+	s.n.Add(1)
+	return v
 }
 
 // latencyBuckets span 0.5 ms to ~2 min; itlBuckets 1 ms to ~8 s.
@@ -294,10 +316,8 @@ func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 		genTokens: histogram("gen_ai_client_token_usage",
 			"Number of input and output tokens used (OpenTelemetry gen_ai.client.token.usage).",
 			otelTokenBuckets, false, append([]string{"gen_ai_token_type"}, genAILabels...)...),
-		tenantCap: tenantLabels,
-		tenants:   map[string]bool{},
-		models:    map[string]bool{},
 	}
+	m.tenants.max, m.models.max = int64(tenantLabels), genAIModelCap
 	if reg != nil {
 		reg.MustRegister(m.requests, m.inflight, m.retries, m.hedges, m.refusals, m.ttft, m.itl, m.e2e, m.stages, m.tokens,
 			m.wsConns, m.wsSlow, m.genTTFT, m.genTPOT, m.genDuration, m.genTokens)
@@ -356,19 +376,10 @@ func (m *Metrics) Inflight(delta float64) {
 
 // tenantLabel bounds the tenant label's cardinality.
 func (m *Metrics) tenantLabel(tenant string) string {
-	if m.tenantCap == 0 || tenant == "" {
+	if m.tenants.max == 0 || tenant == "" {
 		return "-"
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.tenants[tenant] {
-		return tenant
-	}
-	if len(m.tenants) < m.tenantCap {
-		m.tenants[tenant] = true
-		return tenant
-	}
-	return "other"
+	return m.tenants.label(tenant)
 }
 
 // Record observes a finished request.

@@ -3,10 +3,12 @@ package observe_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -262,5 +264,62 @@ func BenchmarkRecordStream(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		m.Record(r)
+	}
+}
+
+// Tenant labels handed out from many goroutines at once stay bounded: with
+// room for 10, exactly 10 tenants get their own value and every other one
+// shares "other", and a tenant that got its own value keeps it. Run with
+// -race: lookups take no lock.
+func TestTenantLabelBoundedConcurrent(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := observe.NewMetrics(reg, 10)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 200 {
+				r := streamRecord()
+				r.Tenant = fmt.Sprintf("t%d", (i+g*7)%40)
+				m.Record(r)
+			}
+		})
+	}
+	wg.Wait()
+	counts := map[string]float64{}
+	for _, s := range gather(t, reg)["sluice_requests_total"].GetMetric() {
+		for _, l := range s.GetLabel() {
+			if l.GetName() == "tenant" {
+				counts[l.GetValue()] += s.GetCounter().GetValue()
+			}
+		}
+	}
+	if len(counts) != 11 || counts["other"] == 0 {
+		t.Fatalf("tenant label values %v; want 10 tenants and other", counts)
+	}
+	total := 0.0
+	for _, c := range counts {
+		total += c
+	}
+	if total != 8*200 {
+		t.Fatalf("%v requests counted, want %d", total, 8*200)
+	}
+	for tenant := range counts {
+		if tenant == "other" {
+			continue
+		}
+		r := streamRecord()
+		r.Tenant = tenant
+		m.Record(r) // a tenant given its own value keeps it
+	}
+	after := 0
+	for _, s := range gather(t, reg)["sluice_requests_total"].GetMetric() {
+		for _, l := range s.GetLabel() {
+			if l.GetName() == "tenant" && l.GetValue() != "other" {
+				after++
+			}
+		}
+	}
+	if after != 10 {
+		t.Fatalf("%d own tenant series after re-recording, want 10", after)
 	}
 }

@@ -2,9 +2,11 @@ package tracing
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
@@ -15,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -92,15 +95,33 @@ func (c Config) Validate() error {
 }
 
 // Tracer makes Sluice's spans; it is safe for simultaneous use by
-// multiple goroutines. Its batch span processor's goroutine is owned by
-// the Tracer and ends with Shutdown, which flushes the spans still queued.
+// multiple goroutines.
+//
+// Over OTLP/HTTP with the wire exporter (the common case) it records the
+// spans itself, the lean recorder (span.go, batch.go): pooled records fed
+// to the wire encoder by one export goroutine, which the Tracer owns and
+// Shutdown ends after flushing what is queued. It costs about a third of
+// the SDK's CPU per request (docs/TIMING.md "Traces"). What the lean
+// recorder does not implement keeps the OpenTelemetry SDK, as before:
+// OTLP/gRPC and otlptracehttp's fallbacks (TLS files, compression, the
+// default endpoint), OTEL_TRACES_SAMPLER when the config has no
+// sampler_ratio, and the OTEL_*_LIMIT variables.
 type Tracer struct {
-	tp     *sdktrace.TracerProvider
-	tr     trace.Tracer
+	// The lean recorder: queue is nil when the SDK is used.
+	queue   *exportQueue
+	sampler sdktrace.Sampler
+
+	// The SDK, when the lean recorder is not.
+	tp *sdktrace.TracerProvider
+	tr trace.Tracer
+
 	prop   propagation.TraceContext
 	stages bool // Config.StageSpans
 	events bool // Config.StageEvents
 }
+
+// scopeName is the instrumentation scope of Sluice's spans.
+const scopeName = "github.com/sluice-proxy/sluice/proxy"
 
 // New starts tracing as c says: nil (tracing off) when c is not enabled or
 // OTEL_SDK_DISABLED is true. version is the service.version.
@@ -111,9 +132,16 @@ func New(ctx context.Context, c Config, version string) (*Tracer, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	exp, err := newExporter(ctx, c)
-	if err != nil {
-		return nil, fmt.Errorf("tracing: %w", err)
+	var lean *wireExporter
+	if leanConfig(c) {
+		lean = newWireExporter(c)
+	}
+	var exp sdktrace.SpanExporter
+	if lean == nil {
+		var err error
+		if exp, err = newExporter(ctx, c); err != nil {
+			return nil, fmt.Errorf("tracing: %w", err)
+		}
 	}
 	name := c.ServiceName
 	if name == "" {
@@ -131,12 +159,46 @@ func New(ctx context.Context, c Config, version string) (*Tracer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tracing: resource: %w", err)
 	}
+	t := &Tracer{stages: c.StageSpans, events: c.StageEvents == nil || *c.StageEvents}
+	if lean != nil {
+		t.sampler = sdktrace.ParentBased(sdktrace.AlwaysSample()) // the SDK's default, parentbased_always_on
+		if c.SamplerRatio != nil {
+			t.sampler = sdktrace.ParentBased(sdktrace.TraceIDRatioBased(*c.SamplerRatio))
+		}
+		t.queue = newExportQueue(lean, res, instrumentation.Scope{Name: scopeName})
+		return t, nil
+	}
 	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp), sdktrace.WithResource(res)}
 	if c.SamplerRatio != nil { // else the SDK reads OTEL_TRACES_SAMPLER(_ARG)
 		tpOpts = append(tpOpts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(*c.SamplerRatio))))
 	}
-	tp := sdktrace.NewTracerProvider(tpOpts...)
-	return &Tracer{tp: tp, tr: tp.Tracer("github.com/sluice-proxy/sluice/proxy"), stages: c.StageSpans, events: c.StageEvents == nil || *c.StageEvents}, nil
+	t.tp = sdktrace.NewTracerProvider(tpOpts...)
+	t.tr = t.tp.Tracer(scopeName)
+	return t, nil
+}
+
+// sdkOnlyEnv are the variables that change what the SDK records, which the
+// lean recorder does not implement: when one is set, the SDK is used.
+var sdkOnlyEnv = []string{
+	"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_EVENT_COUNT_LIMIT",
+	"OTEL_SPAN_LINK_COUNT_LIMIT", "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+	"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT", "OTEL_GO_X_OBSERVABILITY",
+}
+
+// leanConfig reports whether the lean recorder can do what c and the
+// environment ask: OTLP/HTTP (the wire exporter, when newWireExporter
+// also agrees), a sampler it knows (sampler_ratio, or the default when
+// OTEL_TRACES_SAMPLER is unset) and the SDK's default span limits.
+func leanConfig(c Config) bool {
+	if c.protocol() != ProtocolHTTP || c.SamplerRatio == nil && os.Getenv("OTEL_TRACES_SAMPLER") != "" {
+		return false
+	}
+	for _, k := range sdkOnlyEnv {
+		if os.Getenv(k) != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // protocol is c's protocol, else the environment's, else http/protobuf.
@@ -198,7 +260,21 @@ func (t *Tracer) Shutdown(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
+	if t.queue != nil {
+		err := t.queue.shutdown(ctx)
+		t.queue.exp.Shutdown(context.Background())
+		return err
+	}
 	return t.tp.Shutdown(ctx)
+}
+
+// Dropped is the number of spans the lean recorder dropped because its
+// export queue was full (the SDK's drops are not counted here).
+func (t *Tracer) Dropped() uint64 {
+	if t == nil || t.queue == nil {
+		return 0
+	}
+	return t.queue.dropped.Load()
 }
 
 // ForceFlush exports the spans ended so far.
@@ -206,15 +282,62 @@ func (t *Tracer) ForceFlush(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
+	if t.queue != nil {
+		return t.queue.flush(ctx)
+	}
 	return t.tp.ForceFlush(ctx)
 }
 
 // StartServer starts a request's SERVER span at start, continuing the
 // trace of h's traceparent and tracestate when they are valid. The
 // returned context holds the span (the parent of Start's spans).
-func (t *Tracer) StartServer(h http.Header, name string, start time.Time) (context.Context, trace.Span) {
+func (t *Tracer) StartServer(h http.Header, name string, start time.Time) (context.Context, *Span) {
 	ctx := t.prop.Extract(context.Background(), canonicalCarrier(h))
-	return t.tr.Start(ctx, name, optServer, trace.WithTimestamp(start))
+	if t.queue == nil {
+		ctx, s := t.tr.Start(ctx, name, optServer, trace.WithTimestamp(start))
+		return ctx, &Span{sdk: s}
+	}
+	s := t.newSpan(ctx, name, trace.SpanKindServer, start, nil)
+	return trace.ContextWithSpan(ctx, s), s
+}
+
+// newSpan starts a span of the lean recorder, as the SDK's tracer does
+// (its newSpan and newRecordingSpan): the parent's trace id or a new one,
+// a new span id (math/rand/v2 as the SDK's ID generator: per-thread
+// state, no lock), the sampler's decision in the sampled flag, a record
+// only when sampled. The sampler is not given attrs: the SDK's built-in
+// samplers, the only ones used here, do not read them.
+func (t *Tracer) newSpan(parent context.Context, name string, kind trace.SpanKind, start time.Time, attrs []attribute.KeyValue) *Span {
+	psc := trace.SpanContextFromContext(parent)
+	tid := psc.TraceID()
+	if !tid.IsValid() {
+		for !tid.IsValid() {
+			binary.NativeEndian.PutUint64(tid[:8], rand.Uint64())
+			binary.NativeEndian.PutUint64(tid[8:], rand.Uint64())
+		}
+	}
+	var sid trace.SpanID
+	for !sid.IsValid() {
+		binary.NativeEndian.PutUint64(sid[:], rand.Uint64())
+	}
+	sr := t.sampler.ShouldSample(sdktrace.SamplingParameters{ParentContext: parent, TraceID: tid, Name: name, Kind: kind})
+	flags := psc.TraceFlags() &^ trace.FlagsSampled
+	if sr.Decision == sdktrace.RecordAndSample {
+		flags |= trace.FlagsSampled
+	}
+	s := &Span{t: t, sc: trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: flags, TraceState: sr.Tracestate})}
+	if sr.Decision != sdktrace.RecordAndSample { // RecordOnly too: it would not be exported
+		return s
+	}
+	if start.IsZero() {
+		start = time.Now()
+	}
+	r := t.queue.get()
+	r.sc, r.parent, r.name, r.kind, r.start = s.sc, psc, name, trace.ValidateSpanKind(kind), start
+	r.setAttrs(sr.Attributes)
+	r.setAttrs(attrs)
+	s.rec = r
+	return s
 }
 
 // The span kinds as start options, made once (each trace.WithSpanKind
@@ -267,14 +390,17 @@ func (c canonicalCarrier) Set(k, v string) {
 func (c canonicalCarrier) Keys() []string { return propagation.HeaderCarrier(c).Keys() }
 
 // Start starts a child of the span in parent.
-func (t *Tracer) Start(parent context.Context, name string, kind trace.SpanKind, start time.Time, attrs ...attribute.KeyValue) trace.Span {
+func (t *Tracer) Start(parent context.Context, name string, kind trace.SpanKind, start time.Time, attrs ...attribute.KeyValue) *Span {
+	if t.queue != nil {
+		return t.newSpan(parent, name, kind, start, attrs)
+	}
 	var s trace.Span
 	if len(attrs) == 0 {
 		_, s = t.tr.Start(parent, name, kindOption(kind), trace.WithTimestamp(start))
-	} else {
-		_, s = t.tr.Start(parent, name, kindOption(kind), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	} else { // a copy for the SDK: attrs stays on the caller's stack
+		_, s = t.tr.Start(parent, name, kindOption(kind), trace.WithTimestamp(start), trace.WithAttributes(cloneAttrs(attrs)...))
 	}
-	return s
+	return &Span{sdk: s}
 }
 
 // StageSpans reports whether stages are child spans (else events).
@@ -305,6 +431,14 @@ func (t *Tracer) Stages(parent context.Context, marks []Mark) {
 	if !t.events || len(marks) == 0 {
 		return
 	}
+	if t.queue != nil {
+		if span, ok := trace.SpanFromContext(parent).(*Span); ok {
+			for _, m := range marks {
+				span.AddEventAt(m.Name, m.End, m.Attrs...)
+			}
+		}
+		return
+	}
 	// One slice of options for every event (AddEvent does not keep it):
 	// each variadic call would allocate its own.
 	span := trace.SpanFromContext(parent)
@@ -327,11 +461,15 @@ func (t *Tracer) Stage(parent context.Context, name string, start, end time.Time
 
 // Span records a finished child of the span in parent, from start to end.
 func (t *Tracer) Span(parent context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) {
+	if t.queue != nil {
+		t.newSpan(parent, name, trace.SpanKindInternal, start, attrs).EndAt(end)
+		return
+	}
 	var s trace.Span
 	if len(attrs) == 0 {
 		_, s = t.tr.Start(parent, name, optInternal, trace.WithTimestamp(start))
 	} else {
-		_, s = t.tr.Start(parent, name, optInternal, trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+		_, s = t.tr.Start(parent, name, optInternal, trace.WithTimestamp(start), trace.WithAttributes(cloneAttrs(attrs)...))
 	}
 	s.End(trace.WithTimestamp(end))
 }

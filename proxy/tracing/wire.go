@@ -420,7 +420,47 @@ func appendScope(b []byte, s instrumentation.Scope) []byte {
 	return closeAt(b, at)
 }
 
-func appendSpan(b []byte, s sdktrace.ReadOnlySpan) []byte {
+// spanData is what appendSpan reads of a span: the methods of
+// sdktrace.ReadOnlySpan that the SDK's transform reads, which the lean
+// recorder's records have too.
+type spanData interface {
+	SpanContext() trace.SpanContext
+	Parent() trace.SpanContext
+	Name() string
+	SpanKind() trace.SpanKind
+	StartTime() time.Time
+	EndTime() time.Time
+	Attributes() []attribute.KeyValue
+	DroppedAttributes() int
+	Events() []sdktrace.Event
+	DroppedEvents() int
+	Links() []sdktrace.Link
+	DroppedLinks() int
+	Status() sdktrace.Status
+}
+
+// exportEncoded posts spans, Span messages the lean recorder encoded (each
+// a ScopeSpans.spans field), all of the resource res and the scope scope.
+func (e *wireExporter) exportEncoded(ctx context.Context, spans []byte, res *resource.Resource, scope instrumentation.Scope) error {
+	if len(spans) == 0 {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	b, at := open(e.buf[:0], fReqResourceSpans)
+	b = e.appendResource(b, res)
+	var sat int
+	b, sat = open(b, fRSScopeSpans)
+	b = appendScope(b, scope)
+	b = append(b, spans...)
+	b = appendString(b, fSSSchemaURL, scope.SchemaURL)
+	b = closeAt(b, sat)
+	b = appendString(b, fRSSchemaURL, schemaURL(res))
+	e.buf = closeAt(b, at)
+	return e.post(ctx, e.buf)
+}
+
+func appendSpan(b []byte, s spanData) []byte {
 	sc := s.SpanContext()
 	tid, sid := sc.TraceID(), sc.SpanID()
 	b = appendBytes(b, fSpanTraceID, tid[:])

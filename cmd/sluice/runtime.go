@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// memLimitShare is the share of the container's memory limit that Sluice
+// gives the Go runtime as its soft memory limit when GOMEMLIMIT is not set:
+// the rest is for memory the runtime does not count (kernel socket
+// buffers, which are charged to the container, thread stacks outside Go,
+// fragmentation) and for a burst while the collector catches up.
+const memLimitShare = 0.9
+
+// applyRuntimeDefaults sets Go's soft memory limit from the container's
+// memory limit when the environment does not set GOMEMLIMIT, and logs the
+// runtime settings in force. Without a soft limit the heap grows to twice
+// the live heap (GOGC=100) before a collection, whatever the container's
+// limit: a node holding many streams can be killed for memory it would
+// have freed. With it, the collector runs harder only when the heap nears
+// the limit, so it costs nothing until memory is short, and GOGC can be
+// raised to cut CPU (docs/OPERATIONS.md, "Runtime settings"). GOMAXPROCS
+// needs nothing: since Go 1.25 the runtime reads the container's CPU limit
+// itself.
+func applyRuntimeDefaults(log *slog.Logger) {
+	source := "GOMEMLIMIT"
+	if os.Getenv("GOMEMLIMIT") == "" {
+		source = "none"
+		if limit, file := cgroupMemoryLimit("/"); limit > 0 {
+			debug.SetMemoryLimit(int64(float64(limit) * memLimitShare))
+			source = file
+		}
+	}
+	gogc := os.Getenv("GOGC")
+	if gogc == "" {
+		gogc = "100"
+	}
+	memLimit := debug.SetMemoryLimit(-1) // -1 reads the limit without changing it
+	attrs := []any{"gomaxprocs", runtime.GOMAXPROCS(0), "gogc", gogc, "memory_limit_source", source}
+	if memLimit < 1<<62 { // math.MaxInt64 means none
+		attrs = append(attrs, "memory_limit_bytes", memLimit)
+	}
+	log.Info("go runtime", attrs...)
+}
+
+// cgroupMemoryLimit returns the memory limit of the cgroup this process
+// runs in, in bytes, and the file it was read from, or 0 when there is
+// none. root is the file system root ("/"; a test directory in tests). It
+// reads cgroup v2's memory.max, else v1's memory.limit_in_bytes, first in
+// the process's own cgroup (as /proc/self/cgroup names it) and then at the
+// hierarchy's root, which is the container's own cgroup when the container
+// has a cgroup namespace.
+func cgroupMemoryLimit(root string) (int64, string) {
+	v2, v1 := selfCgroups(filepath.Join(root, "proc/self/cgroup"))
+	base := filepath.Join(root, "sys/fs/cgroup")
+	var files []string
+	if v2 != "" {
+		files = append(files, filepath.Join(base, v2, "memory.max"))
+	}
+	files = append(files, filepath.Join(base, "memory.max"))
+	if v1 != "" {
+		files = append(files, filepath.Join(base, "memory", v1, "memory.limit_in_bytes"))
+	}
+	files = append(files, filepath.Join(base, "memory", "memory.limit_in_bytes"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		s := strings.TrimSpace(string(b))
+		if s == "max" {
+			return 0, "" // v2: no limit
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 {
+			continue
+		}
+		if n >= 1<<60 { // v1 writes a huge page-rounded number for "no limit"
+			return 0, ""
+		}
+		return n, strings.TrimPrefix(f, filepath.Clean(root))
+	}
+	return 0, ""
+}
+
+// selfCgroups reads /proc/self/cgroup: the cgroup v2 path ("0::/path")
+// and the v1 memory controller's path ("N:memory:/path"), "" when absent.
+func selfCgroups(file string) (v2, v1mem string) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", ""
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		switch {
+		case parts[0] == "0" && parts[1] == "":
+			v2 = parts[2]
+		case slices.Contains(strings.Split(parts[1], ","), "memory"):
+			v1mem = parts[2]
+		}
+	}
+	return v2, v1mem
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// writeFiles creates files (path relative to root → content) under root.
+func writeFiles(t *testing.T, root string, files map[string]string) {
+	t.Helper()
+	for p, content := range files {
+		full := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestCgroupMemoryLimit reads the container's memory limit from cgroup v2
+// and v1 layouts as the kernel writes them, and finds none where the
+// kernel says "no limit".
+func TestCgroupMemoryLimit(t *testing.T) {
+	cases := []struct {
+		name  string
+		files map[string]string
+		want  int64
+		file  string
+	}{
+		{"v2 own cgroup", map[string]string{
+			"proc/self/cgroup":                          "0::/kubepods/pod1/c1\n",
+			"sys/fs/cgroup/kubepods/pod1/c1/memory.max": "536870912\n",
+			"sys/fs/cgroup/memory.max":                  "max\n",
+		}, 512 << 20, "/sys/fs/cgroup/kubepods/pod1/c1/memory.max"},
+		{"v2 namespaced root", map[string]string{
+			"proc/self/cgroup":         "0::/\n",
+			"sys/fs/cgroup/memory.max": "1073741824\n",
+		}, 1 << 30, "/sys/fs/cgroup/memory.max"},
+		{"v2 no limit", map[string]string{
+			"proc/self/cgroup":         "0::/\n",
+			"sys/fs/cgroup/memory.max": "max\n",
+		}, 0, ""},
+		{"v1 memory controller", map[string]string{
+			"proc/self/cgroup": "9:pids:/\n4:memory:/docker/abc\n0::/\n",
+			"sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes": "268435456\n",
+		}, 256 << 20, "/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes"},
+		{"v1 unlimited", map[string]string{
+			"proc/self/cgroup": "4:memory:/process_api/x\n0::/\n",
+			"sys/fs/cgroup/memory/process_api/x/memory.limit_in_bytes": "9223372036854771712\n",
+		}, 0, ""},
+		{"nothing mounted", map[string]string{"proc/self/cgroup": "0::/\n"}, 0, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			writeFiles(t, root, tc.files)
+			got, file := cgroupMemoryLimit(root)
+			if got != tc.want || file != tc.file {
+				t.Fatalf("cgroupMemoryLimit = %d, %q; want %d, %q", got, file, tc.want, tc.file)
+			}
+		})
+	}
+}

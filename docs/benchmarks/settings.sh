@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Sluice's process CPU per 1,000 tokens over h1 (cleartext), h2 (TLS) and
+# h3 under several Go runtime settings, in alternating rounds: the figures
+# of docs/OPERATIONS.md "Runtime settings" and docs/BENCHMARKS.md "h2/h3
+# per-token cost". Target 1's workload (64 streams of 200 tokens at 10 ms)
+# against one simulator; in each round every setting gets a fresh Sluice and
+# one `sluice bench` per protocol, so machine drift hits all settings alike.
+#
+#   bash docs/benchmarks/settings.sh [OUTDIR]
+#   SETTINGS="- GOMAXPROCS=1 GOGC=400" ROUNDS=10 DUR=6s PROTOS="h1 h2 h3" bash docs/benchmarks/settings.sh
+#
+# A setting is one word: environment variables joined by commas
+# (GOGC=off,GOMEMLIMIT=1GiB), "-" for none. It prints, per setting and
+# protocol, the median CPU per 1,000 tokens over the rounds, the range, and
+# the h2/h1 and h3/h1 ratios of the medians; OUTDIR/raw holds every
+# `sluice bench -json`. Loopback only; every process it starts is stopped
+# by its pid on exit.
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+OUT=${1:-${TMPDIR:-/tmp}/sluice-settings-$(date -u +%Y%m%dT%H%M%SZ)}
+SETTINGS=${SETTINGS:-- GOMAXPROCS=1 GOGC=400}
+ROUNDS=${ROUNDS:-5}
+DUR=${DUR:-6s}
+PROTOS=${PROTOS:-h1 h2 h3}
+mkdir -p "$OUT/raw" "$OUT/logs" "$OUT/bin"
+OUT=$(cd "$OUT" && pwd)
+
+log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+PIDS=()
+cleanup() {
+	local p
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+NEXT_PORT=$((20000 + RANDOM % 10000))
+free_port() { # free_port VAR: a loopback port free for TCP and UDP
+	while :; do
+		NEXT_PORT=$((NEXT_PORT + 1))
+		if [[ -z $(ss -Htuan "sport = :$NEXT_PORT" 2>/dev/null) ]]; then
+			printf -v "$1" '%s' "$NEXT_PORT"
+			return
+		fi
+	done
+}
+wait_port() {
+	local i
+	for i in $(seq 150); do
+		if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+		sleep 0.1
+	done
+	log "port $1 did not open"
+	return 1
+}
+
+log "building sluice into $OUT/bin"
+(cd "$ROOT" && go build -o "$OUT/bin/sluice" ./cmd/sluice) || exit 1
+SLUICE=$OUT/bin/sluice
+
+free_port SIM
+"$SLUICE" sim -addr "127.0.0.1:$SIM" -model sim-stream -pace 10ms -prefill-base -1ns -prefill-per-token -1ns \
+	-max-batch 100000 -kv-cache-tokens 1000000000 -stamp-tokens >"$OUT/logs/sim.log" 2>&1 &
+PIDS+=($!)
+wait_port "$SIM" || exit 1
+free_port HTTP
+free_port HTTPS
+free_port ADMIN
+sed -e "s/@HTTP@/$HTTP/g; s/@HTTPS@/$HTTPS/g; s/@ADMIN@/$ADMIN/g" \
+	-e "s/@SIM_STREAM@/$SIM/g; s/@SIM_SPARSE@/$SIM/g; s/@SIM_IDLE@/$SIM/g; s/@IDLE_H2C@/false/g" \
+	"$HERE/sluice.yaml" >"$OUT/sluice.yaml"
+
+# cpu JSON: Sluice's CPU per 1,000 tokens from one `sluice bench -json`.
+cpu() { grep -o '"ms_per_1k_tokens": *[0-9.]*' "$1" | head -1 | sed 's/.*: *//' | xargs -r printf '%.1f\n'; }
+
+for r in $(seq "$ROUNDS"); do
+	for s in $SETTINGS; do
+		envs=()
+		[[ $s != - ]] && IFS=, read -ra envs <<<"$s"
+		env "${envs[@]}" "$SLUICE" serve -c "$OUT/sluice.yaml" >"$OUT/logs/sluice-$r-$s.log" 2>&1 &
+		sp=$!
+		PIDS+=($sp)
+		wait_port "$HTTP" || exit 1
+		sleep 1
+		for p in $PROTOS; do
+			if [[ $p == h1 ]]; then
+				target=(-target "http://127.0.0.1:$HTTP")
+			else
+				target=(-target "https://127.0.0.1:$HTTPS" -protocol "$p" -insecure)
+			fi
+			"$SLUICE" bench "${target[@]}" -pid "$sp" -model sim-stream -concurrency 64 -prompt-tokens 16 \
+				-output-tokens 200 -duration "$DUR" -ramp 1s -api-key sk-bench-suite -progress never \
+				-json "$OUT/raw/$r-$s-$p.json" >"$OUT/logs/bench-$r-$s-$p.log" 2>&1
+			log "round $r, $s, $p: $(cpu "$OUT/raw/$r-$s-$p.json") ms per 1,000 tokens"
+		done
+		kill "$sp"
+		wait "$sp" 2>/dev/null
+	done
+done
+
+median() { sort -n | awk '{v[NR]=$1} END {if (NR==0) print "-"; else if (NR%2) printf "%.1f\n", v[(NR+1)/2]; else printf "%.1f\n", (v[NR/2]+v[NR/2+1])/2}'; }
+echo "setting | protocol | median ms per 1,000 tokens | min-max | rounds | ratio to h1"
+for s in $SETTINGS; do
+	h1=""
+	for p in $PROTOS; do
+		vals=$(for f in "$OUT"/raw/*-"$s"-"$p".json; do cpu "$f"; done)
+		m=$(median <<<"$vals")
+		[[ $p == h1 ]] && h1=$m
+		range=$(sort -n <<<"$vals" | sed -n '1p;$p' | paste -sd-)
+		ratio=-
+		[[ -n $h1 && $h1 != - && $m != - ]] && ratio=$(awk -v a="$m" -v b="$h1" 'BEGIN {printf "%.2f", a/b}')
+		echo "$s | $p | $m | $range | $(wc -l <<<"$vals") | $ratio"
+	done
+done | tee "$OUT/summary.txt"

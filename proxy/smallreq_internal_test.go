@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/sluice-proxy/sluice/routing"
+)
+
+// upstreamExchange is an exchange ready to build a backend request: a
+// client request with the headers an OpenAI SDK sends, on a route whose
+// pool has one backend under a base path.
+func upstreamExchange(tb testing.TB) (*exchange, *routing.Backend) {
+	tb.Helper()
+	p, err := routing.NewPool(routing.PoolConfig{Name: "p", Backends: []routing.BackendConfig{{URL: "http://127.0.0.1:9/base/"}}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { p.Close() })
+	route := &routing.Route{RouteConfig: routing.RouteConfig{Name: "r", Pool: "p"}.WithDefaults(), Pool: p}
+	r := httptest.NewRequest("POST", "http://edge.example/v1/chat/completions?stream=false", nil)
+	r.RemoteAddr = "192.0.2.7:40000"
+	for k, v := range map[string]string{
+		"Authorization": "Bearer sk-client", "Content-Type": "application/json", "Accept": "application/json",
+		"User-Agent": "OpenAI/Python 1.54.0", "X-Stainless-Lang": "python", "X-Stainless-Package-Version": "1.54.0",
+		"X-Stainless-Os": "Linux", "X-Stainless-Arch": "x64", "X-Stainless-Runtime": "CPython",
+		"X-Stainless-Runtime-Version": "3.12.3", "X-Stainless-Retry-Count": "0", "Accept-Encoding": "gzip, deflate",
+		"Connection": "keep-alive, X-Hop", "X-Hop": "1", "X-Forwarded-For": "203.0.113.9", "X-Sluice-Tenant": "forged",
+	} {
+		r.Header.Set(k, v)
+	}
+	x := &exchange{r: r, id: "client-id", ownID: "own-id", route: route, policy: &RoutePolicy{},
+		body: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)}
+	return x, p.Backends()[0]
+}
+
+// The backend request carries the backend's base URL plus the client's
+// path and query, the backend's host, the client's end-to-end fields and
+// Sluice's forwarding fields, without credentials, hop-by-hop fields,
+// fields the client's Connection names, or X-Sluice-* fields; and it is
+// built in a bounded number of allocations (the header map is sized once,
+// Sluice's values share one array).
+func TestUpstreamRequestShape(t *testing.T) {
+	x, b := upstreamExchange(t)
+	req, err := x.upstreamRequest(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := req.URL.String(), "http://127.0.0.1:9/base/v1/chat/completions?stream=false"; got != want {
+		t.Errorf("URL %q, want %q", got, want)
+	}
+	if got := req.URL.RequestURI(); got != "/base/v1/chat/completions?stream=false" {
+		t.Errorf("request URI %q", got)
+	}
+	if req.Host != "127.0.0.1:9" || req.Method != "POST" {
+		t.Errorf("host %q method %q", req.Host, req.Method)
+	}
+	want := map[string]string{
+		"X-Forwarded-For": "192.0.2.7", "X-Forwarded-Proto": "http", "X-Forwarded-Host": "edge.example",
+		"X-Request-Id": "client-id", "X-Sluice-Request-Id": "own-id", "User-Agent": "OpenAI/Python 1.54.0",
+		"X-Stainless-Retry-Count": "0", "Content-Type": "application/json",
+		"Authorization": "", "Accept-Encoding": "", "Connection": "", "X-Hop": "", "X-Sluice-Tenant": "",
+	}
+	for k, v := range want {
+		if got := req.Header.Get(k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	if got := req.Header["X-Forwarded-For"]; len(got) != 1 {
+		t.Errorf("X-Forwarded-For %q: the client's value must be replaced, not kept", got)
+	}
+	// Changing one of Sluice's fields leaves the others alone (they
+	// share an array).
+	req.Header.Add("X-Forwarded-Proto", "extra")
+	req.Header.Set("X-Forwarded-For", "changed")
+	if req.Header.Get("X-Forwarded-Host") != "edge.example" || req.Header.Get("X-Request-Id") != "client-id" {
+		t.Errorf("fields changed together: %v", req.Header)
+	}
+	if n := testing.AllocsPerRun(100, func() { x.upstreamRequest(context.Background(), b) }); n > 13 {
+		t.Errorf("upstreamRequest: %v allocations, want at most 13", n)
+	}
+}
+
+// BenchmarkUpstreamRequest builds the backend request of a chat request
+// carrying an OpenAI SDK's headers.
+//
+//	go test -run '^$' -bench BenchmarkUpstreamRequest -benchmem ./proxy/
+func BenchmarkUpstreamRequest(b *testing.B) {
+	x, be := upstreamExchange(b)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := x.upstreamRequest(ctx, be); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
