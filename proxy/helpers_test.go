@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -162,9 +161,6 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	}
 	if o.errLog == nil {
 		o.errLog = io.Discard
-		if os.Getenv("EDGE_LOG") != "" {
-			o.errLog = os.Stderr
-		}
 	}
 	log := slog.New(slog.NewTextHandler(o.errLog, nil))
 	logs := &logBuffer{}
