@@ -525,3 +525,26 @@ func TestHoldAndFinish(t *testing.T) {
 	}
 	_ = up
 }
+
+// TestDataAndEOFTogether: a backend that writes its last bytes and closes
+// at once (data and FIN in one edge) ends the stream at once, not at the
+// idle timeout.
+func TestDataAndEOFTogether(t *testing.T) {
+	g := newGroup(t, Options{Loops: 1})
+	for i := range 20 {
+		up, cl, r := streamOn(t, g, Stream{Idle: time.Minute})
+		up.Write(chunked.AppendChunk(nil, []byte(ev(i))))
+		up.Close()
+		start := time.Now()
+		got, err := readEvents(cl)
+		if err != nil || len(got) != 2 || got[0] != ev(i) {
+			t.Fatalf("round %d: %q %v", i, got, err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("round %d: ended after %v", i, d)
+		}
+		if res := r.wait(t); !errors.Is(res.err, ErrUpstreamCut) {
+			t.Fatalf("round %d: closed with %v", i, res.err)
+		}
+	}
+}

@@ -162,6 +162,9 @@ func (l *loop) run() {
 			if fd == s.cfd {
 				l.clientReady(s, ev.Events, now)
 			} else {
+				if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+					s.upHup = true // read to EOF: no edge will come for it
+				}
 				l.upstreamReady(s, now)
 			}
 		}
@@ -343,7 +346,10 @@ func (l *loop) upstreamReady(s *stream, now time.Time) {
 		}
 		s.last = now
 		out, done, ferr := l.feed(s, l.out[:0], l.rbuf[:n], now)
-		if l.settle(s, out, done, ferr) || n < len(l.rbuf) {
+		// A short read took all that was there, and more data brings a new
+		// edge; but an EOF that came with the data brings none: after
+		// EPOLLRDHUP read on until it.
+		if l.settle(s, out, done, ferr) || n < len(l.rbuf) && !s.upHup {
 			return
 		}
 	}
@@ -633,6 +639,7 @@ type stream struct {
 	sent      int64
 	ending    bool  // the backend is closed; the last bytes may be pending
 	held      bool  // ended, waiting for its Handle's Finish
+	upHup     bool  // the backend's side reported EPOLLRDHUP/HUP/ERR
 	gone      bool  // the client left (or was cut) while held
 	closed    bool  // finished
 	why       error // the end's cause; nil for a completed stream
