@@ -69,6 +69,10 @@ type Options struct {
 	// Tracer makes each request's spans (see trace.go). Nil means
 	// tracing is off.
 	Tracer *tracing.Tracer
+	// NoEventLoop keeps committed HTTP/1.1 streams on their goroutines
+	// instead of handing them to the event loops (handoff.go); for
+	// comparisons.
+	NoEventLoop bool
 }
 
 // Handler is the request pipeline: intake, auth, route, admission, pick,
@@ -93,13 +97,15 @@ type Handler struct {
 	sending   tenantBodies
 	responses bodyBudget // windows of non-streamed responses being read (response_memory_bytes)
 	sockets   wsSockets  // open WebSocket sockets by address and tenant (ws.go)
+	loops     loops      // the event loops of committed h1 streams (handoff.go)
+	noLoop    bool
 }
 
 // NewHandler builds a handler serving st.
 func NewHandler(st *State, opts Options) *Handler {
 	h := &Handler{node: opts.Node, region: opts.Region, log: opts.Log, access: opts.AccessLog,
 		metrics: opts.Metrics, stats: opts.Stats, transport: opts.Transport, started: time.Now(),
-		settles: limiter.NewSettleQueue(0, 0, time.Second)}
+		settles: limiter.NewSettleQueue(0, 0, time.Second), noLoop: opts.NoEventLoop}
 	h.tracer = opts.Tracer
 	if h.log == nil {
 		h.log = slog.Default()
@@ -150,9 +156,10 @@ func (h *Handler) Serve(r *http.Request, sink Sink, conn listen.ConnInfo) Outcom
 }
 
 // serve runs the exchange on l's state and releases it; timing says
-// whether the outcome carries the timing object.
+// whether the outcome carries the timing object. An exchange whose stream
+// went to an event loop is completed by the loop (handoff.go): serve then
+// returns at once, with a zero Outcome.
 func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.ConnInfo, timing bool) (o Outcome) {
-	defer l.release()
 	x := &exchange{h: h, st: l.st, live: l, sink: sink, r: r, conn: conn, start: time.Now()}
 	x.id = RequestID(r.Header.Get("X-Request-Id"))
 	x.startTrace()
@@ -167,21 +174,37 @@ func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.Co
 		hdr.Set("X-Sluice-Region", h.region)
 	}
 	h.inflight.Add(1)
-	defer h.inflight.Add(-1)
 	h.metrics.Inflight(1)
-	defer h.metrics.Inflight(-1)
 	served := false
 	defer func() {
-		o = x.finish(timing) // also if serve panics
-		if served {
-			sink.End(x.trailer) // last: the held last event and the trailer leave together
+		if x.loop == nil {
+			o = x.complete(timing, served) // also if serve panics
 		}
 	}()
-	defer func() { h.bodies.release(x.bodyMem) }()
-	if err := x.serve(); err != nil {
+	if err := x.serve(); err != nil && x.loop == nil {
 		x.fail(err)
 	}
 	served = true
+	return
+}
+
+// complete ends an exchange: its request body's memory, the settle, the
+// access log and the outcome, then the sink's End (the stream's held last
+// event and trailer) and the counts, and last the state it used. It runs
+// when serve returns, or, for a stream on an event loop, when the loop
+// ended it.
+func (x *exchange) complete(timing, served bool) (o Outcome) {
+	h := x.h
+	defer x.live.release()
+	defer h.inflight.Add(-1)
+	defer h.metrics.Inflight(-1)
+	defer func() {
+		o = x.finish(timing)
+		if served {
+			x.sink.End(x.trailer) // last: the held last event and the trailer leave together
+		}
+	}()
+	h.bodies.release(x.bodyMem)
 	return
 }
 
@@ -232,6 +255,8 @@ type exchange struct {
 	hedged  bool  // a hedge was sent
 
 	trace *reqTrace // the request's spans; nil when tracing is off (trace.go)
+
+	loop *loopStream // set when an event loop relays the stream (handoff.go)
 
 	status      int   // sent to the client; 0 until headers are written
 	tokens      int64 // chunks carrying generated text

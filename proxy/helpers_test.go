@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/bridge"
+	"github.com/sluice-proxy/sluice/proxy/h1up"
 	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/proxy/observe"
 	"github.com/sluice-proxy/sluice/proxy/tracing"
@@ -93,6 +94,11 @@ type edgeOpts struct {
 	tracer *tracing.Tracer
 	// server adjusts the listeners before they bind (nil: as is).
 	server func(*listen.Server)
+	// h1up reaches the backends with Sluice's own HTTP/1.1 client, whose
+	// streams the event loops relay (else net/http's Transport).
+	h1up bool
+	// noLoop keeps streams on their goroutines (Options.NoEventLoop).
+	noLoop bool
 }
 
 // startEdge serves a handler for one pool of backends with the given routes
@@ -121,6 +127,11 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		}
 		t.Cleanup(tr.CloseIdleConnections)
 		transports[pc.Name] = tr
+		if (o.h1up || *allH1up) && plainHTTP1(pc) {
+			ht := h1up.New(h1up.Options{})
+			t.Cleanup(ht.CloseIdleConnections)
+			transports[pc.Name] = ht // committed h1 streams go to the event loops
+		}
 	}
 	if len(o.routes) == 0 {
 		o.routes = []testRoute{{RouteConfig: routing.RouteConfig{Pool: o.pool.Name}}}
@@ -164,7 +175,8 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 		o.metrics = observe.NewMetrics(reg, 0)
 	}
 	h := proxy.NewHandler(st, proxy.Options{Region: "test-region", Log: log, AccessLog: observe.NewAccessLog(o.log, "json"),
-		Metrics: o.metrics, Stats: observe.NewStats(), Tracer: o.tracer})
+		Metrics: o.metrics, Stats: observe.NewStats(), Tracer: o.tracer, NoEventLoop: o.noLoop || *allNoLoop})
+	t.Cleanup(h.Close)
 	br := bridge.New(h, bridge.Options{Log: log, Metrics: o.metrics})
 	if o.tls == nil {
 		o.tls = testTLSConfig(t)

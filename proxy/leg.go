@@ -189,7 +189,11 @@ func (l *leg) close() {
 // relay commits the winning leg to the client, relays the rest and closes
 // the leg.
 func (x *exchange) relay(l *leg) error {
-	defer l.close()
+	defer func() {
+		if x.loop == nil { // else the loop's completion closes it (handoff.go)
+			l.close()
+		}
+	}()
 	x.backend, x.upstreamHeaders = l.b, l.headers
 	l.winner = true // judged accepted at close: the transport may mark the body sent after the answer's head
 	switch l.mode {

@@ -46,6 +46,9 @@ func putEvent(bufp *[]byte) {
 // chunk and removes it when the client did not ask for it.
 func (x *exchange) relayOpenAI(l *leg) error {
 	idle := x.st.Config.StreamIdleTimeout
+	if ok, err := x.handOff(l); ok {
+		return err // the event loop relays the stream (handoff.go)
+	}
 	x.firstToken = l.first // before commit: the Server-Timing header reports it
 	x.announceTrailer(x.sink.Header())
 	x.commit(l.resp.Header, true)
@@ -97,7 +100,9 @@ func (x *exchange) relayEvent(l *leg, ev []byte, now time.Time) (done bool, err 
 			return true, context.Canceled
 		}
 		x.setTrailer()
-		x.drainAfterDone(l.br, l.wd)
+		if l.br != nil { // (nil on the event loop: the backend's socket is closed)
+			x.drainAfterDone(l.br, l.wd)
+		}
 		if x.lastToken.IsZero() {
 			x.lastToken = now
 		}
@@ -169,6 +174,13 @@ func (x *exchange) streamFailed(l *leg, err error) error {
 // commit sends the response headers. For streams it drops Content-Length
 // (the stream is edited) and marks the response as unbuffered.
 func (x *exchange) commit(upstream http.Header, stream bool) {
+	x.commitHeader(upstream, stream)
+	x.sink.Start(http.StatusOK, stream)
+}
+
+// commitHeader sets the response header of commit (the event loop's hand
+// off writes the head itself).
+func (x *exchange) commitHeader(upstream http.Header, stream bool) {
 	h := x.sink.Header()
 	copyResponseHeader(h, upstream)
 	h.Set("Server-Timing", x.serverTiming())
@@ -177,7 +189,6 @@ func (x *exchange) commit(upstream http.Header, stream bool) {
 		h.Set("X-Accel-Buffering", "no")
 	}
 	x.status = http.StatusOK
-	x.sink.Start(http.StatusOK, stream)
 }
 
 // relayRaw relays a generic event stream byte for byte: headers at once (an

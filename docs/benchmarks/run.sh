@@ -6,6 +6,7 @@
 #   ONLY=1,3 bash docs/benchmarks/run.sh     # some targets (1 2 3 4 5 5b 6)
 #   REFS=0 ...                               # no nginx/Caddy references
 #   SLUICE_ENV="GOMAXPROCS=1 GOGC=400" ...   # environment for the Sluice processes only
+#   H1CLIENT=net_http ...                    # Sluice's pools on net/http: streams on goroutines, not the event loops
 #
 # Every figure is measured against a direct connection to the simulator in
 # the same run (`sluice bench -compare`, interleaved rounds). Raw JSON, CSV
@@ -206,6 +207,7 @@ start_sluice() { # start_sluice NAME TEMPLATE [EXTRA-YAML-FILE]: sets SL_HTTP SL
 	sed -e "s/@HTTP@/$SL_HTTP/g; s/@HTTPS@/$SL_HTTPS/g; s/@ADMIN@/$SL_ADMIN/g" \
 		-e "s/@SIM_STREAM@/$SIM_STREAM/g; s/@SIM_SPARSE@/$SIM_SPARSE/g; s/@SIM_IDLE@/$SIM_IDLE/g" \
 		-e "s/@SIM_A@/${SIM_A:-0}/g; s/@SIM_B@/${SIM_B:-0}/g; s/@IDLE_H2C@/$IDLE_H2C/g" \
+		-e "s/@H1CLIENT@/${H1CLIENT:-own}/g" \
 		-e "/@QUEUE@/{r ${QUEUE_FILE:-/dev/null}" -e 'd}' \
 		"$tmpl" >"$OUT/conf/$name.yaml"
 	[[ -n $extra ]] && cat "$extra" >>"$OUT/conf/$name.yaml"

@@ -307,6 +307,7 @@ func (n *Node) Shutdown() error {
 // what outlives the listeners: in-flight settles during the drain still had
 // the limiter. Call it after Shutdown.
 func (n *Node) Close() {
+	n.handler.Close()       // the event loops: their streams ended in Shutdown (listen.Hold)
 	n.handler.WaitSettles() // settles outliving their responses need the limiter
 	n.stopBg()
 	<-n.bgDone

@@ -117,6 +117,7 @@ func (s *Server) Listen() error {
 	s.drainCh = make(chan struct{})
 	s.idle = make(chan struct{}, 1)
 	base := context.WithValue(context.Background(), drainKey{}, (<-chan struct{})(s.drainCh))
+	base = context.WithValue(base, serverKey{}, s) // for Hold (hold.go)
 	s.base, s.stopBase = context.WithCancelCause(base)
 	err := s.listen()
 	if err != nil {

@@ -1,0 +1,269 @@
+// Package evloop relays committed HTTP/1.1 event streams without a
+// goroutine per stream: a few loops (one per core), each one goroutine
+// blocked in epoll_wait, own the client's and the backend's sockets once
+// the response head and the first event have been sent. Per wake-up and
+// stream a loop reads what the backend sent into a buffer shared by the
+// loop, decodes the chunked coding in place, splits the payload into SSE
+// events, hands each to the stream's Relay (which appends what the client
+// gets to the loop's out buffer) and writes all of it to the client in one
+// write(2). An idle stream holds no buffer: only a partial event (rare) or
+// bytes the client has not taken yet are kept per stream, in pooled
+// buffers.
+//
+// The sockets are taken out of Go's netpoller (dup, then the net.Conn is
+// closed) and registered edge-triggered with EPOLLIN|EPOLLOUT|EPOLLRDHUP,
+// once: no epoll_ctl per event. EPOLLOUT only fires after a write was cut
+// short (EAGAIN), when the client's socket drains again.
+package evloop
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-proxy/sluice/internal/chunked"
+)
+
+// Why a stream ended, as passed to Relay.End and Relay.Closed.
+var (
+	// ErrClientGone: the client closed or reset its connection, or
+	// half-closed it (net/http cancels a request on that too).
+	ErrClientGone = errors.New("evloop: client went away")
+	// ErrUpstreamCut: the backend's body ended (EOF, or its framing's end)
+	// before the Relay said the stream was done.
+	ErrUpstreamCut = errors.New("evloop: upstream stream ended early")
+	// ErrIdle: the backend sent nothing for the stream's idle timeout.
+	ErrIdle = errors.New("evloop: upstream stream idle")
+	// ErrSlowClient: the client left more than MaxPending bytes unread,
+	// or took none of them for the idle timeout.
+	ErrSlowClient = errors.New("evloop: client too slow")
+	// ErrEventTooLarge: one event grew past MaxEventBytes.
+	ErrEventTooLarge = errors.New("evloop: event too large")
+	// ErrClosed: the loop was closed under the stream.
+	ErrClosed = errors.New("evloop: loop closed")
+)
+
+// Relay is a stream's per-event work. The loop calls it from its own
+// goroutine only, one call at a time; none of its methods may block.
+type Relay interface {
+	// Event handles one complete SSE event (its lines through the blank
+	// line that ends it) and appends what the client gets to out, in the
+	// client's framing (chunked). done ends the stream: the loop stops
+	// reading the backend and calls End(out, nil). ev and out belong to
+	// the loop and are valid only during the call.
+	Event(out, ev []byte, now time.Time) (_ []byte, done bool)
+	// End appends the stream's last bytes to out (the timing comment, the
+	// error event, the last chunk and trailer). err is nil when Event said
+	// done, else why the stream ended (one of this package's errors, a
+	// read or decode error, or the cause given to EndAll or Handle.End).
+	// For ErrClientGone and ErrSlowClient the bytes are not written. The
+	// backend's socket is closed before End. hold keeps the client's
+	// socket open after out is written, until Handle.Finish gives the
+	// stream's tail (work that may wait, such as a settle, comes between).
+	End(out []byte, err error) (_ []byte, hold bool)
+	// Closed reports that both sockets are closed and the stream left the
+	// loop; sent is the bytes written to the client. It runs on the loop:
+	// anything that may wait (settle, logs) goes to another goroutine. A
+	// held stream is closed after its Finish, or when the loop stops.
+	Closed(err error, sent int64)
+}
+
+// Stream is what Add hands to a loop.
+type Stream struct {
+	// Client and Upstream are the connections; each must be a
+	// syscall.Conn (a *net.TCPConn). Add takes them over: it closes both.
+	Client, Upstream net.Conn
+	// Out is written to the client first (the response head and the
+	// first event, say), without blocking: what the socket does not take
+	// waits as any other pending bytes. Add takes a copy.
+	Out []byte
+	// Pending is payload already decoded from Upstream but not yet split
+	// into events (it comes before Raw).
+	Pending []byte
+	// Raw is bytes already read from Upstream, not yet decoded.
+	Raw []byte
+	// Decoder is the chunked state of the body; nil when it is not
+	// chunked: then Remaining is the Content-Length bytes left, or -1
+	// when the body ends at EOF.
+	Decoder   *chunked.Decoder
+	Remaining int64
+	// Idle ends the stream (ErrIdle) when the backend sends nothing for
+	// that long; 0 means never. It also bounds how long a client may
+	// leave bytes unread (ErrSlowClient).
+	Idle  time.Duration
+	Relay Relay
+}
+
+// Options configures a Group.
+type Options struct {
+	// Loops is the number of loops (goroutines); 0 means GOMAXPROCS.
+	Loops int
+	// MaxPending bounds the bytes a stream may hold for a client that
+	// reads slowly; past it the stream is cut (ErrSlowClient). 0 means
+	// 1 MiB.
+	MaxPending int
+	// Sweep is how often idle deadlines are checked; 0 means 250ms.
+	// An idle stream is ended between Idle and Idle+Sweep after its last
+	// byte.
+	Sweep time.Duration
+	// ReadBuffer is the size of each loop's read buffer; 0 means 64 KiB.
+	ReadBuffer int
+	// Blocking makes each loop block in epoll_wait on its own thread
+	// instead of waiting in Go's netpoller (see loop.run).
+	Blocking bool
+}
+
+// MaxEventBytes bounds one event (as proxy.MaxEventBytes does).
+const MaxEventBytes = 1 << 20
+
+// Group is a set of loops; streams are assigned round robin.
+type Group struct {
+	loops []*loop
+	next  atomic.Uint32
+	wg    sync.WaitGroup
+	live  atomic.Int64
+	once  sync.Once
+}
+
+// New starts a group of loops.
+func New(opts Options) (*Group, error) {
+	if opts.Loops <= 0 {
+		opts.Loops = runtimeProcs()
+	}
+	if opts.MaxPending <= 0 {
+		opts.MaxPending = 1 << 20
+	}
+	if opts.Sweep <= 0 {
+		opts.Sweep = 250 * time.Millisecond
+	}
+	if opts.ReadBuffer <= 0 {
+		opts.ReadBuffer = 64 << 10
+	}
+	g := &Group{}
+	for range opts.Loops {
+		l, err := newLoop(g, opts)
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		g.loops = append(g.loops, l)
+	}
+	for _, l := range g.loops {
+		g.wg.Add(1)
+		go l.run()
+	}
+	return g, nil
+}
+
+// Streams is the number of streams the loops hold now.
+func (g *Group) Streams() int64 { return g.live.Load() }
+
+// Handle is a stream in its loop, for other goroutines.
+type Handle struct {
+	l *loop
+	s *stream
+}
+
+// End ends the stream with err, as if its backend had failed with it (no
+// effect when it is ending already). It does not wait.
+func (h *Handle) End(err error) {
+	h.l.command(func() {
+		if !h.s.closed && !h.s.ending {
+			h.l.end(h.s, err)
+		}
+	})
+}
+
+// Finish ends a stream held by its Relay's End: tail is written, then the
+// client's socket closes. It does not wait; tail must not change after.
+func (h *Handle) Finish(tail []byte) {
+	h.l.command(func() { h.l.release(h.s, tail) })
+}
+
+// Add hands s to a loop. It takes the sockets out of Go's netpoller and
+// closes s.Client and s.Upstream whatever happens; on error the stream was
+// not taken (Relay is not called) and both connections are closed.
+func (g *Group) Add(s *Stream) (*Handle, error) {
+	cfd, err := detach(s.Client)
+	if err != nil {
+		s.Upstream.Close()
+		return nil, err
+	}
+	ufd, err := detach(s.Upstream)
+	if err != nil {
+		unix.Close(cfd)
+		return nil, err
+	}
+	st := &stream{cfd: cfd, ufd: ufd, relay: s.Relay, dec: s.Decoder, remaining: s.Remaining,
+		idle: s.Idle, init: s.Pending, raw: s.Raw}
+	if len(s.Out) > 0 {
+		st.pendp = getBuf()
+		st.first = append(*st.pendp, s.Out...)
+	}
+	if st.dec != nil {
+		st.remaining = 0
+	}
+	l := g.loops[int(g.next.Add(1))%len(g.loops)]
+	g.live.Add(1)
+	if !l.submit(st) {
+		g.live.Add(-1)
+		unix.Close(cfd)
+		unix.Close(ufd)
+		return nil, ErrClosed
+	}
+	return &Handle{l: l, s: st}, nil
+}
+
+// EndAll ends every stream running now with err (for example the drain's
+// cause), as Handle.End does. The loops keep running.
+func (g *Group) EndAll(err error) {
+	for _, l := range g.loops {
+		l.command(func() { l.endAll(err, false) })
+	}
+}
+
+// Close ends every stream with ErrClosed and stops the loops; it returns
+// once they have exited.
+func (g *Group) Close() {
+	g.once.Do(func() {
+		for _, l := range g.loops {
+			l.stop()
+		}
+		g.wg.Wait()
+	})
+}
+
+// detach returns a non-blocking duplicate of c's socket and closes c (Go's
+// poller lets go of its own descriptor; the socket lives on in the copy).
+func detach(c net.Conn) (int, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		c.Close()
+		return -1, errors.New("evloop: connection has no file descriptor")
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		c.Close()
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		c.Close()
+		return -1, err
+	}
+	c.Close()
+	if derr != nil {
+		return -1, derr
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}

@@ -1,0 +1,662 @@
+package evloop
+
+import (
+	"bytes"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-proxy/sluice/internal/chunked"
+)
+
+func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
+
+// events is how many ready descriptors one epoll_wait returns at most.
+const events = 256
+
+// loop is one event loop: a goroutine blocked in epoll_wait and the
+// streams it owns. Everything but mu's fields is touched by the loop's
+// goroutine only.
+type loop struct {
+	g     *Group
+	opts  Options
+	epfd  int
+	efd   int // eventfd: wakes the loop for commands
+	byFD  []*stream
+	all   []*stream // for the idle sweep; stream.idx is its place
+	rbuf  []byte    // shared read buffer
+	out   []byte    // shared out buffer
+	sink  [512]byte // client input is read here and dropped
+	ready []unix.EpollEvent
+
+	mu       sync.Mutex
+	cmds     []func()
+	adds     []*stream
+	stopping bool
+	closed   bool // no more submits
+}
+
+func newLoop(g *Group, opts Options) (*loop, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	if !opts.Blocking {
+		unix.SetNonblock(epfd, true) // os.NewFile then puts it in the netpoller
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(epfd)
+		return nil, err
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(efd)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, efd, &ev); err != nil {
+		unix.Close(epfd)
+		unix.Close(efd)
+		return nil, err
+	}
+	return &loop{g: g, opts: opts, epfd: epfd, efd: efd, rbuf: make([]byte, opts.ReadBuffer),
+		out: make([]byte, 0, opts.ReadBuffer+opts.ReadBuffer/4), ready: make([]unix.EpollEvent, events)}, nil
+}
+
+var one = []byte{1, 0, 0, 0, 0, 0, 0, 0}
+
+// wake makes epoll_wait return.
+func (l *loop) wake() { unix.Write(l.efd, one) }
+
+// submit queues a new stream for the loop; false when the loop is closed.
+func (l *loop) submit(s *stream) bool {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return false
+	}
+	l.adds = append(l.adds, s)
+	l.mu.Unlock()
+	l.wake()
+	return true
+}
+
+// command runs f on the loop's goroutine.
+func (l *loop) command(f func()) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.cmds = append(l.cmds, f)
+	l.mu.Unlock()
+	l.wake()
+}
+
+func (l *loop) stop() {
+	l.mu.Lock()
+	l.stopping, l.closed = true, true
+	l.mu.Unlock()
+	l.wake()
+}
+
+// run is the loop's goroutine. It waits for its epoll descriptor in Go's
+// own netpoller (the descriptor is readable when streams are ready) and
+// collects the ready streams with a non-blocking epoll_wait: no thread
+// stays blocked in a system call, so the runtime never has to hand the
+// loop's P to another thread (as it must for a goroutine blocked in
+// epoll_wait past sysmon's 20 µs), and a wake-up costs what any
+// goroutine's does. With Options.Blocking it blocks in epoll_wait instead
+// (measured in BenchmarkRelay).
+func (l *loop) run() {
+	defer l.g.wg.Done()
+	defer unix.Close(l.efd)
+	var wait func(timeout time.Duration) int
+	if l.opts.Blocking {
+		defer unix.Close(l.epfd)
+		wait = l.waitBlocking
+	} else {
+		f := os.NewFile(uintptr(l.epfd), "evloop") // non-blocking: in the netpoller
+		defer f.Close()
+		rc, err := f.SyscallConn()
+		if err != nil {
+			panic("evloop: " + err.Error())
+		}
+		var deadline time.Time
+		wait = func(timeout time.Duration) int {
+			switch {
+			case timeout < 0 && !deadline.IsZero():
+				deadline = time.Time{}
+				f.SetReadDeadline(deadline)
+			case timeout >= 0 && (deadline.IsZero() || !time.Now().Before(deadline)):
+				deadline = time.Now().Add(timeout)
+				f.SetReadDeadline(deadline)
+			}
+			n := 0
+			rc.Read(func(fd uintptr) bool {
+				n, _ = unix.EpollWait(int(fd), l.ready, 0)
+				return n > 0
+			})
+			return n
+		}
+	}
+	sweep := l.opts.Sweep
+	lastSweep := time.Now()
+	for {
+		timeout := time.Duration(-1)
+		if len(l.all) > 0 {
+			timeout = sweep
+		}
+		n := wait(timeout)
+		now := time.Now()
+		woken := false
+		for _, ev := range l.ready[:max(n, 0)] {
+			fd := int(ev.Fd)
+			if fd == l.efd {
+				woken = true
+				continue
+			}
+			if fd >= len(l.byFD) || l.byFD[fd] == nil {
+				continue
+			}
+			s := l.byFD[fd]
+			if fd == s.cfd {
+				l.clientReady(s, ev.Events, now)
+			} else {
+				if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+					s.upHup = true // read to EOF: no edge will come for it
+				}
+				l.upstreamReady(s, now)
+			}
+		}
+		// Commands after the batch: a descriptor a stream closed above may
+		// be reused by a stream added here, and a stale event must not
+		// reach it.
+		if woken {
+			var buf [8]byte
+			unix.Read(l.efd, buf[:])
+			if l.commands(now) {
+				return
+			}
+		}
+		if now.Sub(lastSweep) >= sweep {
+			lastSweep = now
+			l.sweep(now)
+		}
+	}
+}
+
+// waitBlocking waits in epoll_wait (timeout < 0: without a bound).
+func (l *loop) waitBlocking(timeout time.Duration) int {
+	ms := -1
+	if timeout >= 0 {
+		ms = int(timeout / time.Millisecond)
+	}
+	n, err := unix.EpollWait(l.epfd, l.ready, ms)
+	if err != nil && err != unix.EINTR {
+		panic("evloop: epoll_wait: " + err.Error())
+	}
+	return max(n, 0)
+}
+
+// commands takes the queued streams and commands; true when the loop
+// stops (after ending its streams).
+func (l *loop) commands(now time.Time) bool {
+	l.mu.Lock()
+	adds, cmds, stopping := l.adds, l.cmds, l.stopping
+	l.adds, l.cmds = nil, nil
+	l.mu.Unlock()
+	for _, s := range adds {
+		l.start(s, now)
+	}
+	for _, f := range cmds {
+		f()
+	}
+	if stopping {
+		l.endAll(ErrClosed, true)
+		return true
+	}
+	return false
+}
+
+// endAll ends every stream with err. With force (the loop stops) each is
+// closed at once: its last bytes are written best effort, a held one is
+// not waited for.
+func (l *loop) endAll(err error, force bool) {
+	all := append([]*stream(nil), l.all...)
+	for _, s := range all {
+		if !s.ending {
+			l.end(s, err)
+		}
+		if force && !s.closed {
+			l.finish(s)
+		}
+	}
+}
+
+// start registers a new stream's sockets and relays what it brought.
+func (l *loop) start(s *stream, now time.Time) {
+	s.last = now
+	s.idx = len(l.all)
+	l.all = append(l.all, s)
+	for _, fd := range [2]int{s.cfd, s.ufd} {
+		for fd >= len(l.byFD) {
+			l.byFD = append(l.byFD, nil)
+		}
+		l.byFD[fd] = s
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+		if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+			l.end(s, err)
+			return
+		}
+	}
+	if len(s.first) > 0 {
+		first := s.first
+		s.first = nil
+		l.write(s, first) // into pend when cut short: s.pendp holds it
+		if len(s.pend) == 0 {
+			l.dropPend(s)
+		}
+		if s.closed {
+			return
+		}
+	}
+	init, raw := s.init, s.raw
+	s.init, s.raw = nil, nil
+	if len(init) > 0 || len(raw) > 0 {
+		out, done, err := l.events(s, l.out[:0], init, now)
+		if !done && err == nil && len(raw) > 0 {
+			// raw belongs to the caller: decode a copy.
+			p := append(l.rbuf[:0], raw...)
+			out, done, err = l.feed(s, out, p, now)
+		}
+		if l.settle(s, out, done, err) {
+			return
+		}
+	}
+	l.upstreamReady(s, now)
+}
+
+// clientReady handles the client's socket: gone, input or writable.
+func (l *loop) clientReady(s *stream, evs uint32, now time.Time) {
+	if evs&(unix.EPOLLERR|unix.EPOLLHUP|unix.EPOLLRDHUP) != 0 {
+		l.gone(s)
+		return
+	}
+	if evs&unix.EPOLLIN != 0 {
+		// A request after ours (we answered Connection: close) is read
+		// and dropped; EOF means the client left.
+		for {
+			n, err := unix.Read(s.cfd, l.sink[:])
+			if n == 0 && err == nil || err != nil && err != unix.EAGAIN && err != unix.EINTR {
+				l.gone(s)
+				return
+			}
+			if err == unix.EAGAIN {
+				break
+			}
+		}
+	}
+	if evs&unix.EPOLLOUT != 0 && len(s.pend) > 0 {
+		l.flush(s, now)
+		if s.closed || len(s.pend) > 0 {
+			return
+		}
+		if s.held {
+			return
+		}
+		if s.ending {
+			l.finish(s)
+			return
+		}
+		l.upstreamReady(s, now) // it was not read while the client was behind
+	}
+}
+
+// gone ends s because the client left.
+func (l *loop) gone(s *stream) {
+	if s.held {
+		s.gone = true // Finish closes it
+		l.dropPend(s)
+		return
+	}
+	if s.ending {
+		l.finish(s) // its last bytes are no longer wanted
+		return
+	}
+	l.end(s, ErrClientGone)
+}
+
+// upstreamReady reads everything the backend sent (until EAGAIN, a short
+// read, or the client falls behind), relaying each read in one write.
+func (l *loop) upstreamReady(s *stream, now time.Time) {
+	for !s.ending && len(s.pend) == 0 {
+		n, err := unix.Read(s.ufd, l.rbuf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return
+		}
+		if n <= 0 {
+			if err == nil {
+				err = ErrUpstreamCut // EOF before the Relay's end
+			}
+			l.end(s, err)
+			return
+		}
+		s.last = now
+		out, done, ferr := l.feed(s, l.out[:0], l.rbuf[:n], now)
+		// A short read took all that was there, and more data brings a new
+		// edge; but an EOF that came with the data brings none: after
+		// EPOLLRDHUP read on until it.
+		if l.settle(s, out, done, ferr) || n < len(l.rbuf) && !s.upHup {
+			return
+		}
+	}
+}
+
+// feed decodes p (bytes read from the backend, in l.rbuf) in place and
+// relays the events in it.
+func (l *loop) feed(s *stream, out, p []byte, now time.Time) ([]byte, bool, error) {
+	var ended bool
+	switch {
+	case s.dec != nil:
+		var err error
+		p, _, ended, err = s.dec.Decode(p[:0], p)
+		if err != nil {
+			return out, false, err
+		}
+	case s.remaining >= 0:
+		if int64(len(p)) >= s.remaining {
+			p, ended = p[:s.remaining], true
+		}
+		s.remaining -= int64(len(p))
+	}
+	out, done, err := l.events(s, out, p, now)
+	if !done && err == nil && ended {
+		err = ErrUpstreamCut
+	}
+	return out, done, err
+}
+
+// settle writes out and ends the stream when done or err says so; true
+// when the stream no longer reads its backend.
+func (l *loop) settle(s *stream, out []byte, done bool, err error) bool {
+	if done || err != nil {
+		l.endWith(s, out, err)
+		return true
+	}
+	l.out = out[:0]
+	if len(out) > 0 {
+		l.write(s, out)
+	}
+	return s.closed || len(s.pend) > 0
+}
+
+// end ends s with err (see endWith).
+func (l *loop) end(s *stream, err error) { l.endWith(s, l.out[:0], err) }
+
+// endWith ends s with err after out (events not yet written): the
+// backend's socket closes at once (that cancels its request), the Relay's
+// last bytes go to the client unless it is gone. A held stream stays, its
+// client socket open, until its Handle's Finish.
+func (l *loop) endWith(s *stream, out []byte, err error) {
+	if s.ending {
+		return
+	}
+	s.ending, s.why = true, err
+	if s.ufd >= 0 {
+		unix.Close(s.ufd)
+		l.unmap(s.ufd)
+		s.ufd = -1
+	}
+	out, s.held = s.relay.End(out, err)
+	l.out = out[:0]
+	if err == ErrClientGone || err == ErrSlowClient {
+		s.gone = true
+		l.dropPend(s)
+		if !s.held {
+			l.finish(s)
+		}
+		return
+	}
+	l.write(s, out)
+	if !s.closed && !s.held && len(s.pend) == 0 {
+		l.finish(s)
+	}
+}
+
+// release ends a held stream: tail goes to the client (unless it is gone),
+// then the client's socket closes.
+func (l *loop) release(s *stream, tail []byte) {
+	if s.closed || !s.held {
+		return
+	}
+	s.held = false
+	if !s.gone {
+		l.write(s, tail)
+	}
+	if !s.closed && len(s.pend) == 0 {
+		l.finish(s)
+	}
+}
+
+// events splits p (decoded payload) into events, with the partial event
+// carried from before, and hands each to the Relay. What is left of an
+// event goes to s.carry.
+func (l *loop) events(s *stream, out, p []byte, now time.Time) ([]byte, bool, error) {
+	if s.carry != nil {
+		if len(*s.carry)+len(p) > MaxEventBytes {
+			return out, false, ErrEventTooLarge
+		}
+		*s.carry = append(*s.carry, p...)
+		p = *s.carry
+	}
+	start, i := 0, 0
+	for {
+		j := bytes.IndexByte(p[i:], '\n')
+		if j < 0 {
+			break
+		}
+		end := i + j + 1
+		if end-i == 1 || end-i == 2 && p[i] == '\r' { // a blank line ends the event
+			if i > start {
+				var done bool
+				out, done = s.relay.Event(out, p[start:end], now)
+				if done {
+					return out, true, nil
+				}
+			}
+			start = end // (a stray blank line between events is dropped)
+		}
+		i = end
+	}
+	rest := p[start:]
+	switch {
+	case len(rest) == 0:
+		if s.carry != nil {
+			putBuf(s.carry)
+			s.carry = nil
+		}
+	case s.carry != nil:
+		n := copy(*s.carry, rest)
+		*s.carry = (*s.carry)[:n]
+	default:
+		if len(rest) > MaxEventBytes {
+			return out, false, ErrEventTooLarge
+		}
+		s.carry = getBuf()
+		*s.carry = append(*s.carry, rest...)
+	}
+	return out, false, nil
+}
+
+// write sends out to the client in one write(2); what the socket does not
+// take waits in s.pend, and the backend is not read until it has gone.
+func (l *loop) write(s *stream, out []byte) {
+	if len(out) == 0 || s.closed {
+		return
+	}
+	if len(s.pend) > 0 { // behind already: keep the order
+		s.pend = append(s.pend, out...)
+		l.checkPending(s)
+		return
+	}
+	n, err := unix.Write(s.cfd, out)
+	for err == unix.EINTR {
+		n, err = unix.Write(s.cfd, out)
+	}
+	if err != nil && err != unix.EAGAIN {
+		l.gone(s)
+		return
+	}
+	n = max(n, 0)
+	s.sent += int64(n)
+	if n < len(out) {
+		if s.pendp == nil {
+			s.pendp = getBuf()
+		}
+		s.pend = append((*s.pendp)[:0], out[n:]...)
+		l.checkPending(s)
+	}
+}
+
+// checkPending cuts a stream whose client is too far behind.
+func (l *loop) checkPending(s *stream) {
+	if len(s.pend) > l.opts.MaxPending {
+		if s.held {
+			s.gone = true
+			l.dropPend(s)
+			return
+		}
+		if s.ending {
+			l.finish(s)
+			return
+		}
+		l.end(s, ErrSlowClient)
+	}
+}
+
+// flush writes pending bytes.
+func (l *loop) flush(s *stream, now time.Time) {
+	n, err := unix.Write(s.cfd, s.pend)
+	for err == unix.EINTR {
+		n, err = unix.Write(s.cfd, s.pend)
+	}
+	if err != nil && err != unix.EAGAIN {
+		l.gone(s)
+		return
+	}
+	if n > 0 {
+		s.sent += int64(n)
+		s.last = now
+		rest := copy(s.pend, s.pend[n:])
+		s.pend = s.pend[:rest]
+	}
+	if len(s.pend) == 0 {
+		l.dropPend(s)
+	}
+}
+
+func (l *loop) dropPend(s *stream) {
+	if s.pendp != nil {
+		if s.pend != nil {
+			*s.pendp = s.pend[:0]
+		}
+		putBuf(s.pendp)
+		s.pendp, s.pend = nil, nil
+	}
+}
+
+// sweep ends the streams idle past their deadline.
+func (l *loop) sweep(now time.Time) {
+	for i := 0; i < len(l.all); {
+		s := l.all[i]
+		if s.idle > 0 && !s.held && now.Sub(s.last) >= s.idle {
+			switch {
+			case s.ending:
+				l.finish(s) // its last bytes could not be delivered in time
+			case len(s.pend) > 0:
+				l.end(s, ErrSlowClient)
+			default:
+				l.end(s, ErrIdle)
+			}
+			if i < len(l.all) && l.all[i] != s {
+				continue // s left; another took its place
+			}
+		}
+		i++
+	}
+}
+
+// finish closes s's sockets, removes it and reports it closed.
+func (l *loop) finish(s *stream) {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	if s.ufd >= 0 {
+		unix.Close(s.ufd)
+		l.unmap(s.ufd)
+		s.ufd = -1
+	}
+	unix.Close(s.cfd)
+	l.unmap(s.cfd)
+	last := l.all[len(l.all)-1]
+	l.all[s.idx] = last
+	last.idx = s.idx
+	l.all[len(l.all)-1] = nil
+	l.all = l.all[:len(l.all)-1]
+	if s.carry != nil {
+		putBuf(s.carry)
+		s.carry = nil
+	}
+	l.dropPend(s)
+	l.g.live.Add(-1)
+	s.relay.Closed(s.why, s.sent)
+}
+
+func (l *loop) unmap(fd int) {
+	if fd < len(l.byFD) {
+		l.byFD[fd] = nil
+	}
+}
+
+// stream is one relayed stream's state in its loop.
+type stream struct {
+	cfd, ufd  int
+	relay     Relay
+	dec       *chunked.Decoder
+	remaining int64
+	idle      time.Duration
+	last      time.Time // the last byte from the backend (or to a slow client)
+	idx       int       // in loop.all
+	init, raw []byte    // until start
+	first     []byte    // Stream.Out, in pendp, until start
+	carry     *[]byte   // a partial event; nil when none
+	pendp     *[]byte   // holds pend's storage
+	pend      []byte    // bytes the client has not taken yet
+	sent      int64
+	ending    bool  // the backend is closed; the last bytes may be pending
+	held      bool  // ended, waiting for its Handle's Finish
+	upHup     bool  // the backend's side reported EPOLLRDHUP/HUP/ERR
+	gone      bool  // the client left (or was cut) while held
+	closed    bool  // finished
+	why       error // the end's cause; nil for a completed stream
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
+
+const maxPooled = 64 << 10
+
+func getBuf() *[]byte {
+	b := bufPool.Get().(*[]byte)
+	*b = (*b)[:0]
+	return b
+}
+
+func putBuf(b *[]byte) {
+	if cap(*b) <= maxPooled {
+		bufPool.Put(b)
+	}
+}

@@ -1,0 +1,420 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sluice-proxy/sluice/internal/chunked"
+	"github.com/sluice-proxy/sluice/proxy/evloop"
+	"github.com/sluice-proxy/sluice/proxy/listen"
+	"github.com/sluice-proxy/sluice/routing"
+)
+
+// This file hands committed HTTP/1.1 streams to the event loops
+// (proxy/evloop): once a stream's first event is held, its client socket
+// (hijacked) and its backend socket (detached from the HTTP/1.1 upstream
+// client, proxy/h1up) leave Go's netpoller, and no goroutine waits on the
+// stream any more. The per-event work is relayEvent's, on the loop, through
+// a sink that appends chunks to the loop's out buffer; the exchange's
+// completion (settle, access log, metrics, the attempt's end, the state's
+// release) runs on a short-lived goroutine when the loop ends the stream,
+// before the client gets the stream's last bytes (as serve's defers do on
+// the goroutine path). See docs/ARCHITECTURE.md, "Event loop".
+
+// detacher is a response body that hands its connection over: h1up.Body.
+type detacher interface {
+	Detach() (conn net.Conn, raw []byte, dec *chunked.Decoder, remaining int64, err error)
+}
+
+// errHandedOff tells serve's callers that the event loop now owns the
+// exchange: it completes it when the stream ends.
+var errHandedOff = errors.New("stream handed to the event loop")
+
+// loops is the handler's event loops, started on the first hand-off.
+type loops struct {
+	once sync.Once
+	g    atomic.Pointer[evloop.Group]
+}
+
+// eventLoops returns the handler's loops, starting them once; nil when
+// they are off or could not start (the goroutine path then serves).
+func (h *Handler) eventLoops() *evloop.Group {
+	if h.noLoop {
+		return nil
+	}
+	h.loops.once.Do(func() {
+		g, err := evloop.New(evloop.Options{})
+		if err != nil {
+			h.log.Warn("event loops unavailable; streams stay on their goroutines", "err", err)
+			return
+		}
+		h.loops.g.Store(g)
+	})
+	return h.loops.g.Load()
+}
+
+// Close stops the handler's event loops: streams still on them end with
+// the shutting_down error event. Call it after the server's Shutdown
+// (which waits for loop streams as for running requests).
+func (h *Handler) Close() {
+	h.loops.once.Do(func() {}) // no loops start after Close
+	if g := h.loops.g.Load(); g != nil {
+		g.Close()
+	}
+}
+
+// LoopStreams is the number of streams the event loops relay now.
+func (h *Handler) LoopStreams() int64 {
+	if g := h.loops.g.Load(); g != nil {
+		return g.Streams()
+	}
+	return 0
+}
+
+// loopStream is an exchange's stream on a loop: the Relay the loop calls.
+type loopStream struct {
+	x       *exchange
+	l       *leg
+	sink    loopSink
+	h       *evloop.Handle
+	release func()        // the server's hold (listen.Hold)
+	stopAt  func() bool   // stops the drain watch
+	done    chan struct{} // closed when the handle is set (Add returned)
+}
+
+// handOff moves l's stream to an event loop when it can: an HTTP/1.1
+// client over cleartext TCP, the HTTP sink, a backend body that detaches.
+// It reports false, having changed nothing, when the stream stays on this
+// goroutine; else relayOpenAI returns err: errHandedOff when the loop has
+// the stream, nil when it ended with its first event, or why it failed.
+func (x *exchange) handOff(l *leg) (ok bool, err error) {
+	r := x.r
+	if r.ProtoMajor != 1 || r.TLS != nil {
+		return false, nil
+	}
+	s, isHTTP := x.sink.(*httpSink)
+	if !isHTTP {
+		return false, nil
+	}
+	d, detaches := l.resp.Body.(detacher)
+	if !detaches {
+		return false, nil
+	}
+	g := x.h.eventLoops()
+	if g == nil {
+		return false, nil
+	}
+	x.netRTT() // read while the client's socket is Go's (the access log reports it)
+	// The backend's socket first: a body that already ended (all of it
+	// read with the first event) or failed stays on this goroutine.
+	up, raw, dec, remaining, err := d.Detach()
+	if err != nil {
+		return false, nil
+	}
+	conn, brw, err := s.rc.Hijack()
+	if err != nil {
+		// Not hijackable after all: nothing was sent, the client gets a 502.
+		up.Close()
+		l.outcome = routing.Failed
+		return true, fmt.Errorf("hand-off to the event loop: %w", err)
+	}
+	// From here the response is ours to write.
+	x.firstToken = l.first
+	hdr := s.w.Header()
+	x.announceTrailer(hdr)
+	x.commitHeader(l.resp.Header, true)
+	if !hasFD(conn) {
+		return true, x.loopAbort(conn, up, errors.New("client connection has no descriptor"))
+	}
+	l.wd.stop() // the loop watches idleness
+	// The handler returns now and its request's context is cancelled
+	// then, but the exchange goes on: nothing after this point consults
+	// that context (loopFailed is told why the stream ended).
+	ls := &loopStream{x: x, l: l, done: make(chan struct{})}
+	ls.sink.hdr = hdr
+	ls.sink.trailer = wantsTrailer(r)
+	x.sink = &ls.sink
+	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now())
+	if done, _ := x.relayEvent(l, l.ev, l.first); done {
+		// The stream ended with its first event: no loop needed.
+		return true, x.loopAbort(conn, up, nil)
+	}
+	var pending []byte
+	if n := l.br.Buffered(); n > 0 {
+		p, _ := l.br.Peek(n)
+		pending = bytes.Clone(p)
+	}
+	if brw.Reader.Buffered() > 0 {
+		// The client pipelined a request after this one: it gets this
+		// response (Connection: close) and no answer to that one.
+		brw.Reader.Discard(brw.Reader.Buffered())
+	}
+	// The leg's read buffers are not needed any more: an idle stream on
+	// the loop holds none.
+	l.br.Reset(nil)
+	readerPool.Put(l.br)
+	l.br = nil
+	putEvent(l.bufp)
+	l.bufp, l.ev = nil, nil
+	var stopped context.Context
+	ls.release, stopped = listen.Hold(r.Context()) // Shutdown waits for the stream
+	if stopped != nil {
+		// The drain's deadline: the stream ends with shutting_down.
+		ls.stopAt = context.AfterFunc(stopped, func() {
+			<-ls.done
+			if ls.h != nil {
+				ls.h.End(context.Cause(stopped))
+			}
+		})
+	}
+	x.loop = ls
+	out := ls.sink.out
+	ls.sink.out = nil // the loop's from here
+	h, err := g.Add(&evloop.Stream{Client: conn, Upstream: up, Out: out, Pending: pending, Raw: raw,
+		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls})
+	if err != nil {
+		// The loops are closed (the handler is shutting down): both
+		// sockets are closed; complete here.
+		x.loop = nil
+		close(ls.done)
+		if ls.stopAt != nil {
+			ls.stopAt()
+		}
+		ls.release()
+		return true, listen.ErrDraining
+	}
+	ls.h = h
+	close(ls.done)
+	return true, errHandedOff
+}
+
+// loopAbort ends a hijacked exchange on this goroutine: its head and first
+// event when the stream ended with it (err nil), else a 502 when nothing
+// could be relayed. The completion runs as on the goroutine path.
+func (x *exchange) loopAbort(conn, up net.Conn, err error) error {
+	if up != nil {
+		up.Close()
+	}
+	if err != nil {
+		defer conn.Close()
+		x.status = http.StatusBadGateway
+		x.err = err
+		e := ErrorOf(err)
+		body := x.errorBody(e)
+		conn.Write(append([]byte("HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: "+
+			itoa(len(body)+1)+"\r\n\r\n"), append(body, '\n')...))
+		x.sink = discardSink{}
+		return err
+	}
+	ls := x.sink.(*loopSink)
+	conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	conn.Write(ls.out)
+	ls.out = nil
+	x.sink = &deferredSink{conn: conn, ls: ls}
+	return nil
+}
+
+func itoa(n int) string { return string(appendInt(nil, n)) }
+
+func appendInt(b []byte, n int) []byte {
+	var tmp [20]byte
+	i := len(tmp)
+	for {
+		i--
+		tmp[i] = byte('0' + n%10)
+		n /= 10
+		if n == 0 {
+			break
+		}
+	}
+	return append(b, tmp[i:]...)
+}
+
+// hasFD reports whether conn (or what it wraps) exposes its socket.
+func hasFD(conn net.Conn) bool {
+	_, ok := conn.(syscall.Conn)
+	return ok
+}
+
+// appendHead appends the response head as net/http would write it for a
+// streamed answer: status line, the header (sorted), Date, chunked
+// coding, and Connection: close (the loop closes the connection after the
+// stream).
+func appendHead(b []byte, h http.Header, now time.Time) []byte {
+	b = append(b, "HTTP/1.1 200 OK\r\n"...)
+	var w headBuf
+	w.b = b
+	h.Del("Content-Length")
+	h.Del("Transfer-Encoding")
+	h.Del("Connection")
+	h.Write(&w)
+	b = w.b
+	if _, ok := h["Date"]; !ok {
+		b = append(b, "Date: "...)
+		b = now.UTC().AppendFormat(b, http.TimeFormat)
+		b = append(b, "\r\n"...)
+	}
+	return append(b, "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"...)
+}
+
+type headBuf struct{ b []byte }
+
+func (w *headBuf) Write(p []byte) (int, error)       { w.b = append(w.b, p...); return len(p), nil }
+func (w *headBuf) WriteString(s string) (int, error) { w.b = append(w.b, s...); return len(s), nil }
+
+// Event runs the exchange's per-event work on the loop (see relayEvent).
+func (ls *loopStream) Event(out, ev []byte, now time.Time) ([]byte, bool) {
+	ls.sink.out = out
+	done, err := ls.x.relayEvent(ls.l, ev, now)
+	ls.l.att.Progress(now)
+	out, ls.sink.out = ls.sink.out, nil
+	return out, done || err != nil
+}
+
+// End appends the stream's error event when it failed, holds the stream
+// and starts the completion, which gives the last bytes (Finish) once the
+// request is settled and logged.
+func (ls *loopStream) End(out []byte, err error) ([]byte, bool) {
+	x := ls.x
+	ls.sink.out = out
+	if err != nil {
+		x.loopFailed(ls.l, loopErr(err))
+	} else if x.lastToken.IsZero() {
+		x.lastToken = time.Now()
+	}
+	out, ls.sink.out = ls.sink.out, nil
+	go ls.complete()
+	return out, true
+}
+
+// Closed releases the server's hold: the client has the whole stream.
+func (ls *loopStream) Closed(error, int64) {
+	if ls.stopAt != nil {
+		ls.stopAt()
+	}
+	ls.release()
+}
+
+// complete is the exchange's completion for a loop stream (serve's tail on
+// the goroutine path): the leg's end, the settle and the access log, then
+// the stream's last bytes, then the state's release.
+func (ls *loopStream) complete() {
+	<-ls.done // Add has returned: ls.h is set
+	x := ls.x
+	ls.l.close()
+	x.complete(false, true) // its sink.End gives the tail to the loop (loopSink.End)
+	ls.h.Finish(ls.sink.tail)
+}
+
+// loopErr maps the loop's reasons to the pipeline's errors.
+func loopErr(err error) error {
+	switch {
+	case errors.Is(err, evloop.ErrUpstreamCut):
+		return errStreamCut
+	case errors.Is(err, evloop.ErrIdle):
+		return errStreamIdle
+	case errors.Is(err, evloop.ErrEventTooLarge):
+		return ErrEventTooLarge
+	case errors.Is(err, evloop.ErrClientGone), errors.Is(err, evloop.ErrSlowClient):
+		return context.Canceled
+	case errors.Is(err, evloop.ErrClosed):
+		return listen.ErrDraining
+	}
+	return err
+}
+
+// loopFailed is streamFailed for a loop stream, whose request context no
+// longer tells why: err does.
+func (x *exchange) loopFailed(l *leg, err error) {
+	x.err = err
+	switch {
+	case errors.Is(err, context.Canceled):
+		x.clientGone = true
+		return
+	case !errors.Is(err, listen.ErrDraining):
+		x.logAttempt(x.backend, err)
+		l.outcome = routing.Failed // a mid-stream abort counts against the backend
+	}
+	e := ErrorOf(err)
+	x.sent(x.sink.Error(e.Status, x.streamErrorBody(e)))
+}
+
+// loopSink is the Sink of a stream on a loop: events are appended, chunk
+// encoded, to the loop's out buffer (set around each call); End leaves the
+// stream's tail (the held last event, the last chunk and trailer) for
+// Finish.
+type loopSink struct {
+	hdr     http.Header
+	out     []byte
+	last    []byte // the last event, held for the trailer (see httpSink.Last)
+	tail    []byte
+	trailer bool // the client asked for trailers
+}
+
+var _ Sink = (*loopSink)(nil)
+
+func (s *loopSink) Header() http.Header { return s.hdr }
+func (s *loopSink) Start(int, bool)     {}
+
+func (s *loopSink) Event(ev, _ []byte) (int, error) {
+	s.out = chunked.AppendChunk(s.out, ev)
+	return len(ev), nil
+}
+
+func (s *loopSink) Raw(p []byte) (int, error)  { return s.Event(p, nil) }
+func (s *loopSink) Body(b []byte) (int, error) { return s.Event(b, nil) }
+
+func (s *loopSink) Error(_ int, body []byte) (int, error) { return s.Event(ErrorEvent(body), nil) }
+
+// Last holds the last event for End (a trailer follows).
+func (s *loopSink) Last(ev, _ []byte) (int, error) {
+	s.last = append(s.last[:0], ev...)
+	return len(ev), nil
+}
+
+func (s *loopSink) End(trailer http.Header) {
+	tail := chunked.AppendChunk(nil, s.last)
+	if !s.trailer {
+		trailer = nil
+	}
+	s.tail = chunked.AppendLast(tail, trailer)
+	s.last = nil
+}
+
+// deferredSink ends an exchange whose stream ended with its first event
+// (handOff wrote it): End writes the tail and closes the connection.
+type deferredSink struct {
+	conn net.Conn
+	ls   *loopSink
+}
+
+func (s *deferredSink) Header() http.Header                 { return s.ls.hdr }
+func (s *deferredSink) Start(int, bool)                     {}
+func (s *deferredSink) Event(ev, d []byte) (int, error)     { return s.ls.Event(ev, d) }
+func (s *deferredSink) Raw(p []byte) (int, error)           { return s.ls.Raw(p) }
+func (s *deferredSink) Body(b []byte) (int, error)          { return s.ls.Body(b) }
+func (s *deferredSink) Error(st int, b []byte) (int, error) { return s.ls.Error(st, b) }
+func (s *deferredSink) End(trailer http.Header) {
+	s.ls.End(trailer)
+	s.conn.Write(append(s.ls.out, s.ls.tail...))
+	s.conn.Close()
+}
+
+// discardSink drops everything: the response was written by hand.
+type discardSink struct{}
+
+func (discardSink) Header() http.Header               { return http.Header{} }
+func (discardSink) Start(int, bool)                   {}
+func (discardSink) Event([]byte, []byte) (int, error) { return 0, nil }
+func (discardSink) Raw([]byte) (int, error)           { return 0, nil }
+func (discardSink) Body([]byte) (int, error)          { return 0, nil }
+func (discardSink) Error(int, []byte) (int, error)    { return 0, nil }
+func (discardSink) End(http.Header)                   {}
