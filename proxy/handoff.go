@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -210,7 +211,7 @@ func (x *exchange) loopAbort(conn, up net.Conn, err error) error {
 		e := ErrorOf(err)
 		body := x.errorBody(e)
 		conn.Write(append([]byte("HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: "+
-			itoa(len(body)+1)+"\r\n\r\n"), append(body, '\n')...))
+			strconv.Itoa(len(body)+1)+"\r\n\r\n"), append(body, '\n')...))
 		x.sink = discardSink{}
 		return err
 	}
@@ -220,22 +221,6 @@ func (x *exchange) loopAbort(conn, up net.Conn, err error) error {
 	ls.out = nil
 	x.sink = &deferredSink{conn: conn, ls: ls}
 	return nil
-}
-
-func itoa(n int) string { return string(appendInt(nil, n)) }
-
-func appendInt(b []byte, n int) []byte {
-	var tmp [20]byte
-	i := len(tmp)
-	for {
-		i--
-		tmp[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			break
-		}
-	}
-	return append(b, tmp[i:]...)
 }
 
 // hasFD reports whether conn (or what it wraps) exposes its socket.
