@@ -112,9 +112,19 @@ func TestFaultsBurstNoOvershoot(t *testing.T) {
 		got, by, d := burst(t, nodes, size, Request{Tenant: tenant, Limits: lim})
 		deg += d
 		peak = max(peak, len(got))
-		if len(got) > lim.MaxConcurrency {
-			t.Errorf("burst %d (cold %v): %d admitted on a limit of %d (%d degraded)",
-				b, b%2 == 0, len(got), lim.MaxConcurrency, d)
+		// Shared decisions alone never overshoot. On a loaded machine some
+		// admissions can wait past admission_timeout and be decided by the
+		// local policy; docs/SCALING.md ("Degraded to shared") bounds the
+		// region then by the limit plus every node's share.
+		bound := lim.MaxConcurrency
+		if d > 0 {
+			n := len(nodes)
+			bound += n * ((lim.MaxConcurrency + n - 1) / n)
+			t.Logf("burst %d: %d degraded decisions (machine load); bound %d", b, d, bound)
+		}
+		if len(got) > bound {
+			t.Errorf("burst %d (cold %v): %d admitted on a limit of %d (%d degraded, bound %d)",
+				b, b%2 == 0, len(got), lim.MaxConcurrency, d, bound)
 		}
 		if l := leases(t, srv, tenant); l > lim.MaxConcurrency {
 			t.Errorf("burst %d: %d leases in Redis on a limit of %d", b, l, lim.MaxConcurrency)
