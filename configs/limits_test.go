@@ -218,7 +218,7 @@ func TestWebSocketCapKeys(t *testing.T) {
 // the YAML parser take 9 s and 1.3 GB (a flow-list file 11 s and 1.6 GB)
 // before the decoder's value count could refuse it. The estimate made
 // before parsing refuses it in milliseconds. Fails on the old code: the
-// refusal came from the decoder, after the parse.
+// refusal came from the decoder, after the parse (and allocated 1.3 GB).
 func TestAttackConfigManyValues(t *testing.T) {
 	for name, line := range map[string]string{"block list": "- 1\n", "flow lists": "- [1,2,3,4,5,6,7,8,9,0]\n"} {
 		t.Run(name, func(t *testing.T) {
@@ -233,9 +233,10 @@ func TestAttackConfigManyValues(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "counted before parsing") {
 				t.Fatalf("got %.300v; want a refusal before parsing", err)
 			}
-			if took > 2*time.Second { // ~20ms; the race detector slows the scan
-				t.Errorf("refusing took %v; want under 2s", took)
-			}
+			// The time is logged, not asserted (a shared machine under load
+			// stretches it); the allocation bound below is what fails on the
+			// old code (1.3 GB parsed before the refusal).
+			t.Logf("refused in %v", took)
 			if grew := after.TotalAlloc - before.TotalAlloc; grew > 32<<20 {
 				t.Errorf("refusing allocated %d MB; want under 32 MB", grew>>20)
 			}
