@@ -212,7 +212,12 @@ start_sluice() { # start_sluice NAME TEMPLATE [EXTRA-YAML-FILE]: sets SL_HTTP SL
 		"$tmpl" >"$OUT/conf/$name.yaml"
 	[[ -n $extra ]] && cat "$extra" >>"$OUT/conf/$name.yaml"
 	echo "${SLUICE_ENV:+env $SLUICE_ENV }$SLUICE serve -c $OUT/conf/$name.yaml" >>"$CMDS"
-	env ${SLUICE_ENV:-} "$SLUICE" serve -c "$OUT/conf/$name.yaml" >"$OUT/logs/sluice-$name.log" 2>&1 &
+	# (not `env $SLUICE_ENV $SLUICE`: env takes any argument with a '=',
+	# such as an OUTDIR path, for an assignment)
+	(
+		[[ -n ${SLUICE_ENV:-} ]] && export ${SLUICE_ENV?}
+		exec "$SLUICE" serve -c "$OUT/conf/$name.yaml"
+	) >"$OUT/logs/sluice-$name.log" 2>&1 &
 	SL_PID=$!
 	PIDS+=($SL_PID)
 	wait_port "$SL_HTTP" || return 1
