@@ -407,6 +407,16 @@ func (s *Suite) t1Rows() []Row {
 	if r, _, ok := s.deltaRow("1", "h1 added TTFT P99 at 64 streams (ms)", "t1-%s", "ttft", "p99"); ok {
 		rows = append(rows, r)
 	}
+	// 1r: the simulator on a new connection per stream against itself kept
+	// alive (the price of a reconnect, in the Sluice column).
+	for _, stat := range []string{"p50", "p99"} {
+		x, ok := s.Reports["t1r-direct"].row("ttft", stat)
+		if !ok {
+			continue
+		}
+		rows = append(rows, Row{Target: "1r", Figure: "direct on a new connection per stream: added TTFT " + strings.ToUpper(stat) + " (ms)",
+			Cells: map[string]string{"sluice": signed(x.DeltaMs, 3)}, Direct: f(x.BaselineMs, 3), Ratio: f(x.Ratio, 3), Goal: ReportOnly, Result: ReportOnly})
+	}
 	return rows
 }
 
@@ -552,6 +562,12 @@ func (s *Suite) truncRows() []Row {
 	direct := 0
 	seen := false
 	for name, rep := range s.Reports {
+		if name == "t1r-direct" { // no proxy: both sides are the simulator
+			for _, t := range rep.Targets {
+				direct += t.Counts.Truncated
+			}
+			continue
+		}
 		for i, t := range rep.Targets {
 			seen = true
 			who := proxyOf(name)
@@ -598,7 +614,7 @@ func proxyOf(name string) string {
 			return p
 		}
 	}
-	return "sluice" // t2-h2, t5-redis: Sluice only
+	return "sluice" // t2-h2, t5-redis: Sluice only (t1r-direct: neither, see truncRows)
 }
 
 // Goal22 is one line of issue 22's goal table.

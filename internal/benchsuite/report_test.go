@@ -47,6 +47,10 @@ func TestRowsFromFixture(t *testing.T) {
 	if tt := rowOf(t, rows, "1", "TTFT P99"); tt.Cells["sluice"] != "+5.000" || tt.Result != ReportOnly {
 		t.Errorf("t1 TTFT P99 row = %+v", tt)
 	}
+	// 1r: the price of a reconnect, apart from every proxy's counts.
+	if rc := rowOf(t, rows, "1r", "TTFT P50"); rc.Cells["sluice"] != "+0.500" || rc.Direct != "0.400" || rc.Result != ReportOnly {
+		t.Errorf("1r row = %+v", rc)
+	}
 	// h2 CPU per token ÷ h1's: 31 / 25 > 1.2.
 	if h2 := rowOf(t, rows, "2", "h2 CPU per token ÷ h1"); h2.Cells["sluice"] != "1.24" || h2.Result != Miss {
 		t.Errorf("h2 ÷ h1 row = %+v", h2)
