@@ -47,7 +47,8 @@ type Options struct {
 	// body detaches its connection (Body.Detach: the connection leaves
 	// the client for good) and parks it idle, so the next request to that
 	// host finds a connection instead of dialing on its own time. At most
-	// maxSpareDials such dials run at once.
+	// maxSpareDials such dials run at once. False (the default) dials
+	// nothing ahead.
 	SpareOnDetach bool
 }
 
