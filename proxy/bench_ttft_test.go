@@ -15,14 +15,22 @@ import (
 
 // BenchmarkFirstToken64 measures where the first-token path spends its
 // time with 64 streams starting at once, the shape of the issue's "added
-// TTFT at 64 streams": an op is a burst of 64 one-token streams directly
-// to the backend and 64 through Sluice (every per-request feature on). It
-// reports the client-observed TTFT P50 of each case and their difference
-// ("added-ttft-p50-µs"), and the P50 of each stage of Sluice's
-// Server-Timing header (see docs/TIMING.md): auth, recv, route, limit,
-// queue, upstream (backend picked → backend headers), prefill, ttft (as
-// the edge measures it, from reading the request head) and edge
-// (Sluice's own share of its TTFT).
+// TTFT at 64 streams": an op is a burst of 64 streams (3 tokens 1 ms
+// apart, so each goes on after its first token and Sluice hands it to an
+// event loop, as target 1's do) directly to the backend, directly on a
+// new connection per stream, and through Sluice (every per-request
+// feature on). It reports the client-observed TTFT P50 of each case and
+// the differences: "added-ttft-p50-µs" (Sluice − direct) and
+// "newconn-p50-µs" (direct on a new connection − direct: what a client
+// pays when its connection is not kept alive, as after a stream the loop
+// relayed, which answers Connection: close). Then the P50 of each stage of
+// Sluice's Server-Timing header (see docs/TIMING.md): auth, recv, route,
+// limit, queue, upstream (backend picked → backend headers: the dial when
+// no idle connection waits), prefill (the header hold: headers → first
+// event), ttft (as the edge measures it, from reading the request head)
+// and edge (Sluice's own share of its TTFT), and "network" (client TTFT −
+// the edge's ttft, per request: connecting, the request's way in, the
+// first write's way out).
 //
 //	go test -run '^$' -bench BenchmarkFirstToken64 -benchtime 20x ./proxy/
 func BenchmarkFirstToken64(b *testing.B) {
@@ -30,21 +38,21 @@ func BenchmarkFirstToken64(b *testing.B) {
 	defer srv.Close()
 	e := fullEdge(b, poolOf(srv.URL))
 	const streams = 64
-	stages := []string{"auth", "recv", "route", "limit", "queue", "upstream", "prefill", "ttft", "edge"}
+	stages := []string{"auth", "recv", "route", "limit", "queue", "upstream", "prefill", "ttft", "edge", "network"}
 	type kase struct {
 		name, url string
 		client    *http.Client
 		ttft      []time.Duration
 		stage     map[string][]float64 // ms
 	}
-	cases := []*kase{{name: "direct", url: srv.URL}, {name: "sluice", url: e.http}}
+	cases := []*kase{{name: "direct", url: srv.URL}, {name: "direct-newconn", url: srv.URL}, {name: "sluice", url: e.http}}
 	burst := func(c *kase, record bool) {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		for range streams {
 			wg.Go(func() {
 				start := time.Now()
-				resp := post(b, c.client, c.url+"/v1/chat/completions?n=1", chatBody(""))
+				resp := post(b, c.client, c.url+"/v1/chat/completions?n=3&every=1ms", chatBody(""))
 				defer resp.Body.Close()
 				br := bufio.NewReader(resp.Body)
 				if _, err := br.ReadSlice('\n'); err != nil {
@@ -63,6 +71,9 @@ func BenchmarkFirstToken64(b *testing.B) {
 					name, dur, ok := strings.Cut(strings.TrimSpace(part), ";dur=")
 					if ms, err := strconv.ParseFloat(dur, 64); ok && err == nil {
 						c.stage[name] = append(c.stage[name], ms)
+						if name == "ttft" {
+							c.stage["network"] = append(c.stage["network"], float64(d.Microseconds())/1000-ms)
+						}
 					}
 				}
 			})
@@ -71,6 +82,9 @@ func BenchmarkFirstToken64(b *testing.B) {
 	}
 	for _, c := range cases {
 		c.client, c.stage = h1Pool(), map[string][]float64{}
+		if c.name == "direct-newconn" {
+			c.client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		}
 		burst(c, false) // open the connections and warm up
 	}
 	b.ResetTimer()
@@ -81,12 +95,13 @@ func BenchmarkFirstToken64(b *testing.B) {
 	}
 	b.StopTimer()
 	p50 := func(c *kase) time.Duration { slices.Sort(c.ttft); return c.ttft[len(c.ttft)/2] }
-	d, s := p50(cases[0]), p50(cases[1])
+	d, n, s := p50(cases[0]), p50(cases[1]), p50(cases[2])
 	b.ReportMetric(float64(d.Microseconds()), "direct-ttft-p50-µs")
 	b.ReportMetric(float64(s.Microseconds()), "sluice-ttft-p50-µs")
 	b.ReportMetric(float64((s - d).Microseconds()), "added-ttft-p50-µs")
+	b.ReportMetric(float64((n - d).Microseconds()), "newconn-p50-µs")
 	for _, name := range stages {
-		v := cases[1].stage[name]
+		v := cases[2].stage[name]
 		if len(v) == 0 {
 			b.Fatalf("no %s stage in Sluice's Server-Timing", name)
 		}

@@ -3,7 +3,7 @@
 #
 #   bash docs/benchmarks/run.sh [OUTDIR]     # everything (~20 min on 2 cores)
 #   QUICK=1 bash docs/benchmarks/run.sh      # smoke version (~4-5 min)
-#   ONLY=1,3 bash docs/benchmarks/run.sh     # some targets (1 2 3 4 5 5b 6)
+#   ONLY=1,3 bash docs/benchmarks/run.sh     # some targets (1 2 3 4 5 5b 6; 1r only when named)
 #   REFS=0 ...                               # no nginx/Caddy references
 #   SLUICE_ENV="GOMAXPROCS=1 GOGC=400" ...   # environment for the Sluice processes only
 #   H1CLIENT=net_http ...                    # Sluice's pools on net/http: streams on goroutines, not the event loops
@@ -212,7 +212,12 @@ start_sluice() { # start_sluice NAME TEMPLATE [EXTRA-YAML-FILE]: sets SL_HTTP SL
 		"$tmpl" >"$OUT/conf/$name.yaml"
 	[[ -n $extra ]] && cat "$extra" >>"$OUT/conf/$name.yaml"
 	echo "${SLUICE_ENV:+env $SLUICE_ENV }$SLUICE serve -c $OUT/conf/$name.yaml" >>"$CMDS"
-	env ${SLUICE_ENV:-} "$SLUICE" serve -c "$OUT/conf/$name.yaml" >"$OUT/logs/sluice-$name.log" 2>&1 &
+	# (not `env $SLUICE_ENV $SLUICE`: env takes any argument with a '=',
+	# such as an OUTDIR path, for an assignment)
+	(
+		[[ -n ${SLUICE_ENV:-} ]] && export ${SLUICE_ENV?}
+		exec "$SLUICE" serve -c "$OUT/conf/$name.yaml"
+	) >"$OUT/logs/sluice-$name.log" 2>&1 &
 	SL_PID=$!
 	PIDS+=($SL_PID)
 	wait_port "$SL_HTTP" || return 1
@@ -298,6 +303,14 @@ if want 1; then
 	while read -r who url pids; do
 		bench "t1-$who" -target "$url" -compare "http://127.0.0.1:$SIM_STREAM" -pid "$pids" "${STREAM[@]}"
 	done < <(proxies stream)
+fi
+
+# ---- target 1r: what a reconnect costs in target 1's shape (only when named in ONLY) --------------
+# The simulator on a new connection per stream against the same simulator
+# kept alive: the TTFT a client pays when a proxy closes its connection
+# after a stream (Sluice's event loop answers Connection: close).
+if want 1r; then
+	bench t1r-direct -target "http://127.0.0.1:$SIM_STREAM" -no-keepalive -compare "http://127.0.0.1:$SIM_STREAM" "${STREAM[@]}"
 fi
 
 # ---- target 2: the same over h2 (TLS) and h3 ------------------------------------------------

@@ -233,6 +233,27 @@ const (
 	NoData     = "no data"
 )
 
+// Issue 22's goals ("Data plane at nginx's cost"), judged against nginx
+// in the same run.
+const (
+	// CPUPerTokenVsNginx bounds h1 CPU per 1,000 tokens ÷ nginx's.
+	CPUPerTokenVsNginx = 1.0
+	// RSSVsNginx bounds RSS per held idle stream ÷ nginx's.
+	RSSVsNginx = 1.0
+	// SparseP99OverNginxMs bounds sparse added P99 − nginx's (ms).
+	SparseP99OverNginxMs = 0.2
+	// DelayP50BeforeMs and DelayP99BeforeMs are the added per-token
+	// delays before issue 22 (target 1): "no worse".
+	DelayP50BeforeMs = 0.12
+	DelayP99BeforeMs = 0.33
+	// ProtoCPUVsH1 bounds h2 and h3 CPU per token ÷ h1's.
+	ProtoCPUVsH1 = 1.2
+	// SmallCPUVsNginx bounds CPU per small request ÷ nginx's.
+	SmallCPUVsNginx = 2.0
+	// SmallRPSVsDirect is the least requests/s ÷ direct for small requests.
+	SmallRPSVsDirect = 0.6
+)
+
 // Row is one line of the results table.
 type Row struct {
 	Target string
@@ -243,12 +264,18 @@ type Row struct {
 	Ratio  string
 	Goal   string
 	Result string
+	// Key names the issue-22 goal the row judges (see Issue22); empty
+	// for the other rows.
+	Key string
+	// VsNginx is Sluice's figure against nginx's (or against the figure
+	// before issue 22) as the issue-22 goal compares them.
+	VsNginx string
 }
 
 // Rows computes the table, in target order.
 func (s *Suite) Rows() []Row {
 	var rows []Row
-	rows = append(rows, s.streamRows("1", "h1", "t1-%s", true)...)
+	rows = append(rows, s.t1Rows()...)
 	rows = append(rows, s.h2h3Rows()...)
 	rows = append(rows, s.smallRows()...)
 	rows = append(rows, s.idleRows()...)
@@ -270,75 +297,125 @@ func verdict(ok bool) string {
 	return Miss
 }
 
-// delayRow is the added per-token delay at one percentile for every proxy.
-func (s *Suite) delayRow(num, label, pattern, stat string, limit float64, limitText string) (Row, bool) {
-	r := Row{Target: num, Figure: label + " added per-token delay " + strings.ToUpper(stat) + " (ms)", Cells: map[string]string{}, Goal: limitText}
-	any := false
+// deltaRow is what a proxy adds to the direct connection for one metric
+// ("token_delay", "ttft") at one percentile, for every proxy. It returns
+// the added milliseconds by proxy for the caller's verdict.
+func (s *Suite) deltaRow(num, figure, pattern, metric, stat string) (Row, map[string]float64, bool) {
+	r := Row{Target: num, Figure: figure, Cells: map[string]string{}, Goal: ReportOnly, Result: ReportOnly}
+	added := map[string]float64{}
 	for _, p := range Proxies {
 		rep := s.Reports[fmt.Sprintf(pattern, p)]
-		x, ok := rep.row("token_delay", stat)
+		x, ok := rep.row(metric, stat)
 		if !ok {
 			continue
 		}
-		any = true
+		added[p] = x.DeltaMs
 		r.Cells[p] = signed(x.DeltaMs, 3)
 		if p == "sluice" {
 			r.Direct = f(x.BaselineMs, 3)
 			r.Ratio = f(x.Ratio, 3)
-			if limit > 0 {
-				r.Result = verdict(x.DeltaMs <= limit)
-			} else {
-				r.Result = ReportOnly
-			}
 		}
 	}
-	if any && r.Result == "" {
-		r.Result = NoData
-	}
-	return r, any
+	return r, added, len(added) > 0
 }
 
-// cpuRow is the proxy CPU per 1,000 output tokens.
-func (s *Suite) cpuRow(num, label, pattern string, limit float64) (Row, bool) {
-	r := Row{Target: num, Figure: label + " proxy CPU per 1,000 tokens (ms)", Cells: map[string]string{}, Direct: "—", Ratio: "—"}
-	r.Goal = ReportOnly
-	if limit > 0 {
-		r.Goal = "≤ " + f(limit, 0)
+// delayRow is the added per-token delay at one percentile.
+func (s *Suite) delayRow(num, label, pattern, stat string) (Row, map[string]float64, bool) {
+	return s.deltaRow(num, label+" added per-token delay "+strings.ToUpper(stat)+" (ms)", pattern, "token_delay", stat)
+}
+
+// judgeBefore judges Sluice's added delay against the figure before
+// issue 22 ("no worse").
+func judgeBefore(r *Row, added map[string]float64, before float64, key string) {
+	r.Key, r.Goal = key, "≤ "+signed(before, 2)+" (before issue 22)"
+	v, ok := added["sluice"]
+	if !ok {
+		r.Result = NoData
+		return
 	}
-	any := false
+	r.VsNginx = fmt.Sprintf("%s vs %s before", signed(v, 2), signed(before, 2))
+	r.Result = verdict(v <= before)
+}
+
+// judgeVsNginx judges a row whose goal is Sluice's figure ≤ nginx's + over
+// (a difference: added delays); without nginx in the run there is no verdict.
+func judgeVsNginx(r *Row, vals map[string]float64, over float64, key, goal string) {
+	r.Key, r.Goal = key, goal
+	sv, oks := vals["sluice"]
+	nv, okn := vals["nginx"]
+	if !oks || !okn {
+		r.Result = NoData
+		return
+	}
+	r.VsNginx = signed(sv-nv, 3) + " ms"
+	r.Result = verdict(sv <= nv+over)
+}
+
+// judgeRatioNginx judges a row whose goal is Sluice's figure ≤ limit ×
+// nginx's.
+func judgeRatioNginx(r *Row, vals map[string]float64, limit float64, key string) {
+	r.Key, r.Goal = key, "≤ "+f(limit, 1)+"× nginx"
+	sv, oks := vals["sluice"]
+	nv, okn := vals["nginx"]
+	if !oks || !okn || nv <= 0 {
+		r.Result = NoData
+		return
+	}
+	ratio := sv / nv
+	r.VsNginx = "×" + f(ratio, 2)
+	r.Ratio = r.VsNginx + " nginx"
+	r.Result = verdict(ratio <= limit)
+}
+
+// cpuRow is the proxy CPU per 1,000 output tokens; vals by proxy.
+func (s *Suite) cpuRow(num, label, pattern string) (Row, map[string]float64, bool) {
+	r := Row{Target: num, Figure: label + " proxy CPU per 1,000 tokens (ms)", Cells: map[string]string{}, Direct: "—", Ratio: "—",
+		Goal: ReportOnly, Result: ReportOnly}
+	vals := map[string]float64{}
 	for _, p := range Proxies {
 		t, ok := s.Reports[fmt.Sprintf(pattern, p)].side(0)
 		if !ok || len(t.CPU) == 0 {
 			continue
 		}
-		any = true
+		vals[p] = t.cpuPer1k()
 		r.Cells[p] = f(t.cpuPer1k(), 1)
-		if p == "sluice" {
-			if limit > 0 {
-				r.Result = verdict(t.cpuPer1k() <= limit)
-			} else {
-				r.Result = ReportOnly
-			}
-		}
 	}
-	return r, any
+	return r, vals, len(vals) > 0
 }
 
-func (s *Suite) streamRows(num, label, pattern string, judged bool) []Row {
+// t1Rows: 64 h1 streams. The per-token delays are judged against the
+// figures before issue 22, CPU per token and the added TTFT P50 against
+// nginx's.
+func (s *Suite) t1Rows() []Row {
 	var rows []Row
-	p50, p99, c := 0.2, 0.9, 27.0
-	g50, g99 := "≤ 0.2", "≤ 0.9"
-	if !judged {
-		p50, p99, c, g50, g99 = 0, 0, 0, "report", "report"
-	}
-	if r, ok := s.delayRow(num, label, pattern, "p50", p50, g50); ok {
+	if r, added, ok := s.delayRow("1", "h1", "t1-%s", "p50"); ok {
+		judgeBefore(&r, added, DelayP50BeforeMs, "delay-p50")
 		rows = append(rows, r)
 	}
-	if r, ok := s.delayRow(num, label, pattern, "p99", p99, g99); ok {
+	if r, added, ok := s.delayRow("1", "h1", "t1-%s", "p99"); ok {
+		judgeBefore(&r, added, DelayP99BeforeMs, "delay-p99")
 		rows = append(rows, r)
 	}
-	if r, ok := s.cpuRow(num, label, pattern, c); ok {
+	if r, vals, ok := s.cpuRow("1", "h1", "t1-%s"); ok {
+		judgeRatioNginx(&r, vals, CPUPerTokenVsNginx, "cpu-h1")
 		rows = append(rows, r)
+	}
+	if r, added, ok := s.deltaRow("1", "h1 added TTFT P50 at 64 streams (ms)", "t1-%s", "ttft", "p50"); ok {
+		judgeVsNginx(&r, added, 0, "ttft-p50", "≤ nginx's")
+		rows = append(rows, r)
+	}
+	if r, _, ok := s.deltaRow("1", "h1 added TTFT P99 at 64 streams (ms)", "t1-%s", "ttft", "p99"); ok {
+		rows = append(rows, r)
+	}
+	// 1r: the simulator on a new connection per stream against itself kept
+	// alive (the price of a reconnect, in the Sluice column).
+	for _, stat := range []string{"p50", "p99"} {
+		x, ok := s.Reports["t1r-direct"].row("ttft", stat)
+		if !ok {
+			continue
+		}
+		rows = append(rows, Row{Target: "1r", Figure: "direct on a new connection per stream: added TTFT " + strings.ToUpper(stat) + " (ms)",
+			Cells: map[string]string{"sluice": signed(x.DeltaMs, 3)}, Direct: f(x.BaselineMs, 3), Ratio: f(x.Ratio, 3), Goal: ReportOnly, Result: ReportOnly})
 	}
 	return rows
 }
@@ -346,22 +423,50 @@ func (s *Suite) streamRows(num, label, pattern string, judged bool) []Row {
 func (s *Suite) h2h3Rows() []Row {
 	var rows []Row
 	for _, proto := range []string{"h2", "h3"} {
-		rows = append(rows, s.streamRows("2", proto, "t2-"+proto+"-%s", false)...)
+		pattern := "t2-" + proto + "-%s"
+		for _, stat := range []string{"p50", "p99"} {
+			if r, _, ok := s.delayRow("2", proto, pattern, stat); ok {
+				rows = append(rows, r)
+			}
+		}
+		if r, _, ok := s.cpuRow("2", proto, pattern); ok {
+			rows = append(rows, r)
+		}
 	}
+	h1, ok1 := s.Reports["t1-sluice"].side(0)
 	h2, ok2 := s.Reports["t2-h2-sluice"].side(0)
 	h3, ok3 := s.Reports["t2-h3-sluice"].side(0)
+	for _, x := range []struct {
+		proto string
+		t     target
+		ok    bool
+	}{{"h2", h2, ok2}, {"h3", h3, ok3}} {
+		if !x.ok || len(x.t.CPU) == 0 {
+			continue
+		}
+		r := Row{Target: "2", Figure: x.proto + " CPU per token ÷ h1 CPU per token (target 1)", Cells: map[string]string{},
+			Direct: "—", Ratio: "—", Goal: "≤ " + f(ProtoCPUVsH1, 1) + "× h1", Result: NoData, Key: "cpu-" + x.proto + "-h1"}
+		if ok1 && h1.cpuPer1k() > 0 {
+			ratio := x.t.cpuPer1k() / h1.cpuPer1k()
+			r.Cells["sluice"], r.Ratio, r.VsNginx = f(ratio, 2), f(ratio, 2), "—"
+			r.Result = verdict(ratio <= ProtoCPUVsH1)
+		}
+		rows = append(rows, r)
+	}
 	if ok2 && ok3 && h2.cpuPer1k() > 0 {
 		ratio := h3.cpuPer1k() / h2.cpuPer1k()
 		rows = append(rows, Row{Target: "2", Figure: "h3 CPU per token ÷ h2 CPU per token", Cells: map[string]string{"sluice": f(ratio, 2)},
-			Direct: "—", Ratio: f(ratio, 2), Goal: "≤ 1.5", Result: verdict(ratio <= 1.5)})
+			Direct: "—", Ratio: f(ratio, 2), Goal: ReportOnly, Result: ReportOnly})
 	}
 	return rows
 }
 
 func (s *Suite) smallRows() []Row {
-	rps := Row{Target: "3", Figure: "non-streamed requests/s (ratio to direct)", Cells: map[string]string{}, Goal: "ratio ≥ 0.8"}
-	us := Row{Target: "3", Figure: "proxy CPU per request (µs)", Cells: map[string]string{}, Direct: "—", Ratio: "—", Goal: "≤ 30"}
-	any := false
+	rps := Row{Target: "3", Figure: "non-streamed requests/s (ratio to direct)", Cells: map[string]string{},
+		Goal: "ratio ≥ " + f(SmallRPSVsDirect, 1), Result: NoData, Key: "small-rps"}
+	us := Row{Target: "3", Figure: "proxy CPU per request (µs)", Cells: map[string]string{}, Direct: "—", Ratio: "—"}
+	vals := map[string]float64{}
+	rpsRatio := map[string]float64{}
 	for _, p := range Proxies {
 		rep := s.Reports["t3-"+p]
 		t, ok := rep.side(0)
@@ -369,38 +474,37 @@ func (s *Suite) smallRows() []Row {
 		if !ok || !okb {
 			continue
 		}
-		any = true
 		ratio := 0.0
 		if b.RequestsPerSec > 0 {
 			ratio = t.RequestsPerSec / b.RequestsPerSec
 		}
+		rpsRatio[p] = ratio
 		rps.Cells[p] = fmt.Sprintf("%.0f (×%.2f)", t.RequestsPerSec, ratio)
-		perReq := 0.0
-		if t.Counts.Sent > 0 {
-			perReq = t.cpuMs() * 1000 / float64(t.Counts.Sent)
-		}
-		if len(t.CPU) > 0 {
-			us.Cells[p] = f(perReq, 1)
+		if len(t.CPU) > 0 && t.Counts.Sent > 0 {
+			vals[p] = t.cpuMs() * 1000 / float64(t.Counts.Sent)
+			us.Cells[p] = f(vals[p], 1)
 		}
 		if p == "sluice" {
 			rps.Direct = f(b.RequestsPerSec, 0)
 			rps.Ratio = f(ratio, 2)
-			rps.Result = verdict(ratio >= 0.8)
-			us.Result = verdict(len(t.CPU) > 0 && perReq <= 30)
+			rps.Result = verdict(ratio >= SmallRPSVsDirect)
+			rps.VsNginx = "×" + f(ratio, 2) + " direct"
 		}
 	}
-	if !any {
+	if len(rpsRatio) == 0 {
 		return nil
 	}
-	return []Row{rps, us}
+	judgeRatioNginx(&us, vals, SmallCPUVsNginx, "small-cpu")
+	return []Row{us, rps}
 }
 
 func (s *Suite) idleRows() []Row {
 	if len(s.Idle) == 0 {
 		return nil
 	}
-	held := Row{Target: "4", Figure: "idle streams held / asked (failed)", Cells: map[string]string{}, Direct: "—", Ratio: "—", Goal: "10,000, 0 failed"}
-	mem := Row{Target: "4", Figure: "RSS per held stream (KiB)", Cells: map[string]string{}, Direct: "—", Ratio: "—", Goal: "≤ 18"}
+	held := Row{Target: "4", Figure: "idle streams held / asked (failed)", Cells: map[string]string{}, Direct: "—", Ratio: "—", Goal: "10,000, 0 failed (issue 8)"}
+	mem := Row{Target: "4", Figure: "RSS per held stream (KiB)", Cells: map[string]string{}, Direct: "—", Ratio: "—"}
+	vals := map[string]float64{}
 	for _, p := range Proxies {
 		i, ok := s.Idle[p]
 		if !ok {
@@ -416,14 +520,15 @@ func (s *Suite) idleRows() []Row {
 		}
 		held.Cells[p] = fmt.Sprintf("%d / %d (%s)", i.Held, i.Streams, failedText)
 		mem.Cells[p] = f(i.KiBPerStream(), 1)
+		vals[p] = i.KiBPerStream()
 		if p == "sluice" {
 			held.Result = verdict(i.Streams >= 10000 && i.Held >= i.Streams && failed == 0)
-			mem.Result = verdict(i.KiBPerStream() <= 18)
 			if i.UpstreamH2C {
 				held.Figure += " (Sluice: h2c upstream)"
 			}
 		}
 	}
+	judgeRatioNginx(&mem, vals, RSSVsNginx, "rss")
 	return []Row{held, mem}
 }
 
@@ -434,15 +539,16 @@ func (s *Suite) redisRows() []Row {
 		return nil
 	}
 	return []Row{{Target: "5", Figure: "Redis limiter: added TTFT P99 vs local limiter (ms)", Cells: map[string]string{"sluice": signed(x.DeltaMs, 3)},
-		Direct: f(x.BaselineMs, 3) + " (local)", Ratio: f(x.Ratio, 3), Goal: "≤ 1", Result: verdict(x.DeltaMs <= 1)}}
+		Direct: f(x.BaselineMs, 3) + " (local)", Ratio: f(x.Ratio, 3), Goal: "≤ 1 (issue 8)", Result: verdict(x.DeltaMs <= 1)}}
 }
 
 func (s *Suite) sparseRows() []Row {
 	var rows []Row
-	if r, ok := s.delayRow("5b", "sparse", "t5b-%s", "p50", 0, "report"); ok {
+	if r, _, ok := s.delayRow("5b", "sparse", "t5b-%s", "p50"); ok {
 		rows = append(rows, r)
 	}
-	if r, ok := s.delayRow("5b", "sparse", "t5b-%s", "p99", 1, "< 1"); ok {
+	if r, added, ok := s.delayRow("5b", "sparse", "t5b-%s", "p99"); ok {
+		judgeVsNginx(&r, added, SparseP99OverNginxMs, "sparse-p99", "≤ nginx's + "+f(SparseP99OverNginxMs, 1))
 		rows = append(rows, r)
 	}
 	return rows
@@ -450,12 +556,18 @@ func (s *Suite) sparseRows() []Row {
 
 // truncRows counts truncated streams over every report (5c).
 func (s *Suite) truncRows() []Row {
-	r := Row{Target: "5c", Figure: "truncated streams, all runs (streams)", Cells: map[string]string{}, Goal: "0"}
+	r := Row{Target: "5c", Figure: "truncated streams, all runs (streams)", Cells: map[string]string{}, Goal: "0", Key: "truncated"}
 	total := map[string]int{}
 	streams := map[string]int{}
 	direct := 0
 	seen := false
 	for name, rep := range s.Reports {
+		if name == "t1r-direct" { // no proxy: both sides are the simulator
+			for _, t := range rep.Targets {
+				direct += t.Counts.Truncated
+			}
+			continue
+		}
 		for i, t := range rep.Targets {
 			seen = true
 			who := proxyOf(name)
@@ -502,7 +614,45 @@ func proxyOf(name string) string {
 			return p
 		}
 	}
-	return "sluice" // t2-h2, t5-redis: Sluice only
+	return "sluice" // t2-h2, t5-redis: Sluice only (t1r-direct: neither, see truncRows)
+}
+
+// Goal22 is one line of issue 22's goal table.
+type Goal22 struct {
+	Key, Figure, Goal string
+	Targets           string // the run.sh targets that measure it
+}
+
+// Issue22Goals are issue 22's goals in the issue's order.
+var Issue22Goals = []Goal22{
+	{"cpu-h1", "h1 CPU per 1,000 tokens", "≤ 1.0× nginx", "1"},
+	{"rss", "RSS per held idle stream", "≤ 1.0× nginx", "4"},
+	{"sparse-p99", "sparse streams (1 token/s) added P99", "≤ nginx's + 0.2 ms", "5b"},
+	{"delay-p50", "added per-token delay P50 (target 1)", "no worse (≤ +0.12 ms)", "1"},
+	{"delay-p99", "added per-token delay P99 (target 1)", "no worse (≤ +0.33 ms)", "1"},
+	{"ttft-p50", "added TTFT P50 at 64 streams (target 1)", "≤ nginx's", "1"},
+	{"cpu-h2-h1", "h2 CPU per token ÷ h1", "≤ 1.2", "1,2"},
+	{"cpu-h3-h1", "h3 CPU per token ÷ h1", "≤ 1.2", "1,2"},
+	{"small-cpu", "CPU per small non-streamed request", "≤ 2× nginx", "3"},
+	{"small-rps", "small requests/s ÷ direct", "≥ 0.6", "3"},
+	{"truncated", "truncated streams", "0", "all"},
+}
+
+// Issue22 is issue 22's goal table from the rows: the row judging each
+// goal, or a "not run" row.
+func (s *Suite) Issue22(rows []Row) []Row {
+	out := make([]Row, 0, len(Issue22Goals))
+	for _, g := range Issue22Goals {
+		r := Row{Figure: g.Figure, Target: g.Targets, Cells: map[string]string{}, Goal: g.Goal, Result: "not run", Key: g.Key}
+		for _, x := range rows {
+			if x.Key == g.Key {
+				r.Cells, r.VsNginx, r.Result = x.Cells, x.VsNginx, x.Result
+				break
+			}
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // SweepSummary is the part of a sweep the table reports.
@@ -547,7 +697,7 @@ func (s *Suite) sweepRows() []Row {
 		q := queue.Summary()
 		r := Row{Target: "6", Figure: fmt.Sprintf("with edge queue: best req/s; P99 TTFT at rate %g (ms); 503s", q.TopRate),
 			Cells: map[string]string{"sluice": fmt.Sprintf("%.1f; %.0f; %d", q.BestRPS, q.TopP99TTFT, q.Refused)}, Direct: "—",
-			Goal: fmt.Sprintf("P99 TTFT ≤ knee P99 + %d ms; req/s ≥ 0.9 × no queue", MaxQueueWaitMs), Result: ReportOnly}
+			Goal: fmt.Sprintf("P99 TTFT ≤ knee P99 + %d ms; req/s ≥ 0.9 × no queue (issue 8)", MaxQueueWaitMs), Result: ReportOnly}
 		if okp {
 			p := plain.Summary()
 			ratio := 0.0
@@ -576,9 +726,22 @@ func (s *Suite) WriteMarkdown(w io.Writer) error {
 	b.WriteString("Delays are added to the direct connection to the simulator measured in the same interleaved run " +
 		"(`sluice bench -compare`); the direct column is the direct figure of Sluice's run. " +
 		"Reference cells come from their own runs against the same simulator. Verdicts judge Sluice.\n\n")
+	rows := s.Rows()
+	b.WriteString("## Issue 22's goals\n\n" +
+		"Judged against nginx in this run (the nginx cell; \"no data\" when nginx or a target did not run). " +
+		"\"vs nginx\" is Sluice's figure as the goal compares it: a ratio to nginx's, a difference from nginx's, " +
+		"or the figure before issue 22.\n\n")
+	b.WriteString("| figure | targets | Sluice | nginx | Caddy | vs nginx | goal | result |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, r := range s.Issue22(rows) {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Figure, r.Target,
+			cell(r.Cells["sluice"]), cell(r.Cells["nginx"]), cell(r.Cells["caddy"]), cell(r.VsNginx), r.Goal, r.Result)
+	}
+	b.WriteString("\n## All figures\n\n" +
+		"Goals are issue 22's where it sets one; rows marked issue 8 keep that issue's goal, \"report\" rows have none.\n\n")
 	b.WriteString("| target | figure | Sluice | nginx | Caddy | direct | ratio | goal | result |\n")
 	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
-	for _, r := range s.Rows() {
+	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Target, r.Figure,
 			cell(r.Cells["sluice"]), cell(r.Cells["nginx"]), cell(r.Cells["caddy"]), cell(r.Direct), cell(r.Ratio), r.Goal, r.Result)
 	}

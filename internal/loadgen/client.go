@@ -32,7 +32,7 @@ type requester interface {
 var errPinMismatch = errors.New("server public key does not match the pin")
 
 // newRequester builds the client for one target.
-func newRequester(c Config, target string, p Protocol) (requester, error) {
+func newRequester(c Config, target string, p Protocol, noKeepAlive bool) (requester, error) {
 	tc, err := clientTLS(c)
 	if err != nil {
 		return nil, err
@@ -59,6 +59,7 @@ func newRequester(c Config, target string, p Protocol) (requester, error) {
 		return h, nil
 	}
 	tr := httpTransport(p, tc)
+	tr.DisableKeepAlives = noKeepAlive
 	h.rt = tr
 	h.closeFn = func() error { tr.CloseIdleConnections(); return nil }
 	return h, nil

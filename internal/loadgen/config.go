@@ -65,6 +65,11 @@ type Config struct {
 	Protocol Protocol
 	// CompareProtocol is how Compare is reached. Empty means Protocol.
 	CompareProtocol Protocol
+	// NoKeepAlive makes the target's client (not the baseline's) open a
+	// new connection for every request (HTTP/1.1 and HTTP/2 over TCP).
+	// Compared with the same server as the baseline, the deltas are what
+	// a client pays when its connection is not kept alive.
+	NoKeepAlive bool
 	// Path is the endpoint path. Empty means /v1/chat/completions. A path
 	// ending in /completions but not chat/completions gets a "prompt"
 	// body instead of "messages".
@@ -306,6 +311,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Compare, "compare", c.Compare, "baseline `URL` measured interleaved with the target")
 	fs.Var(&c.Protocol, "protocol", "target protocol: h1, h2, h2c, h3 or ws (default h1)")
 	fs.Var(&c.CompareProtocol, "compare-protocol", "baseline protocol (default: same as -protocol)")
+	fs.BoolVar(&c.NoKeepAlive, "no-keepalive", c.NoKeepAlive, "a new connection for every request to the target (not the baseline)")
 	fs.StringVar(&c.Path, "path", c.Path, "endpoint path (default "+DefaultPath+")")
 	fs.StringVar(&c.WSPath, "ws-path", c.WSPath, "WebSocket bridge path for http(s) targets (default "+DefaultWSPath+")")
 	fs.IntVar(&c.WSConns, "ws-conns", c.WSConns, "WebSocket sockets carrying the requests (default 1)")

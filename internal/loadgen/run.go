@@ -63,19 +63,18 @@ func openTargets(cfg Config) ([]*target, error) {
 	if err != nil {
 		return nil, err
 	}
-	specs := []struct {
-		role, url string
-		p         Protocol
-	}{{"target", cfg.Target, cfg.Protocol}}
+	type spec struct {
+		role, url   string
+		p           Protocol
+		noKeepAlive bool
+	}
+	specs := []spec{{"target", cfg.Target, cfg.Protocol, cfg.NoKeepAlive}}
 	if cfg.Compare != "" {
-		specs = append(specs, struct {
-			role, url string
-			p         Protocol
-		}{"baseline", cfg.Compare, cfg.CompareProtocol})
+		specs = append(specs, spec{"baseline", cfg.Compare, cfg.CompareProtocol, false})
 	}
 	var ts []*target
 	for i, s := range specs {
-		req, err := newRequester(cfg, s.url, s.p)
+		req, err := newRequester(cfg, s.url, s.p, s.noKeepAlive)
 		if err != nil {
 			closeTargets(ts)
 			return nil, fmt.Errorf("%s %s: %w", s.role, s.url, err)

@@ -7,9 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -457,5 +460,37 @@ func TestProgressLine(t *testing.T) {
 	out := buf.String()
 	if !strings.Contains(out, "sent ") || !strings.Contains(out, "tok/s") || strings.Contains(out, "\r") {
 		t.Errorf("progress output %q; want plain lines with counts", out)
+	}
+}
+
+// TestNoKeepAlive: with NoKeepAlive the target's client opens a connection
+// per request; the baseline's keeps its connections.
+func TestNoKeepAlive(t *testing.T) {
+	count := func(s *sseServer) (string, *atomic.Int32) {
+		var n atomic.Int32
+		srv := httptest.NewUnstartedServer(s)
+		srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+			if st == http.StateNew {
+				n.Add(1)
+			}
+		}
+		srv.Start()
+		t.Cleanup(srv.Close)
+		return srv.URL, &n
+	}
+	tu, tn := count(&sseServer{})
+	bu, bn := count(&sseServer{})
+	cfg := small(tu)
+	cfg.Compare, cfg.NoKeepAlive = bu, true
+	cfg.Requests, cfg.Rounds, cfg.Concurrency = 8, 2, 1
+	rep := mustRun(t, cfg)
+	if rep.Targets[0].Counts.OK != 8 || rep.Targets[1].Counts.OK != 8 {
+		t.Fatalf("counts %+v / %+v", rep.Targets[0].Counts, rep.Targets[1].Counts)
+	}
+	if got := tn.Load(); got != 8 {
+		t.Errorf("target saw %d connections for 8 requests; want 8 (one each)", got)
+	}
+	if got := bn.Load(); got > 2 {
+		t.Errorf("baseline saw %d connections for 8 requests one at a time; want them kept alive", got)
 	}
 }

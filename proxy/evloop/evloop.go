@@ -201,9 +201,22 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 	}
 	st := &stream{cfd: cfd, ufd: ufd, relay: s.Relay, dec: s.Decoder, remaining: s.Remaining,
 		idle: s.Idle, init: s.Pending, raw: s.Raw}
-	if len(s.Out) > 0 {
+	// Out (the head and the first token) is written here, on the caller's
+	// goroutine, before the loop has the socket: the first token does not
+	// wait for the loop to be woken and scheduled. What the socket does not
+	// take (or an error, which the loop's own write then meets) is left
+	// for the loop.
+	out := s.Out
+	if len(out) > 0 {
+		n, err := unix.Write(cfd, out)
+		if err == nil && n > 0 {
+			st.sent += int64(n)
+			out = out[n:]
+		}
+	}
+	if len(out) > 0 {
 		st.pendp = getBuf()
-		st.first = append(*st.pendp, s.Out...)
+		st.first = append(*st.pendp, out...)
 	}
 	if st.dec != nil {
 		st.remaining = 0

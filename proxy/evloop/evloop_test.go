@@ -548,3 +548,33 @@ func TestDataAndEOFTogether(t *testing.T) {
 		}
 	}
 }
+
+// TestOutWrittenByAdd: the stream's first bytes (the head and the first
+// token) reach the client from Add itself, while the loop is busy with
+// something else: the first token does not wait for the loop's turn. The
+// stream still runs once the loop is free, and the bytes count as sent.
+func TestOutWrittenByAdd(t *testing.T) {
+	g := newGroup(t, Options{Loops: 1})
+	busy, release := make(chan struct{}), make(chan struct{})
+	g.loops[0].command(func() { close(busy); <-release })
+	<-busy
+	head := "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + string(chunked.AppendChunk(nil, []byte(ev(0))))
+	up, cl, r := streamOn(t, g, Stream{Out: []byte(head), Idle: 5 * time.Second})
+	cl.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, len(head))
+	_, err := io.ReadFull(cl, got)
+	close(release) // (before any Fatal: the group's Close needs the loop)
+	if err != nil || string(got) != head {
+		t.Fatalf("client read %q, %v while the loop was busy; want the head and first event", got, err)
+	}
+	up.Write(chunked.AppendLast(chunked.AppendChunk(nil, []byte(ev(1)+"data: [DONE]\n\n")), nil))
+	cl.SetReadDeadline(time.Now().Add(5 * time.Second))
+	body, err := io.ReadAll(httputil.NewChunkedReader(bufio.NewReader(cl)))
+	if err != nil || string(body) != ev(1)+"data: [DONE]\n\n" {
+		t.Fatalf("rest of the stream %q, %v", body, err)
+	}
+	res := r.wait(t)
+	if want := int64(len(head)) + int64(len(chunked.AppendChunk(nil, []byte(ev(1))))); res.err != nil || res.sent < want {
+		t.Errorf("closed with %v after %d bytes, want nil after ≥ %d", res.err, res.sent, want)
+	}
+}

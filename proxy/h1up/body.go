@@ -258,6 +258,9 @@ func (b *Body) Detach() (conn net.Conn, raw []byte, dec *chunked.Decoder, remain
 	}
 	c := b.c
 	b.c, b.state = nil, stDetached
+	if b.t.o.SpareOnDetach {
+		b.t.spare(c.key) // c never comes back to the pool
+	}
 	if br := c.br; br != nil {
 		if k := br.Buffered(); k > 0 {
 			raw = make([]byte, k)

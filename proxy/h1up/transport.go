@@ -21,6 +21,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -42,7 +43,18 @@ type Options struct {
 	// ReadBufferSize is the size of the pooled buffered reader a
 	// connection holds while a response is read. Zero means 4 KiB.
 	ReadBufferSize int
+	// SpareOnDetach dials a replacement in the background each time a
+	// body detaches its connection (Body.Detach: the connection leaves
+	// the client for good) and parks it idle, so the next request to that
+	// host finds a connection instead of dialing on its own time. At most
+	// maxSpareDials such dials run at once. False (the default) dials
+	// nothing ahead.
+	SpareOnDetach bool
 }
+
+// maxSpareDials bounds a Transport's replacement dials in flight
+// (Options.SpareOnDetach).
+const maxSpareDials = 16
 
 // Errors callers may branch on.
 var (
@@ -69,6 +81,9 @@ type Transport struct {
 	mu    sync.Mutex
 	idle  map[string][]*conn // per host:port, oldest first (LIFO: take the last)
 	sweep *time.Timer        // closes expired idle conns; nil when none is armed
+	gen   uint64             // CloseIdleConnections calls: a spare dialed before one is not parked
+
+	spares atomic.Int32 // replacement dials in flight
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -273,6 +288,41 @@ func (t *Transport) getConn(ctx context.Context, key string, fresh bool) (*conn,
 	return c, nil
 }
 
+// spare dials a connection to key in the background and parks it idle
+// (Options.SpareOnDetach). A dial that fails is dropped; one that ends
+// after CloseIdleConnections is closed. The goroutine ends with its dial.
+func (t *Transport) spare(key string) {
+	if t.spares.Add(1) > maxSpareDials {
+		t.spares.Add(-1)
+		return
+	}
+	t.mu.Lock()
+	gen := t.gen
+	t.mu.Unlock()
+	timeout := t.o.DialTimeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	go func() {
+		defer t.spares.Add(-1)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		nc, err := t.o.Dial(ctx, "tcp", key)
+		if err != nil {
+			return
+		}
+		c := &conn{nc: nc, key: key, idleAt: time.Now()}
+		c.initProbe()
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.gen != gen {
+			nc.Close()
+			return
+		}
+		t.parkLocked(c)
+	}()
+}
+
 // putIdle returns c, its response read to the end, to its host's pool.
 func (t *Transport) putIdle(c *conn) {
 	if c.br != nil {
@@ -282,6 +332,12 @@ func (t *Transport) putIdle(c *conn) {
 	}
 	c.idleAt = time.Now()
 	t.mu.Lock()
+	t.parkLocked(c)
+	t.mu.Unlock()
+}
+
+// parkLocked adds the idle c to its host's pool.
+func (t *Transport) parkLocked(c *conn) {
 	s := t.idle[c.key]
 	if len(s) >= t.o.MaxIdleConnsPerHost {
 		s[0].nc.Close()
@@ -292,7 +348,6 @@ func (t *Transport) putIdle(c *conn) {
 	if t.sweep == nil {
 		t.sweep = time.AfterFunc(t.o.IdleConnTimeout, t.sweepIdle)
 	}
-	t.mu.Unlock()
 }
 
 // sweepIdle closes the connections idle for longer than IdleConnTimeout
@@ -340,6 +395,7 @@ func (t *Transport) closeAllLocked(key string) {
 func (t *Transport) CloseIdleConnections() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.gen++
 	for key := range t.idle {
 		t.closeAllLocked(key)
 	}

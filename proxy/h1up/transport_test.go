@@ -900,3 +900,107 @@ func TestNoGoroutinePerConn(t *testing.T) {
 		})
 	}
 }
+
+// TestSpareOnDetach: a detached connection never returns to the pool, so
+// with SpareOnDetach the transport dials a replacement in the background;
+// the next request uses it without dialing. Without the option nothing is
+// dialed ahead.
+func TestSpareOnDetach(t *testing.T) {
+	srv, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "data: x\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // a stream: held until the client leaves
+	})
+	key := strings.TrimPrefix(srv.URL, "http://")
+	for _, spare := range []bool{false, true} {
+		t.Run(fmt.Sprint("spare=", spare), func(t *testing.T) {
+			conns.Store(0)
+			tr := New(Options{SpareOnDetach: spare})
+			defer tr.CloseIdleConnections()
+			detach := func() {
+				resp, err := get(t, tr, context.Background(), srv.URL)
+				if err != nil {
+					t.Fatal(err)
+				}
+				nc, _, _, _, err := resp.Body.(*Body).Detach()
+				if err != nil {
+					t.Fatal(err)
+				}
+				nc.Close()
+			}
+			detach()
+			want := 0
+			if spare {
+				want = 1
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for tr.idleCount(key) < want && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(20 * time.Millisecond) // a second spare, were one dialed, would show
+			if got := tr.idleCount(key); got != want {
+				t.Fatalf("idle pool holds %d after a detach; want %d", got, want)
+			}
+			before := conns.Load()
+			if got := int(before); got != 1+want {
+				t.Fatalf("backend saw %d connections; want %d", got, 1+want)
+			}
+			detach() // takes the spare (when there is one) and dials the next
+			for tr.idleCount(key) < want && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			for conns.Load() < before+1 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			if got := conns.Load(); got != before+1 {
+				t.Fatalf("backend saw %d new connections for the second request; want 1 (the spare's replacement, or the request's own dial)", got-before)
+			}
+			if spare && tr.idleCount(key) != 1 {
+				t.Fatalf("idle pool holds %d after the second detach; want 1", tr.idleCount(key))
+			}
+		})
+	}
+}
+
+// TestSpareAfterClose: a spare whose dial ends after CloseIdleConnections
+// is closed, not parked; a dial that fails parks nothing.
+func TestSpareAfterClose(t *testing.T) {
+	release := make(chan struct{})
+	tr := New(Options{SpareOnDetach: true, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		<-release
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}})
+	ln := listen(t)
+	tr.spare(ln.Addr().String())
+	tr.CloseIdleConnections()
+	close(release)
+	deadline := time.Now().Add(10 * time.Second)
+	for tr.spares.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := tr.spares.Load(); n != 0 {
+		t.Fatalf("%d spare dials still running", n)
+	}
+	if n := tr.IdleConns(); n != 0 {
+		t.Fatalf("a spare dialed across CloseIdleConnections was parked (%d idle)", n)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	tr.spare(dead) // connection refused
+	for tr.spares.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := tr.IdleConns(); n != 0 {
+		t.Fatalf("a failed spare dial parked %d connections", n)
+	}
+}
+
+func listen(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
