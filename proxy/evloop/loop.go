@@ -133,7 +133,7 @@ func (l *loop) run() {
 			}
 			n := 0
 			rc.Read(func(fd uintptr) bool {
-				n, _ = unix.EpollWait(int(fd), l.ready, 0)
+				n, _ = rawEpollWait(int(fd), l.ready)
 				return n > 0
 			})
 			return n

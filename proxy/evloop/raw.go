@@ -56,3 +56,16 @@ func errnoErr(e unix.Errno) error {
 	}
 	return e
 }
+
+// rawEpollWait is unix.EpollWait with a zero timeout (it never waits).
+func rawEpollWait(epfd int, events []unix.EpollEvent) (int, error) {
+	var ptr unsafe.Pointer
+	if len(events) > 0 {
+		ptr = unsafe.Pointer(&events[0])
+	}
+	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(ptr), uintptr(len(events)), 0, 0, 0)
+	if e != 0 {
+		return -1, errnoErr(e)
+	}
+	return int(n), nil
+}
