@@ -324,7 +324,8 @@ func EventData(ev []byte) []byte {
 // "choices" is null, empty or absent: the include_usage chunk). Chunks
 // without the bytes "usage" are not read (most of a stream's).
 func usageOf(data []byte) (u *limiter.Usage, usageOnly bool) {
-	if !bytes.Contains(data, usageKey) {
+	i := bytes.Index(data, usageKey)
+	if i < 0 || usageNull(data, i) {
 		return nil, false
 	}
 	var f usageFields
@@ -333,6 +334,32 @@ func usageOf(data []byte) (u *limiter.Usage, usageOnly bool) {
 	}
 	return &limiter.Usage{InputTokens: f.in, OutputTokens: f.out}, !f.choices
 }
+
+// usageNull reports that data's first "usage" (at i) is followed by
+// null, that it is the only one, and that no name in data is escaped
+// (\u: "\u0075sage" is usage too): usageOf is then nil whatever else
+// data holds, valid or not. The bytes are the top-level object's usage
+// member, null; or they are not a top-level member (nested, or inside a
+// string with an escaped quote before them), and the object has no usage
+// member. It spares the scan of every chunk of a stream whose client
+// asked for usage (stream_options.include_usage: "usage":null in each
+// chunk but the last).
+func usageNull(data []byte, i int) bool {
+	j := skipSpace(data, i+len(usageKey))
+	if j >= len(data) || data[j] != ':' {
+		return false
+	}
+	j = skipSpace(data, j+1)
+	if !bytes.HasPrefix(data[j:], nullLiteral) {
+		return false
+	}
+	return !bytes.Contains(data[j:], usageKey) && !bytes.Contains(data, escapeU)
+}
+
+var (
+	nullLiteral = []byte("null")
+	escapeU     = []byte(`\u`)
+)
 
 // usageFields is what usageOf reads, as json.Unmarshal leaves it.
 type usageFields struct {

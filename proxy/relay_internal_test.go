@@ -334,10 +334,49 @@ func FuzzReadEvent(f *testing.F) {
 	})
 }
 
-// BenchmarkUsageOf reads the usage of a small non-streamed answer.
+// TestUsageNull pins usageOf where usageNull may answer for the scan: a
+// single "usage" followed by null is nil, but not when another usage
+// follows, escaped or nested, or written in a string.
+func TestUsageNull(t *testing.T) {
+	cases := []struct {
+		data    string
+		in, out int64 // -1: nil
+	}{
+		{`{"choices":[{"delta":{"content":"hi"}}],"usage":null}`, -1, -1},
+		{`{"choices":[],"usage" :` + "\n" + ` null }`, -1, -1},
+		{`{"usage":null,"usage":{"prompt_tokens":1,"completion_tokens":2}}`, 1, 2},
+		{`{"usage":null,"\u0075sage":{"prompt_tokens":1,"completion_tokens":2}}`, 1, 2},
+		{`{"x":{"usage":null},"usage":{"prompt_tokens":3,"completion_tokens":4}}`, 3, 4},
+		{`{"x":"\"usage\":null","usage":{"prompt_tokens":5,"completion_tokens":6}}`, 5, 6},
+		{`{"x":{"usage":null}}`, -1, -1},
+		{`{"a\"usage":null}`, -1, -1},
+		{`{"usage":nullx}`, -1, -1},
+		{`{"usage":{"prompt_tokens":7,"completion_tokens":8}}`, 7, 8},
+	}
+	for _, c := range cases {
+		u, _ := usageOf([]byte(c.data))
+		switch {
+		case c.in < 0 && u != nil:
+			t.Errorf("%s: usage %+v; want nil", c.data, u)
+		case c.in >= 0 && (u == nil || u.InputTokens != c.in || u.OutputTokens != c.out):
+			t.Errorf("%s: usage %+v; want %d in, %d out", c.data, u, c.in, c.out)
+		}
+		checkUsageOfDecoded(t, []byte(c.data))
+	}
+}
+
+// BenchmarkUsageOf reads the usage of a small non-streamed answer, and of
+// a token chunk with "usage":null (a client that asked for usage).
 //
 //	go test -run '^$' -bench BenchmarkUsageOf -benchmem ./proxy/
 func BenchmarkUsageOf(b *testing.B) {
+	chunk := []byte(`{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}],"usage":null}`)
+	b.Run("chunk-usage-null", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			usageOf(chunk)
+		}
+	})
 	body := []byte(usageSeeds[3])
 	b.Run("scan", func(b *testing.B) {
 		b.ReportAllocs()

@@ -133,7 +133,7 @@ func (l *loop) run() {
 			}
 			n := 0
 			rc.Read(func(fd uintptr) bool {
-				n, _ = unix.EpollWait(int(fd), l.ready, 0)
+				n, _ = rawEpollWait(int(fd), l.ready)
 				return n > 0
 			})
 			return n
@@ -286,7 +286,7 @@ func (l *loop) clientReady(s *stream, evs uint32, now time.Time) {
 		// A request after ours (we answered Connection: close) is read
 		// and dropped; EOF means the client left.
 		for {
-			n, err := unix.Read(s.cfd, l.sink[:])
+			n, err := rawRead(s.cfd, l.sink[:])
 			if n == 0 && err == nil || err != nil && err != unix.EAGAIN && err != unix.EINTR {
 				l.gone(s)
 				return
@@ -330,7 +330,7 @@ func (l *loop) gone(s *stream) {
 // read, or the client falls behind), relaying each read in one write.
 func (l *loop) upstreamReady(s *stream, now time.Time) {
 	for !s.ending && len(s.pend) == 0 {
-		n, err := unix.Read(s.ufd, l.rbuf)
+		n, err := rawRead(s.ufd, l.rbuf)
 		if err == unix.EINTR {
 			continue
 		}
@@ -502,9 +502,9 @@ func (l *loop) write(s *stream, out []byte) {
 		l.checkPending(s)
 		return
 	}
-	n, err := unix.Write(s.cfd, out)
+	n, err := rawWrite(s.cfd, out)
 	for err == unix.EINTR {
-		n, err = unix.Write(s.cfd, out)
+		n, err = rawWrite(s.cfd, out)
 	}
 	if err != nil && err != unix.EAGAIN {
 		l.gone(s)
@@ -539,9 +539,9 @@ func (l *loop) checkPending(s *stream) {
 
 // flush writes pending bytes.
 func (l *loop) flush(s *stream, now time.Time) {
-	n, err := unix.Write(s.cfd, s.pend)
+	n, err := rawWrite(s.cfd, s.pend)
 	for err == unix.EINTR {
-		n, err = unix.Write(s.cfd, s.pend)
+		n, err = rawWrite(s.cfd, s.pend)
 	}
 	if err != nil && err != unix.EAGAIN {
 		l.gone(s)
