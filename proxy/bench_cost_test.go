@@ -10,7 +10,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/limiter"
+	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -283,7 +286,7 @@ func heldMemory() uint64 {
 // holdStreams opens k streams to url, waits until each has its first
 // token, measures the memory in use, then cancels them. It returns the
 // memory grown per stream in bytes.
-func holdStreams(b *testing.B, url string, k int) float64 {
+func holdStreams(b *testing.B, name, url string, k int) float64 {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -316,6 +319,15 @@ func holdStreams(b *testing.B, url string, k int) float64 {
 	}
 	ready.Wait()
 	held := heldMemory()
+	if dir := os.Getenv("SLUICE_HELD_HEAPPROFILE"); dir != "" {
+		// The heap while the streams are held (go tool pprof -sample_index=inuse_space).
+		f, err := os.Create(filepath.Join(dir, "heap-"+name+".pprof"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		pprof.Lookup("heap").WriteTo(f, 0)
+		f.Close()
+	}
 	cancel()
 	done.Wait()
 	if n := fails.Load(); n > 0 {
@@ -329,24 +341,36 @@ func holdStreams(b *testing.B, url string, k int) float64 {
 }
 
 // BenchmarkHeldStreams holds 2,000 idle streams (one token, then silence)
-// directly and through Sluice with an HTTP/1.1 and an h2c upstream, and
-// reports the Go memory (heap in use plus stacks, after a collection) per
-// held stream, per case, and Sluice's own share ("h1-proxy-KiB": Sluice
-// minus direct). The backend runs in a separate process, so the direct
-// case measures the client alone. An op is one round of the three cases.
+// directly and through Sluice, and reports the Go memory (heap in use plus
+// stacks, after a collection) per held stream, per case, and Sluice's own
+// share ("<case>-proxy-KiB": the case minus direct). The cases: "loop", an
+// HTTP/1.1 upstream through proxy/h1up, whose committed streams the event
+// loops relay (cmd/sluice's default); "h1", net/http's Transport (the
+// stream stays on its goroutines); "h2c", an h2c upstream. The backend runs
+// in a separate process, so the direct case measures the client alone. An
+// op is one round of the cases. All streams come from 127.0.0.1, so the
+// edges' per-address connection cap is raised above k (at its default,
+// 1,024, the streams past it were refused: the failures this benchmark
+// used to report). SLUICE_HELD_HEAPPROFILE=DIR writes each case's heap
+// profile, taken while its streams are held, to DIR/heap-<case>.pprof.
 func BenchmarkHeldStreams(b *testing.B) {
 	const k = 2000
+	if os.Getenv("SLUICE_HELD_HEAPPROFILE") != "" {
+		runtime.MemProfileRate = 1 // every allocation: the profile is the breakdown per stream
+	}
 	backend := startHoldBackend(b)
-	h1 := fullEdge(b, poolOf(backend))
+	capAbove := func(s *listen.Server) { s.MaxConnsPerAddr = 2 * k }
+	loop := startEdge(b, heldEdgeOpts(poolOf(backend), capAbove, true))
+	h1 := startEdge(b, heldEdgeOpts(poolOf(backend), capAbove, false))
 	pc := poolOf(backend)
 	pc.H2C = true
-	h2c := fullEdge(b, pc)
-	urls := []struct{ name, url string }{{"direct", backend}, {"h1", h1.http}, {"h2c", h2c.http}}
+	h2c := startEdge(b, heldEdgeOpts(pc, capAbove, false))
+	urls := []struct{ name, url string }{{"direct", backend}, {"loop", loop.http}, {"h1", h1.http}, {"h2c", h2c.http}}
 	per := make([]float64, len(urls))
 	b.ResetTimer()
 	for range b.N {
 		for i, u := range urls {
-			per[i] += holdStreams(b, u.url, k)
+			per[i] += holdStreams(b, u.name, u.url, k)
 		}
 	}
 	b.StopTimer()
@@ -357,4 +381,18 @@ func BenchmarkHeldStreams(b *testing.B) {
 		}
 	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// heldEdgeOpts is fullEdge's configuration with the listeners adjusted by
+// server and the HTTP/1.1 upstream through h1up (event loops) or not.
+func heldEdgeOpts(pc routing.PoolConfig, server func(*listen.Server), h1up bool) edgeOpts {
+	return edgeOpts{
+		pool:        pc,
+		limiter:     limiter.NewLocal(1),
+		limits:      limiter.Limits{MaxConcurrency: 1 << 20, TokensPerMinute: 1 << 50, RequestsPerMinute: 1 << 50},
+		log:         io.Discard,
+		promMetrics: true,
+		server:      server,
+		h1up:        h1up,
+	}
 }

@@ -226,6 +226,7 @@ type exchange struct {
 	route    *routing.Route
 	policy   *RoutePolicy // the path's route's until intake matches the model, then route's
 	body     []byte
+	bodyLen  int   // len(body) once a stream on a loop let go of it (shed)
 	bodyMem  int64 // capacity reserved from h.bodies for body
 	meta     requestMeta
 	alias    *alias // the route serves meta.Model under another name; see alias.go

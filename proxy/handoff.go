@@ -87,6 +87,7 @@ type loopStream struct {
 	sink    loopSink
 	h       *evloop.Handle
 	release func()        // the server's hold (listen.Hold)
+	uncount func()        // the connection cap's count (listen.KeepCounted)
 	stopAt  func() bool   // stops the drain watch
 	done    chan struct{} // closed when the handle is set (Add returned)
 }
@@ -165,6 +166,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	l.br = nil
 	putEvent(l.bufp)
 	l.bufp, l.ev = nil, nil
+	x.shed(l)
 	var stopped context.Context
 	ls.release, stopped = listen.Hold(r.Context()) // Shutdown waits for the stream
 	if stopped != nil {
@@ -179,6 +181,9 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	x.loop = ls
 	out := ls.sink.out
 	ls.sink.out = nil // the loop's from here
+	// The client's connection counts against its address's cap until the
+	// loop closes its socket (Add closes conn itself at once).
+	ls.uncount = listen.KeepCounted(conn)
 	h, err := g.Add(&evloop.Stream{Client: conn, Upstream: up, Out: out, Pending: pending, Raw: raw,
 		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls})
 	if err != nil {
@@ -189,12 +194,56 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 		if ls.stopAt != nil {
 			ls.stopAt()
 		}
+		ls.uncount()
 		ls.release()
 		return true, listen.ErrDraining
 	}
 	ls.h = h
 	close(ls.done)
 	return true, errHandedOff
+}
+
+// shed lets go of what a stream on a loop no longer needs, so that a held
+// stream keeps only what its events and its completion read (see
+// docs/BENCHMARKS.md, "heldrss"):
+//   - the client's request becomes a copy without its body: the server's
+//     body reader holds the connection's 4 KiB read buffer (net/http does
+//     not pool it back after a Hijack), and the body was read long ago;
+//   - the request body and its share of the body memory budget (a stream
+//     that is relayed is not retried);
+//   - the backend's response but for its status (its header was copied into
+//     the client's head; its request, with its header, goes too);
+//   - the client's response header (appendHead wrote it).
+//
+// A hedged exchange keeps all but the header: the losing leg may still be
+// running on its goroutine, reading the request, the body and its race.
+func (x *exchange) shed(l *leg) {
+	if ls, ok := x.sink.(*loopSink); ok {
+		ls.hdr = nil
+	}
+	if x.hedging != nil {
+		return
+	}
+	nr := new(http.Request)
+	*nr = *x.r
+	nr.Body, nr.GetBody = http.NoBody, nil
+	x.r = nr
+	x.bodyLen, x.body = len(x.body), nil
+	x.h.bodies.release(x.bodyMem)
+	x.bodyMem = 0
+	l.resp = statusOnly(l.resp.StatusCode)
+}
+
+// ok200 is the backend response a stream on a loop keeps when it was a 200
+// (the usual case; shared, never changed): only its status is read.
+var ok200 = &http.Response{StatusCode: http.StatusOK, Body: http.NoBody}
+
+// statusOnly is a response with only a status and no body.
+func statusOnly(code int) *http.Response {
+	if code == http.StatusOK {
+		return ok200
+	}
+	return &http.Response{StatusCode: code, Body: http.NoBody}
 }
 
 // loopAbort ends a hijacked exchange on this goroutine: its head and first
@@ -285,6 +334,7 @@ func (ls *loopStream) Closed(error, int64) {
 	if ls.stopAt != nil {
 		ls.stopAt()
 	}
+	ls.uncount()
 	ls.release()
 }
 
@@ -346,8 +396,16 @@ type loopSink struct {
 
 var _ Sink = (*loopSink)(nil)
 
-func (s *loopSink) Header() http.Header { return s.hdr }
-func (s *loopSink) Start(int, bool)     {}
+// Header is the head handOff wrote; once the stream is on a loop the head
+// is gone (shed) and a fresh header, which nothing sends, is returned.
+func (s *loopSink) Header() http.Header {
+	if s.hdr == nil {
+		s.hdr = http.Header{}
+	}
+	return s.hdr
+}
+
+func (s *loopSink) Start(int, bool) {}
 
 func (s *loopSink) Event(ev, _ []byte) (int, error) {
 	s.out = chunked.AppendChunk(s.out, ev)
@@ -381,7 +439,7 @@ type deferredSink struct {
 	ls   *loopSink
 }
 
-func (s *deferredSink) Header() http.Header                 { return s.ls.hdr }
+func (s *deferredSink) Header() http.Header                 { return s.ls.Header() }
 func (s *deferredSink) Start(int, bool)                     {}
 func (s *deferredSink) Event(ev, d []byte) (int, error)     { return s.ls.Event(ev, d) }
 func (s *deferredSink) Raw(p []byte) (int, error)           { return s.ls.Raw(p) }

@@ -19,7 +19,7 @@ func (h *Handler) observe(x *exchange) {
 func (x *exchange) record(end time.Time) observe.Record {
 	r := observe.Record{ID: x.id, Method: x.r.Method, Path: x.r.URL.Path, Proto: protoOf(x.r, x.conn),
 		Model: x.meta.Model, Status: x.status, Start: x.start, End: end,
-		BytesIn: int64(len(x.body)), BytesOut: x.bytesToUser, Retries: x.retries, Hedged: x.hedged,
+		BytesIn: int64(max(len(x.body), x.bodyLen)), BytesOut: x.bytesToUser, Retries: x.retries, Hedged: x.hedged,
 		Usage: x.consumed(), Counted: x.usage != nil || x.tokens > 0, Error: errorClass(x),
 		Client: clientIP(x.r), TraceID: x.traceID()}
 	if r.Status == 0 {

@@ -73,6 +73,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 		l.conns[ip]++
 		l.mu.Unlock()
 		cc := &capConn{Conn: c, l: l, ip: ip}
+		cc.counted.Store(true)
 		cc.timer = time.AfterFunc(l.firstLeft(c), func() {
 			if cc.served.CompareAndSwap(false, true) {
 				c.Close()
@@ -137,6 +138,9 @@ type capConn struct {
 	timer  *time.Timer
 	served atomic.Bool // a request started (or the timer fired)
 	closed atomic.Bool
+	// counted is set while the connection is in l.conns; kept makes Close
+	// leave it there (KeepCounted: the socket lives on elsewhere).
+	counted, kept atomic.Bool
 }
 
 // request marks that a request started on the connection: the
@@ -150,16 +154,41 @@ func (c *capConn) request() {
 func (c *capConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
 		c.timer.Stop()
-		if c.ip == "" {
-			return c.Conn.Close() // a trusted proxy's: not counted
+		if !c.kept.Load() {
+			c.uncount()
 		}
-		c.l.mu.Lock()
-		if c.l.conns[c.ip]--; c.l.conns[c.ip] <= 0 {
-			delete(c.l.conns, c.ip)
-		}
-		c.l.mu.Unlock()
 	}
 	return c.Conn.Close()
+}
+
+// uncount takes the connection out of its address's count, once (a trusted
+// proxy's is not counted).
+func (c *capConn) uncount() {
+	if !c.counted.CompareAndSwap(true, false) {
+		return
+	}
+	c.l.mu.Lock()
+	if c.l.conns[c.ip]--; c.l.conns[c.ip] <= 0 {
+		delete(c.l.conns, c.ip)
+	}
+	c.l.mu.Unlock()
+}
+
+// KeepCounted keeps c (a connection a listener of this package accepted,
+// hijacked from its server) counted against its client address after c is
+// closed, until the returned release is called: for a socket that lives on
+// outside c (the event loops dup it, then close c). Without it a client
+// could hold more connections than its cap by streaming. release is
+// idempotent; for a connection not counted it does nothing.
+func KeepCounted(c net.Conn) (release func()) {
+	cc := capConnOf(c)
+	if cc == nil {
+		return func() {}
+	}
+	cc.kept.Store(true)
+	// A Close before this line has uncounted c already: release is then a
+	// no-op (counted is false).
+	return cc.uncount
 }
 
 // capConnOf finds the capConn under c (cleartext, or under TLS).
