@@ -125,19 +125,19 @@ func isEventStream(h http.Header) bool {
 // credentials, forwarding headers and the request id.
 func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*http.Request, error) {
 	r := x.r
-	var body io.Reader
-	if x.body != nil {
-		body = bytes.NewReader(x.body)
-	}
-	// The URL is set as built, not printed and parsed back: the request
-	// line the transport writes (URL.RequestURI) is the same.
-	req, err := http.NewRequestWithContext(ctx, r.Method, "", body)
+	// No body and no URL to parse given to NewRequestWithContext: the URL
+	// it allocates for "" takes the backend URL as built (the request line
+	// the transport writes, URL.RequestURI, is the same as if printed and
+	// parsed back), and the body is set below in two allocations.
+	req, err := http.NewRequestWithContext(ctx, r.Method, "", nil)
 	if err != nil {
 		return nil, err
 	}
-	u := new(url.URL)
-	*u = x.backendURL(b)
-	req.URL, req.Host = u, strings.TrimSuffix(u.Host, ":")
+	*req.URL = x.backendURL(b)
+	req.Host = strings.TrimSuffix(req.URL.Host, ":")
+	if x.body != nil {
+		setReplayBody(req, x.body)
+	}
 	// Sized for the client's fields and Sluice's five, less the client's
 	// Authorization (nearly always sent, never copied): many SDK fields
 	// need no growth of the map, a few (curl's) stay in a small map of 8.
@@ -162,6 +162,37 @@ func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*ht
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	return req, nil
+}
+
+// replayBody is a request body read from memory: the reader and its Close
+// in one allocation, its rewind for a retry on a new connection (GetBody)
+// in a second, where http.NewRequest's bytes.Reader body takes four.
+type replayBody struct {
+	bytes.Reader // keeps WriteTo: the transport writes the body in one call
+	data         []byte
+}
+
+func (*replayBody) Close() error { return nil }
+
+// again is the request's GetBody: a new reader of the same bytes.
+func (rb *replayBody) again() (io.ReadCloser, error) {
+	n := &replayBody{data: rb.data}
+	n.Reset(n.data)
+	return n, nil
+}
+
+// setReplayBody sets req's body to data as http.NewRequest sets a
+// *bytes.Reader body: ContentLength, GetBody, and http.NoBody when empty.
+func setReplayBody(req *http.Request, data []byte) {
+	req.ContentLength = int64(len(data))
+	if len(data) == 0 {
+		req.Body = http.NoBody
+		req.GetBody = func() (io.ReadCloser, error) { return http.NoBody, nil }
+		return
+	}
+	rb := &replayBody{data: data}
+	rb.Reset(data)
+	req.Body, req.GetBody = rb, rb.again
 }
 
 // backendURL is the URL a request goes to on b: the backend's base URL

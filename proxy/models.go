@@ -34,5 +34,7 @@ func newID() string {
 			b[i+j] = byte(v >> (8 * j))
 		}
 	}
-	return hex.EncodeToString(b[:])
+	var h [32]byte // encoded on the stack: one allocation, the string
+	hex.Encode(h[:], b[:])
+	return string(h[:])
 }

@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/sluice-proxy/sluice/routing"
@@ -77,8 +80,59 @@ func TestUpstreamRequestShape(t *testing.T) {
 	if req.Header.Get("X-Forwarded-Host") != "edge.example" || req.Header.Get("X-Request-Id") != "client-id" {
 		t.Errorf("fields changed together: %v", req.Header)
 	}
-	if n := testing.AllocsPerRun(100, func() { x.upstreamRequest(context.Background(), b) }); n > 13 {
-		t.Errorf("upstreamRequest: %v allocations, want at most 13", n)
+	if n := testing.AllocsPerRun(100, func() { x.upstreamRequest(context.Background(), b) }); n > 11 {
+		t.Errorf("upstreamRequest: %v allocations, want at most 11", n)
+	}
+}
+
+// The backend request's body is the client's body as http.NewRequest sets
+// a bytes.Reader body: its length, readable once, and GetBody giving the
+// same bytes again as often as asked (a retry on a new connection), each
+// reader independent; an empty body is http.NoBody.
+func TestUpstreamRequestBody(t *testing.T) {
+	x, b := upstreamExchange(t)
+	want := string(x.body)
+	req, err := x.upstreamRequest(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.ContentLength != int64(len(want)) || req.GetBody == nil {
+		t.Fatalf("ContentLength %d (want %d), GetBody set %v", req.ContentLength, len(want), req.GetBody != nil)
+	}
+	got, err := io.ReadAll(req.Body)
+	if err != nil || string(got) != want {
+		t.Fatalf("body %q, %v; want %q", got, err, want)
+	}
+	if err := req.Body.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := req.Body.(io.WriterTo); !ok {
+		t.Error("body lost WriteTo: the transport would copy it through a buffer")
+	}
+	r1, _ := req.GetBody()
+	r2, _ := req.GetBody()
+	half := make([]byte, 5)
+	io.ReadFull(r1, half)
+	for i, r := range []io.Reader{r2, r1} {
+		got, _ := io.ReadAll(r)
+		if exp := want[5*i:]; string(got) != exp {
+			t.Errorf("GetBody reader %d: %q, want %q", i, got, exp)
+		}
+	}
+	x.body = []byte{}
+	req, err = x.upstreamRequest(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.Body != http.NoBody || req.ContentLength != 0 {
+		t.Errorf("empty body: %T, length %d; want http.NoBody, 0", req.Body, req.ContentLength)
+	}
+	if rc, _ := req.GetBody(); rc != http.NoBody {
+		t.Errorf("empty body: GetBody gives %T", rc)
+	}
+	x.body = nil
+	if req, _ = x.upstreamRequest(context.Background(), b); req.Body != nil && req.Body != http.NoBody {
+		t.Errorf("no body: %T", req.Body)
 	}
 }
 
@@ -94,5 +148,24 @@ func BenchmarkUpstreamRequest(b *testing.B) {
 		if _, err := x.upstreamRequest(ctx, be); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// newID gives 128 random bits as 32 lowercase hex digits, in one
+// allocation (the string).
+func TestNewID(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		id := newID()
+		if len(id) != 32 || strings.Trim(id, "0123456789abcdef") != "" {
+			t.Fatalf("id %q: want 32 lowercase hex digits", id)
+		}
+		if seen[id] {
+			t.Fatalf("id %q repeated", id)
+		}
+		seen[id] = true
+	}
+	if n := testing.AllocsPerRun(100, func() { newID() }); n > 1 {
+		t.Errorf("newID: %v allocations, want 1", n)
 	}
 }
