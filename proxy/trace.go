@@ -148,6 +148,7 @@ func (x *exchange) endTrace(end time.Time) {
 		s.EndAt(end)
 		return
 	}
+	tr.rec = false // once: a second call only ends the ended span (tr.timing's bytes are never written twice)
 	if t.StagesRecorded() {
 		var buf [8]tracing.Mark
 		marks := buf[:0]
