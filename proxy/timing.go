@@ -105,13 +105,17 @@ func millis(d time.Duration) float64 { return float64(d) / 1e6 }
 // serverTiming is the initial Server-Timing value: every stage measured so
 // far.
 func (x *exchange) serverTiming() string {
-	b := make([]byte, 0, 256)
+	return string(x.appendServerTiming(make([]byte, 0, 256)))
+}
+
+// appendServerTiming appends the initial Server-Timing value to b.
+func (x *exchange) appendServerTiming(b []byte) []byte {
 	for _, s := range observe.HeaderStages {
 		if d, ok := x.stage(s); ok {
 			b = appendMetric(b, s, millis(d))
 		}
 	}
-	return string(b)
+	return b
 }
 
 // itlPercentiles returns the P50, P99 and max of the ITL samples.

@@ -3,12 +3,14 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -52,11 +54,21 @@ const (
 )
 
 // reqTrace is a traced request's spans; the exchange holds one only when
-// tracing is on.
+// tracing is on. It is one allocation: the spans and the strings the
+// trace needs are in it. Its strings made from its byte arrays
+// (unsafe.String) are made once each, after the bytes are written, which
+// are never written again; its Spans are never reused either (the
+// upstream request's header holds slices of a leg span's).
 type reqTrace struct {
-	ctx    context.Context // holds span: the parent of the others
-	span   *tracing.Span   // the request's SERVER span
-	finish []string        // finish reasons seen, in order, without repeats
+	span      tracing.Span    // the request's SERVER span
+	legs      [2]tracing.Span // the first two attempts' CLIENT spans (more are allocated)
+	nlegs     int             // legs used
+	rec       bool            // span is recording (sampled)
+	id        string          // the trace id, for the access log
+	finish    []string        // finish reasons seen, in order, without repeats
+	finishBuf [2]string
+	hex       [32]byte  // id's bytes, unless id is a substring of the client's traceparent
+	timing    [256]byte // sluice.server_timing's bytes (when they fit)
 }
 
 // startTrace starts the request's server span when tracing is on.
@@ -65,23 +77,28 @@ func (x *exchange) startTrace() {
 	if t == nil {
 		return
 	}
-	ctx, span := t.StartServer(x.r.Header, x.r.Method, x.start)
-	x.trace = &reqTrace{ctx: ctx, span: span}
+	tr := new(reqTrace)
+	t.StartRequest(&tr.span, x.r.Header, x.r.Method, x.start)
+	tr.rec = tr.span.IsRecording()
+	tr.finish = tr.finishBuf[:0]
+	id := tr.span.TraceID()
+	if client := tracing.TraceIDOf(x.r.Header.Get("Traceparent")); client != "" && hexIs(client, id[:]) {
+		tr.id = client // the client's trace continued: its header has the id
+	} else {
+		hex.Encode(tr.hex[:], id[:])
+		tr.id = unsafe.String(&tr.hex[0], len(tr.hex))
+	}
+	x.trace = tr
 }
 
 // traceID is the request's trace id for the access log: the server span's
 // when tracing is on, else the client's traceparent's (which the backend
 // receives unchanged), else "".
 func (x *exchange) traceID() string {
-	client := tracing.TraceIDOf(x.r.Header.Get("Traceparent"))
 	if x.trace != nil {
-		id := x.trace.span.SpanContext().TraceID()
-		if client != "" && hexIs(client, id[:]) { // the client's trace continued: its header has the id, no string to build
-			return client
-		}
-		return id.String()
+		return x.trace.id
 	}
-	return client
+	return tracing.TraceIDOf(x.r.Header.Get("Traceparent"))
 }
 
 // hexIs reports whether h (lower-case hex) spells b.
@@ -126,11 +143,12 @@ func (x *exchange) endTrace(end time.Time) {
 	if tr == nil {
 		return
 	}
-	t, s := x.h.tracer, tr.span
-	if !s.IsRecording() {
+	t, s := x.h.tracer, &tr.span
+	if !tr.rec {
 		s.EndAt(end)
 		return
 	}
+	tr.rec = false // once: a second call only ends the ended span (tr.timing's bytes are never written twice)
 	if t.StagesRecorded() {
 		var buf [8]tracing.Mark
 		marks := buf[:0]
@@ -153,7 +171,7 @@ func (x *exchange) endTrace(end time.Time) {
 		if !x.firstToken.IsZero() && !x.lastToken.IsZero() {
 			stage(observe.StageDecode, x.firstToken, x.lastToken, attrGenAIOutputTokens.Int64(x.outputTokens()))
 		}
-		t.Stages(tr.ctx, marks)
+		t.StagesOf(s, marks)
 	}
 
 	status := x.status
@@ -169,8 +187,8 @@ func (x *exchange) endTrace(end time.Time) {
 	if x.tenant != nil {
 		attrs = append(attrs, attrTenant.String(x.tenant.ID))
 	}
-	if st := x.serverTiming(); st != "" { // the stages' durations, as the Server-Timing header has them
-		attrs = append(attrs, attrServerTiming.String(st))
+	if b := x.appendServerTiming(tr.timing[:0]); len(b) > 0 { // the stages' durations, as the Server-Timing header has them
+		attrs = append(attrs, attrServerTiming.String(unsafe.String(&b[0], len(b))))
 	}
 	name := x.r.Method
 	if x.route != nil {
@@ -192,7 +210,7 @@ func (x *exchange) endTrace(end time.Time) {
 		}
 	}
 	if len(tr.finish) > 0 {
-		attrs = append(attrs, attrGenAIFinish.StringSlice(tr.finish))
+		attrs = append(attrs, finishAttr(tr.finish))
 	}
 	if x.retries > 0 {
 		attrs = append(attrs, attrRetries.Int(x.retries))
@@ -225,10 +243,48 @@ func (x *exchange) operation() string {
 
 var finishKeys = [][]byte{[]byte(`"finish_reason"`), []byte(`"stop_reason"`)}
 
+// finishReasons are the finish reasons of OpenAI's and Anthropic's APIs,
+// interned, and the attribute of each alone, made once: the common case
+// costs no string and no attribute slice.
+var finishReasons = func() map[string]finishKnown {
+	m := map[string]finishKnown{}
+	for _, r := range []string{"stop", "length", "tool_calls", "content_filter", "function_call", // OpenAI
+		"end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal"} { // Anthropic
+		m[r] = finishKnown{r, attrGenAIFinish.StringSlice([]string{r})}
+	}
+	return m
+}()
+
+type finishKnown struct {
+	reason string
+	attr   attribute.KeyValue // the reason alone
+}
+
+// finishReason is v as a string, interned when it is a known reason.
+func finishReason(v []byte) string {
+	if k, ok := finishReasons[string(v)]; ok { // the lookup does not allocate
+		return k.reason
+	}
+	return string(v)
+}
+
+// finishAttr is gen_ai.response.finish_reasons for reasons.
+func finishAttr(reasons []string) attribute.KeyValue {
+	if len(reasons) == 1 {
+		if k, ok := finishReasons[reasons[0]]; ok {
+			return k.attr
+		}
+	}
+	return attrGenAIFinish.StringSlice(reasons)
+}
+
 // traceFinish notes the finish reasons in an event's data or a whole body
 // (OpenAI's finish_reason, Anthropic's stop_reason), for
 // gen_ai.response.finish_reasons. Called only when tracing is on.
 func (x *exchange) traceFinish(data []byte) {
+	if !x.trace.rec { // sampled out: not recorded
+		return
+	}
 	for _, k := range finishKeys {
 		for rest := data; ; {
 			i := bytes.Index(rest, k)
@@ -250,7 +306,7 @@ func (x *exchange) traceFinish(data []byte) {
 			}
 			v := rest[j+1 : j+1+end]
 			if !slices.Contains(x.trace.finish, string(v)) && len(x.trace.finish) < 8 {
-				x.trace.finish = append(x.trace.finish, string(v))
+				x.trace.finish = append(x.trace.finish, finishReason(v))
 			}
 			rest = rest[j+1+end:]
 		}
@@ -260,9 +316,17 @@ func (x *exchange) traceFinish(data []byte) {
 // startLegSpan starts an upstream attempt's CLIENT span, a child of the
 // server span.
 func (l *leg) startSpan() {
-	x := l.x
-	if !x.trace.span.IsRecording() { // sampled out: a span only for the backend's traceparent
-		l.span = x.h.tracer.Start(x.trace.ctx, "upstream", trace.SpanKindClient, time.Time{})
+	x, tr := l.x, l.x.trace
+	var s *tracing.Span
+	if tr.nlegs < len(tr.legs) { // legs are started by the exchange's goroutine, one by one
+		s = &tr.legs[tr.nlegs]
+		tr.nlegs++
+	} else {
+		s = new(tracing.Span)
+	}
+	l.span = s
+	if !tr.rec { // sampled out: a span only for the backend's traceparent
+		x.h.tracer.StartChild(s, &tr.span, "upstream", trace.SpanKindClient, time.Time{})
 		return
 	}
 	var buf [4]attribute.KeyValue
@@ -273,7 +337,7 @@ func (l *leg) startSpan() {
 	if x.route != nil {
 		attrs = append(attrs, attrPool.String(x.route.Pool.Name()))
 	}
-	l.span = x.h.tracer.Start(x.trace.ctx, "upstream", trace.SpanKindClient, time.Now(), attrs...)
+	x.h.tracer.StartChild(s, &tr.span, "upstream", trace.SpanKindClient, time.Now(), attrs...)
 }
 
 // endSpan ends the attempt's span with how the attempt went.

@@ -2,9 +2,15 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -127,4 +133,245 @@ func benchTracing(b *testing.B, mode string) {
 	b.ReportMetric(float64((cases[1].cpu-cases[0].cpu).Microseconds())/n, "tracing-cpu-µs/req")
 	b.ReportMetric(float64(spans.Load()-spans0)/n, "spans/req")
 	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkTracingCPU measures what tracing every request (sampler ratio
+// 1.0, stage events: the default) costs the whole pipeline in CPU, in a
+// way that holds on a shared, noisy machine: BenchmarkTracingSmallRequests'
+// load (small non-streamed requests from 8 keep-alive clients) through two
+// edges in this process, one untraced and one traced, sharing the backend,
+// in short blocks of 200 requests alternating untraced and traced. An op
+// is a pair of blocks (in the order AB, then BA, then AB…, so that a drift
+// in the machine's load falls on both alike), each block's process CPU
+// (user+sys, getrusage) taken, and the traced block's export flushed
+// within it. The OTLP receiver (it only counts spans) runs in a child
+// process, as a collector runs elsewhere: what is measured is the
+// process of the edges, their clients and the backend. The
+// pair's difference per request is one sample of the cost: slow phases of
+// the machine move both blocks of a pair, not their difference, so the
+// samples spread far less than the blocks do. Reported over the pairs:
+// the median difference ("Δcpu-µs/req"), its quartiles ("Δp25", "Δp75"),
+// a distribution-free 95% confidence interval of the median from the
+// order statistics ("Δci95-lo", "Δci95-hi"), the share of pairs whose
+// difference is over 10 µs, and per case the median CPU and the
+// allocations per request. "sampled-out" is the same at ratio 0 (trace
+// ids and the backend's traceparent, nothing recorded).
+//
+//	go test -run '^$' -bench BenchmarkTracingCPU -benchtime 60x ./proxy/
+//
+// TRACECPU_ONLY=off or =traced runs only that case's blocks (two per op),
+// for a differential profile: -cpuprofile of each, then
+// go tool pprof -diff_base off.prof traced.prof.
+func BenchmarkTracingCPU(b *testing.B) {
+	for _, mode := range []string{"ratio-1", "sampled-out"} {
+		b.Run(mode, func(b *testing.B) { benchTracingCPU(b, mode) })
+	}
+}
+
+func benchTracingCPU(b *testing.B, mode string) {
+	srv, _ := countingServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, smallAnswer)
+	}), false)
+	url, spans := startReceiverProcess(b)
+	ratio := 1.0
+	if mode == "sampled-out" {
+		ratio = 0
+	}
+	tr, err := tracing.New(context.Background(), tracing.Config{Enabled: true, Endpoint: url, SamplerRatio: &ratio}, "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tr.Shutdown(context.Background())
+	edge := func(traced bool) *testEdge {
+		o := edgeOpts{
+			pool: poolOf(srv.URL), limiter: limiter.NewLocal(1), log: io.Discard, promMetrics: true,
+			limits: limiter.Limits{MaxConcurrency: 1 << 20, TokensPerMinute: 1 << 50, RequestsPerMinute: 1 << 50},
+		}
+		if traced {
+			o.tracer = tr
+		}
+		return startEdge(b, o)
+	}
+	const workers, perBlock = 8, 200
+	body := `{"model":"sim-small","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
+	type kase struct {
+		name, url string
+		client    *http.Client
+		cpu       []float64 // µs per request, per block
+		allocs    uint64
+		requests  int
+	}
+	off, on := &kase{name: "off", url: edge(false).http}, &kase{name: "traced", url: edge(true).http}
+	block := func(c *kase) {
+		var wg sync.WaitGroup
+		var next atomic.Int64
+		for range workers {
+			wg.Go(func() {
+				for next.Add(1) <= perBlock {
+					req, _ := http.NewRequest(http.MethodPost, c.url+"/v1/chat/completions", strings.NewReader(body))
+					req.Header.Set("Authorization", "Bearer "+testKey)
+					resp, err := c.client.Do(req)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						b.Errorf("%s: status %d", c.name, resp.StatusCode)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	measured := func(c *kase) {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		m0 := ms.Mallocs
+		cpu0 := cpuTime(b)
+		block(c)
+		if c == on {
+			tr.ForceFlush(context.Background()) // the export's cost is counted in the traced block
+		}
+		cpu := cpuTime(b) - cpu0
+		runtime.ReadMemStats(&ms)
+		c.allocs += ms.Mallocs - m0
+		c.requests += perBlock
+		c.cpu = append(c.cpu, float64(cpu.Nanoseconds())/1e3/perBlock)
+	}
+	for _, c := range []*kase{off, on} {
+		c.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}}
+		for range 3 { // warm: connections, pools, the recorder's records
+			block(c)
+		}
+	}
+	tr.ForceFlush(context.Background())
+	spans0 := spans()
+	b.ResetTimer()
+	if only := os.Getenv("TRACECPU_ONLY"); only != "" {
+		c := map[string]*kase{"off": off, "traced": on}[only]
+		if c == nil {
+			b.Fatalf("TRACECPU_ONLY=%q: want off or traced", only)
+		}
+		for range 2 * b.N {
+			measured(c)
+		}
+		b.ReportMetric(float64(c.allocs)/float64(c.requests), c.name+"-allocs/req")
+		slices.Sort(c.cpu)
+		b.ReportMetric(c.cpu[len(c.cpu)/2], c.name+"-cpu-µs/req")
+		b.ReportMetric(0, "ns/op")
+		return
+	}
+	diffs := make([]float64, 0, b.N)
+	for i := range b.N {
+		if i%2 == 0 {
+			measured(off)
+			measured(on)
+		} else {
+			measured(on)
+			measured(off)
+		}
+		diffs = append(diffs, on.cpu[i]-off.cpu[i])
+	}
+	b.StopTimer()
+	if b.Failed() {
+		return
+	}
+	q := func(xs []float64, p float64) float64 { // the p-quantile, linear between order statistics
+		s := slices.Sorted(slices.Values(xs))
+		f := p * float64(len(s)-1)
+		i := int(f)
+		if i+1 >= len(s) {
+			return s[len(s)-1]
+		}
+		return s[i] + (f-float64(i))*(s[i+1]-s[i])
+	}
+	// A 95% confidence interval of the median: the order statistics of
+	// ranks n/2 ∓ 0.98·√n (the normal approximation of the binomial).
+	sorted := slices.Sorted(slices.Values(diffs))
+	n := float64(len(sorted))
+	lo := max(int(math.Floor(n/2-0.98*math.Sqrt(n))), 0)
+	hi := min(int(math.Ceil(n/2+0.98*math.Sqrt(n))), len(sorted)-1)
+	over := 0
+	for _, d := range diffs {
+		if d > 10 {
+			over++
+		}
+	}
+	b.ReportMetric(q(diffs, 0.5), "Δcpu-µs/req")
+	b.ReportMetric(q(diffs, 0.25), "Δp25")
+	b.ReportMetric(q(diffs, 0.75), "Δp75")
+	b.ReportMetric(sorted[lo], "Δci95-lo")
+	b.ReportMetric(sorted[hi], "Δci95-hi")
+	b.ReportMetric(float64(over)/n, "share>10µs")
+	for _, c := range []*kase{off, on} {
+		b.ReportMetric(q(c.cpu, 0.5), c.name+"-cpu-µs/req")
+		b.ReportMetric(float64(c.allocs)/float64(c.requests), c.name+"-allocs/req")
+	}
+	b.ReportMetric(float64(spans()-spans0)/float64(on.requests), "spans/req")
+	b.ReportMetric(0, "ns/op")
+	b.Logf("%d pairs of %d-request blocks: Δ median %.2f µs/req, IQR %.2f…%.2f, 95%% CI of the median %.2f…%.2f; untraced %.1f µs/req (IQR %.1f…%.1f)",
+		len(diffs), perBlock, q(diffs, 0.5), q(diffs, 0.25), q(diffs, 0.75), sorted[lo], sorted[hi], q(off.cpu, 0.5), q(off.cpu, 0.25), q(off.cpu, 0.75))
+}
+
+// startReceiverProcess starts otlptest's counting OTLP receiver in a child
+// process (this test binary running TestTracingCPUReceiver) and returns
+// its URL and a function that asks it how many spans it has counted. The
+// child ends when its stdin closes, at b's cleanup.
+func startReceiverProcess(b *testing.B) (url string, spans func() int64) {
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestTracingCPUReceiver$")
+	cmd.Env = append(os.Environ(), "TRACECPU_RECEIVER=1")
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		stdin.Close()
+		cmd.Wait()
+	})
+	var countURL string
+	if _, err := fmt.Fscanln(stdout, &url, &countURL); err != nil {
+		b.Fatalf("receiver process: %v", err)
+	}
+	return url, func() int64 {
+		resp, err := http.Get(countURL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var n int64
+		if _, err := fmt.Fscan(resp.Body, &n); err != nil {
+			b.Fatal(err)
+		}
+		return n
+	}
+}
+
+// TestTracingCPUReceiver is BenchmarkTracingCPU's receiver process when
+// TRACECPU_RECEIVER=1 (else it returns at once: it tests nothing). It
+// prints the receiver's URL and that of its span count, and serves them
+// until its stdin closes.
+func TestTracingCPUReceiver(t *testing.T) {
+	if os.Getenv("TRACECPU_RECEIVER") != "1" {
+		return
+	}
+	url, spans := otlptest.StartCounting(t)
+	count := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, spans.Load())
+	}))
+	defer count.Close()
+	fmt.Println(url, count.URL)
+	io.Copy(io.Discard, os.Stdin)
 }

@@ -89,25 +89,27 @@ func newExportQueue(exp *wireExporter, res *resource.Resource, scope instrumenta
 
 // push encodes an ended span's record and queues the bytes, or drops them
 // when the queue is full or shut down; the record goes back to the free
-// list either way.
+// list either way (unless it holds maxFree).
 func (q *exportQueue) push(r *record) {
 	b, at := open(r.enc[:0], fSSSpans)
-	r.enc = closeAt(appendSpan(b, r), at)
+	enc := closeAt(appendSpan(b, r), at)
+	r.reset() // before the lock: one critical section per span for the queue and the free list (handlers contend for it)
+	r.enc = enc
 	q.mu.Lock()
+	full := false
 	if q.closed || len(q.q.ends) >= q.maxQueue {
-		closed := q.closed
-		q.mu.Unlock()
-		if !closed { // after Shutdown spans are not exported, as with the SDK
+		if !q.closed { // after Shutdown spans are not exported, as with the SDK
 			q.dropped.Add(1)
 		}
-		q.release(r)
-		return
+	} else {
+		q.q.buf = append(q.q.buf, enc...)
+		q.q.ends = append(q.q.ends, len(q.q.buf))
+		full = len(q.q.ends) == q.batchSize
 	}
-	q.q.buf = append(q.q.buf, r.enc...)
-	q.q.ends = append(q.q.ends, len(q.q.buf))
-	full := len(q.q.ends) == q.batchSize
+	if len(q.free) < maxFree {
+		q.free = append(q.free, r)
+	}
 	q.mu.Unlock()
-	q.release(r)
 	if full {
 		select {
 		case q.kick <- struct{}{}:
@@ -131,16 +133,6 @@ func (q *exportQueue) get() *record {
 	}
 	q.mu.Unlock()
 	return newRecord()
-}
-
-// release resets r and keeps it on the free list, unless that is full.
-func (q *exportQueue) release(r *record) {
-	r.reset()
-	q.mu.Lock()
-	if len(q.free) < maxFree {
-		q.free = append(q.free, r)
-	}
-	q.mu.Unlock()
 }
 
 // run is the export goroutine: it exports what is queued when a batch is

@@ -1,9 +1,12 @@
 package tracing
 
 import (
+	"context"
+	"net/http"
 	"reflect"
 	"sync"
 	"time"
+	"unsafe"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -30,12 +33,20 @@ const (
 type Span struct {
 	embedded.Span
 
-	sdk trace.Span // the SDK's span, when the Tracer uses the SDK
+	sdk trace.Span      // the SDK's span, when the Tracer uses the SDK
+	ctx context.Context // with the SDK: a context holding sdk, for its children
 	sc  trace.SpanContext
+	ts  string // the tracestate (not in sc: a TraceState is a parsed list)
 	t   *Tracer
 
 	mu  sync.Mutex
 	rec *record // while recording: from Start to End, nil when sampled out
+
+	// What Inject puts in a request's header, made by its first call: the
+	// header's values are slices of hdr, hdr[0] is tp's bytes.
+	injected bool
+	tp       [55]byte
+	hdr      [2]string // traceparent, tracestate
 }
 
 // record is a span's data: taken from the export queue's free list (with
@@ -44,6 +55,7 @@ type Span struct {
 // the encoder reads (spanData).
 type record struct {
 	sc, parent   trace.SpanContext
+	ts           string // sc's tracestate (sc has none)
 	name         string
 	kind         trace.SpanKind
 	start, end   time.Time
@@ -135,11 +147,45 @@ func (r *record) addEvent(name string, at time.Time, attrs []attribute.KeyValue)
 var _ trace.Span = (*Span)(nil)
 
 // SpanContext returns the span's context: valid also when sampled out.
+// With the lean recorder its TraceState is parsed at each call (an
+// allocation when there is one): TraceID reads the id alone.
 func (s *Span) SpanContext() trace.SpanContext {
 	if s.sdk != nil {
 		return s.sdk.SpanContext()
 	}
+	if s.ts != "" {
+		ts, _ := trace.ParseTraceState(s.ts) // valid: tracestateOf or TraceState.String made it
+		return s.sc.WithTraceState(ts)
+	}
 	return s.sc
+}
+
+// TraceID is the span's trace id.
+func (s *Span) TraceID() trace.TraceID {
+	if s.sdk != nil {
+		return s.sdk.SpanContext().TraceID()
+	}
+	return s.sc.TraceID()
+}
+
+// inject is Tracer.Inject for a span of the lean recorder: the header's
+// values are the span's own, made once (the traceparent's bytes are
+// written by the first call and never again, so the string made of them
+// stays as it was).
+func (s *Span) inject(h http.Header) {
+	s.mu.Lock()
+	if !s.injected {
+		appendTraceparent(s.tp[:0], s.sc.TraceID(), s.sc.SpanID(), s.sc.TraceFlags())
+		s.injected = true
+	}
+	s.hdr = [2]string{unsafe.String(&s.tp[0], len(s.tp)), s.ts} // again: a caller may have written to the header's slice
+	s.mu.Unlock()
+	h["Traceparent"] = s.hdr[0:1:1]
+	if s.ts != "" {
+		h["Tracestate"] = s.hdr[1:2:2]
+	} else {
+		delete(h, "Tracestate")
+	}
 }
 
 // IsRecording reports whether the span records (sampled, not ended).

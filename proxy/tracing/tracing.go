@@ -107,9 +107,11 @@ func (c Config) Validate() error {
 // default endpoint), OTEL_TRACES_SAMPLER when the config has no
 // sampler_ratio, and the OTEL_*_LIMIT variables.
 type Tracer struct {
-	// The lean recorder: queue is nil when the SDK is used.
-	queue   *exportQueue
-	sampler sdktrace.Sampler
+	// The lean recorder: queue is nil when the SDK is used. Its sampler
+	// is parent-based (see sampled).
+	queue     *exportQueue
+	rootAll   bool   // a root span is always sampled (no ratio, or ratio ≥ 1)
+	rootBound uint64 // else sampled when its trace id's low 63 bits are below this
 
 	// The SDK, when the lean recorder is not.
 	tp *sdktrace.TracerProvider
@@ -161,9 +163,9 @@ func New(ctx context.Context, c Config, version string) (*Tracer, error) {
 	}
 	t := &Tracer{stages: c.StageSpans, events: c.StageEvents == nil || *c.StageEvents}
 	if lean != nil {
-		t.sampler = sdktrace.ParentBased(sdktrace.AlwaysSample()) // the SDK's default, parentbased_always_on
-		if c.SamplerRatio != nil {
-			t.sampler = sdktrace.ParentBased(sdktrace.TraceIDRatioBased(*c.SamplerRatio))
+		t.rootAll = c.SamplerRatio == nil || *c.SamplerRatio >= 1 // nil: the SDK's default, parentbased_always_on
+		if !t.rootAll && *c.SamplerRatio > 0 {
+			t.rootBound = uint64(*c.SamplerRatio * (1 << 63)) // as sdktrace.TraceIDRatioBased
 		}
 		t.queue = newExportQueue(lean, res, instrumentation.Scope{Name: scopeName})
 		return t, nil
@@ -292,23 +294,65 @@ func (t *Tracer) ForceFlush(ctx context.Context) error {
 // trace of h's traceparent and tracestate when they are valid. The
 // returned context holds the span (the parent of Start's spans).
 func (t *Tracer) StartServer(h http.Header, name string, start time.Time) (context.Context, *Span) {
-	ctx := t.prop.Extract(context.Background(), canonicalCarrier(h))
-	if t.queue == nil {
-		ctx, s := t.tr.Start(ctx, name, optServer, trace.WithTimestamp(start))
-		return ctx, &Span{sdk: s}
+	s := new(Span)
+	t.StartRequest(s, h, name, start)
+	if s.sdk != nil {
+		return s.ctx, s
 	}
-	s := t.newSpan(ctx, name, trace.SpanKindServer, start, nil)
-	return trace.ContextWithSpan(ctx, s), s
+	return trace.ContextWithSpan(context.Background(), s), s
 }
 
-// newSpan starts a span of the lean recorder, as the SDK's tracer does
-// (its newSpan and newRecordingSpan): the parent's trace id or a new one,
-// a new span id (math/rand/v2 as the SDK's ID generator: per-thread
-// state, no lock), the sampler's decision in the sampled flag, a record
-// only when sampled. The sampler is not given attrs: the SDK's built-in
-// samplers, the only ones used here, do not read them.
+// StartRequest is StartServer into s, a zero Span the caller owns (a
+// field of its request's state: no allocation), without a context: start
+// its children with StartChild and record its stages with StagesOf.
+// With the lean recorder h's W3C headers are read by Sluice's own parser
+// (w3c.go), else by the OpenTelemetry propagator.
+func (t *Tracer) StartRequest(s *Span, h http.Header, name string, start time.Time) {
+	if t.queue == nil {
+		ctx := t.prop.Extract(context.Background(), canonicalCarrier(h))
+		ctx, sdk := t.tr.Start(ctx, name, optServer, trace.WithTimestamp(start))
+		*s = Span{sdk: sdk, ctx: ctx}
+		return
+	}
+	psc, ts := remoteParent(h)
+	t.initSpan(s, psc, ts, name, trace.SpanKindServer, start, nil)
+}
+
+// StartChild starts a child of parent into s, a zero Span the caller
+// owns, as Start does.
+func (t *Tracer) StartChild(s, parent *Span, name string, kind trace.SpanKind, start time.Time, attrs ...attribute.KeyValue) {
+	if t.queue == nil {
+		ctx, sdk := t.startSDK(parent.ctx, name, kind, start, attrs)
+		*s = Span{sdk: sdk, ctx: ctx}
+		return
+	}
+	t.initSpan(s, parent.sc, parent.ts, name, kind, start, attrs)
+}
+
+// parentOf is the span context and tracestate of the span in ctx.
+func parentOf(ctx context.Context) (trace.SpanContext, string) {
+	if p, ok := trace.SpanFromContext(ctx).(*Span); ok && p.sdk == nil {
+		return p.sc, p.ts
+	}
+	psc := trace.SpanContextFromContext(ctx)
+	return psc, psc.TraceState().String()
+}
+
+// newSpan starts a span of the lean recorder, a child of the span in
+// parent.
 func (t *Tracer) newSpan(parent context.Context, name string, kind trace.SpanKind, start time.Time, attrs []attribute.KeyValue) *Span {
-	psc := trace.SpanContextFromContext(parent)
+	psc, ts := parentOf(parent)
+	s := new(Span)
+	t.initSpan(s, psc, ts, name, kind, start, attrs)
+	return s
+}
+
+// initSpan starts a span of the lean recorder in s, as the SDK's tracer
+// does (its newSpan and newRecordingSpan): the parent's trace id or a new
+// one, a new span id (math/rand/v2 as the SDK's ID generator: per-thread
+// state, no lock), the sampler's decision in the sampled flag, the
+// parent's tracestate, a record only when sampled.
+func (t *Tracer) initSpan(s *Span, psc trace.SpanContext, ts string, name string, kind trace.SpanKind, start time.Time, attrs []attribute.KeyValue) {
 	tid := psc.TraceID()
 	if !tid.IsValid() {
 		for !tid.IsValid() {
@@ -320,24 +364,35 @@ func (t *Tracer) newSpan(parent context.Context, name string, kind trace.SpanKin
 	for !sid.IsValid() {
 		binary.NativeEndian.PutUint64(sid[:], rand.Uint64())
 	}
-	sr := t.sampler.ShouldSample(sdktrace.SamplingParameters{ParentContext: parent, TraceID: tid, Name: name, Kind: kind})
+	sampled := t.sampled(psc, tid)
 	flags := psc.TraceFlags() &^ trace.FlagsSampled
-	if sr.Decision == sdktrace.RecordAndSample {
+	if sampled {
 		flags |= trace.FlagsSampled
 	}
-	s := &Span{t: t, sc: trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: flags, TraceState: sr.Tracestate})}
-	if sr.Decision != sdktrace.RecordAndSample { // RecordOnly too: it would not be exported
-		return s
+	*s = Span{t: t, sc: trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: flags}), ts: ts}
+	if !sampled {
+		return
 	}
 	if start.IsZero() {
 		start = time.Now()
 	}
 	r := t.queue.get()
-	r.sc, r.parent, r.name, r.kind, r.start = s.sc, psc, name, trace.ValidateSpanKind(kind), start
-	r.setAttrs(sr.Attributes)
+	r.sc, r.ts, r.parent, r.name, r.kind, r.start = s.sc, ts, psc, name, trace.ValidateSpanKind(kind), start
 	r.setAttrs(attrs)
 	s.rec = r
-	return s
+}
+
+// sampled is the decision of the SDK's sampler
+// ParentBased(TraceIDRatioBased(ratio)), or ParentBased(AlwaysSample())
+// without a ratio (sdk/trace/sampling.go; TestSamplerMatchesSDK): a
+// child of a valid parent, remote or local, is sampled when the parent
+// is; a root when the ratio says so, by its trace id. Those samplers
+// add no attributes and keep the parent's tracestate.
+func (t *Tracer) sampled(psc trace.SpanContext, tid trace.TraceID) bool {
+	if psc.IsValid() {
+		return psc.IsSampled()
+	}
+	return t.rootAll || binary.BigEndian.Uint64(tid[8:16])>>1 < t.rootBound
 }
 
 // The span kinds as start options, made once (each trace.WithSpanKind
@@ -394,13 +449,17 @@ func (t *Tracer) Start(parent context.Context, name string, kind trace.SpanKind,
 	if t.queue != nil {
 		return t.newSpan(parent, name, kind, start, attrs)
 	}
-	var s trace.Span
+	ctx, s := t.startSDK(parent, name, kind, start, attrs)
+	return &Span{sdk: s, ctx: ctx}
+}
+
+// startSDK starts a span with the SDK.
+func (t *Tracer) startSDK(parent context.Context, name string, kind trace.SpanKind, start time.Time, attrs []attribute.KeyValue) (context.Context, trace.Span) {
 	if len(attrs) == 0 {
-		_, s = t.tr.Start(parent, name, kindOption(kind), trace.WithTimestamp(start))
-	} else { // a copy for the SDK: attrs stays on the caller's stack
-		_, s = t.tr.Start(parent, name, kindOption(kind), trace.WithTimestamp(start), trace.WithAttributes(cloneAttrs(attrs)...))
+		return t.tr.Start(parent, name, kindOption(kind), trace.WithTimestamp(start))
 	}
-	return &Span{sdk: s}
+	// a copy for the SDK: attrs stays on the caller's stack
+	return t.tr.Start(parent, name, kindOption(kind), trace.WithTimestamp(start), trace.WithAttributes(cloneAttrs(attrs)...))
 }
 
 // StageSpans reports whether stages are child spans (else events).
@@ -422,6 +481,37 @@ type Mark struct {
 // at their end (the request span's sluice.server_timing attribute has the
 // durations), or nothing when stage events are off.
 func (t *Tracer) Stages(parent context.Context, marks []Mark) {
+	if s, ok := trace.SpanFromContext(parent).(*Span); ok && (t.queue != nil || s.ctx != nil) {
+		t.StagesOf(s, marks)
+		return
+	}
+	t.stagesSDK(parent, marks)
+}
+
+// StagesOf is Stages for the request span s.
+func (t *Tracer) StagesOf(s *Span, marks []Mark) {
+	if t.queue == nil {
+		t.stagesSDK(s.ctx, marks)
+		return
+	}
+	if t.stages {
+		for _, m := range marks {
+			var c Span
+			t.initSpan(&c, s.sc, s.ts, m.Name, trace.SpanKindInternal, m.Start, m.Attrs)
+			c.EndAt(m.End)
+		}
+		return
+	}
+	if !t.events {
+		return
+	}
+	for _, m := range marks {
+		s.AddEventAt(m.Name, m.End, m.Attrs...)
+	}
+}
+
+// stagesSDK is Stages with the SDK.
+func (t *Tracer) stagesSDK(parent context.Context, marks []Mark) {
 	if t.stages {
 		for _, m := range marks {
 			t.Span(parent, m.Name, m.Start, m.End, m.Attrs...)
@@ -429,14 +519,6 @@ func (t *Tracer) Stages(parent context.Context, marks []Mark) {
 		return
 	}
 	if !t.events || len(marks) == 0 {
-		return
-	}
-	if t.queue != nil {
-		if span, ok := trace.SpanFromContext(parent).(*Span); ok {
-			for _, m := range marks {
-				span.AddEventAt(m.Name, m.End, m.Attrs...)
-			}
-		}
 		return
 	}
 	// One slice of options for every event (AddEvent does not keep it):
@@ -481,6 +563,10 @@ func (t *Tracer) Span(parent context.Context, name string, start, end time.Time,
 // propagation/trace_context.go) writes, built without its context and
 // header canonicalization (TestInjectMatchesPropagator).
 func (t *Tracer) Inject(span trace.Span, h http.Header) {
+	if s, ok := span.(*Span); ok && s.sdk == nil {
+		s.inject(h)
+		return
+	}
 	delete(h, "Tracestate")
 	sc := span.SpanContext()
 	if !sc.IsValid() {

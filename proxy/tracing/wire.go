@@ -465,7 +465,11 @@ func appendSpan(b []byte, s spanData) []byte {
 	tid, sid := sc.TraceID(), sc.SpanID()
 	b = appendBytes(b, fSpanTraceID, tid[:])
 	b = appendBytes(b, fSpanSpanID, sid[:])
-	if ts := sc.TraceState(); ts.Len() > 0 {
+	if r, ok := s.(*record); ok { // the lean recorder's: the tracestate as received
+		if r.ts != "" {
+			b = appendString(b, fSpanTraceState, r.ts)
+		}
+	} else if ts := sc.TraceState(); ts.Len() > 0 {
 		b = appendString(b, fSpanTraceState, ts.String())
 	}
 	parent := s.Parent()
