@@ -116,6 +116,14 @@ type Options struct {
 	// Blocking makes each loop block in epoll_wait on its own thread
 	// instead of waiting in Go's netpoller (see loop.run).
 	Blocking bool
+	// OwnProcs gives each loop a scheduler P of its own: New raises
+	// GOMAXPROCS by Loops (Close lowers it again), and a loop that holds
+	// streams waits in epoll_wait without leaving the Go scheduler, so
+	// its P is never handed to other goroutines while it waits and a
+	// ready socket is served as soon as the kernel wakes the thread,
+	// instead of after the run queues (see loop.waitHeld). It overrides
+	// Blocking.
+	OwnProcs bool
 }
 
 // MaxEventBytes bounds one event (as proxy.MaxEventBytes does).
@@ -128,6 +136,7 @@ type Group struct {
 	wg    sync.WaitGroup
 	live  atomic.Int64
 	once  sync.Once
+	procs int // added to GOMAXPROCS by New (OwnProcs)
 }
 
 // New starts a group of loops.
@@ -145,6 +154,10 @@ func New(opts Options) (*Group, error) {
 		opts.ReadBuffer = 64 << 10
 	}
 	g := &Group{}
+	if opts.OwnProcs {
+		g.procs = opts.Loops
+		addProcs(g.procs)
+	}
 	for range opts.Loops {
 		l, err := newLoop(g, opts)
 		if err != nil {
@@ -248,6 +261,7 @@ func (g *Group) Close() {
 			l.stop()
 		}
 		g.wg.Wait()
+		addProcs(-g.procs)
 	})
 }
 

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -13,6 +14,19 @@ import (
 )
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
+
+// procs guards the Ps that groups with OwnProcs added to GOMAXPROCS.
+var procs sync.Mutex
+
+// addProcs raises (n > 0) or lowers GOMAXPROCS by n.
+func addProcs(n int) {
+	if n == 0 {
+		return
+	}
+	procs.Lock()
+	defer procs.Unlock()
+	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + n)
+}
 
 // events is how many ready descriptors one epoll_wait returns at most.
 const events = 256
@@ -44,7 +58,7 @@ func newLoop(g *Group, opts Options) (*loop, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !opts.Blocking {
+	if !opts.Blocking && !opts.OwnProcs {
 		unix.SetNonblock(epfd, true) // os.NewFile then puts it in the netpoller
 	}
 	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
@@ -111,7 +125,10 @@ func (l *loop) run() {
 	defer l.g.wg.Done()
 	defer unix.Close(l.efd)
 	var wait func(timeout time.Duration) int
-	if l.opts.Blocking {
+	if l.opts.OwnProcs {
+		defer unix.Close(l.epfd)
+		wait = l.waitHeld
+	} else if l.opts.Blocking {
 		defer unix.Close(l.epfd)
 		wait = l.waitBlocking
 	} else {
@@ -196,6 +213,34 @@ func (l *loop) waitBlocking(timeout time.Duration) int {
 		panic("evloop: epoll_wait: " + err.Error())
 	}
 	return max(n, 0)
+}
+
+// waitHeld waits in epoll_wait while keeping the loop's P (Options.
+// OwnProcs): a raw system call, which the scheduler does not see, so no
+// other goroutine takes the P meanwhile and the thread goes on with the
+// ready sockets as soon as the kernel wakes it; the run queues, the
+// netpoller's poll (which a busy scheduler leaves to sysmon, every 10 ms)
+// and a P's hand-back are not on the way. The P is the one New added to
+// GOMAXPROCS, so the rest of the process keeps as many as before. The
+// runtime still stops the loop when it must: a preemption request (for a
+// stop-the-world, or every 10 ms for fairness) is a signal, epoll_wait
+// returns EINTR and the goroutine yields at its next function call. With
+// no streams (timeout < 0) there is nothing to serve: the loop waits in
+// an ordinary, scheduler-visible epoll_wait and gives its P back.
+func (l *loop) waitHeld(timeout time.Duration) int {
+	if timeout < 0 {
+		return l.waitBlocking(timeout)
+	}
+	ms := int(timeout / time.Millisecond)
+	r, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.epfd), uintptr(unsafe.Pointer(&l.ready[0])),
+		uintptr(len(l.ready)), uintptr(ms), 0, 0)
+	if errno != 0 {
+		if errno != unix.EINTR {
+			panic("evloop: epoll_pwait: " + errno.Error())
+		}
+		return 0
+	}
+	return int(r)
 }
 
 // commands takes the queued streams and commands; true when the loop
