@@ -164,8 +164,17 @@ func TestPrefixAffinitySurvivesRemovalAndReload(t *testing.T) {
 			t.Errorf("conversation %d moved from %s to %s after the reload", c, home[c], got)
 		}
 	}
-	if p.aff.hits.Load() < 25 {
-		t.Errorf("%d hits of 40 after the reload", p.aff.hits.Load())
+	// Every conversation whose backend stayed is a hit. (How many lived
+	// on c:1 is up to the first placements' tie-breaks: a fixed floor
+	// such as 25 of 40 failed about once in fifty runs.)
+	stayed := 0
+	for _, b := range home {
+		if b != "c:1" {
+			stayed++
+		}
+	}
+	if h := p.aff.hits.Load(); h < int64(stayed) || stayed < 10 {
+		t.Errorf("%d hits of 40 after the reload; %d conversations stayed on their backend", h, stayed)
 	}
 	// Without inheriting, a rebuilt pool starts cold.
 	cold := prefixPool(t, "http://a:1", "http://b:1", "http://d:1")
