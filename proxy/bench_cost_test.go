@@ -100,29 +100,7 @@ func BenchmarkSmallRequests(b *testing.B) {
 		{name: "sluice", url: e.http},
 	}
 	round := func(c *kase) {
-		var wg sync.WaitGroup
-		var next atomic.Int64
-		for range workers {
-			wg.Go(func() {
-				for next.Add(1) <= perRound {
-					req, _ := http.NewRequest(http.MethodPost, c.url+"/v1/chat/completions", strings.NewReader(body))
-					req.Header.Set("Authorization", "Bearer "+testKey)
-					req.Header.Set("Content-Type", "application/json")
-					resp, err := c.client.Do(req)
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode != 200 {
-						b.Errorf("%s: status %d", c.name, resp.StatusCode)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
+		postN(b, c.client, c.url, c.name, body, "application/json", workers, perRound)
 	}
 	for _, c := range cases {
 		c.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}}

@@ -8,7 +8,9 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,4 +202,35 @@ func BenchmarkAdmissionTTFT(b *testing.B) {
 			b.ReportMetric(float64(ttfts[len(ttfts)*99/100].Microseconds()), "p99-µs")
 		})
 	}
+}
+
+// postN sends n small chat completions to url+"/v1/chat/completions" from
+// workers goroutines sharing client, and reports a failure or a status
+// other than 200 (as name's). contentType is set when not empty.
+func postN(b testing.TB, client *http.Client, url, name, body, contentType string, workers, n int) {
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for range workers {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+testKey)
+				if contentType != "" {
+					req.Header.Set("Content-Type", contentType)
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					b.Errorf("%s: status %d", name, resp.StatusCode)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -11,9 +11,6 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,28 +77,7 @@ func benchTracing(b *testing.B, mode string) {
 	}
 	cases := []*kase{{name: "off", url: edge(false).http}, {name: "traced", url: edge(true).http}}
 	round := func(c *kase) {
-		var wg sync.WaitGroup
-		var next atomic.Int64
-		for range workers {
-			wg.Go(func() {
-				for next.Add(1) <= perRound {
-					req, _ := http.NewRequest(http.MethodPost, c.url+"/v1/chat/completions", strings.NewReader(body))
-					req.Header.Set("Authorization", "Bearer "+testKey)
-					resp, err := c.client.Do(req)
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode != 200 {
-						b.Errorf("%s: status %d", c.name, resp.StatusCode)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
+		postN(b, c.client, c.url, c.name, body, "", workers, perRound)
 	}
 	for _, c := range cases {
 		c.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}}
@@ -205,28 +181,7 @@ func benchTracingCPU(b *testing.B, mode string) {
 	}
 	off, on := &kase{name: "off", url: edge(false).http}, &kase{name: "traced", url: edge(true).http}
 	block := func(c *kase) {
-		var wg sync.WaitGroup
-		var next atomic.Int64
-		for range workers {
-			wg.Go(func() {
-				for next.Add(1) <= perBlock {
-					req, _ := http.NewRequest(http.MethodPost, c.url+"/v1/chat/completions", strings.NewReader(body))
-					req.Header.Set("Authorization", "Bearer "+testKey)
-					resp, err := c.client.Do(req)
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode != 200 {
-						b.Errorf("%s: status %d", c.name, resp.StatusCode)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
+		postN(b, c.client, c.url, c.name, body, "", workers, perBlock)
 	}
 	measured := func(c *kase) {
 		var ms runtime.MemStats
