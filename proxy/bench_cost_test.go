@@ -217,30 +217,7 @@ func TestHoldBackendProcess(t *testing.T) {
 
 // startHoldBackend runs TestHoldBackendProcess and returns its URL.
 func startHoldBackend(b *testing.B) string {
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHoldBackendProcess$", "-test.v")
-	cmd.Env = append(os.Environ(), "SLUICE_HOLD_BACKEND=1")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		stdin.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
+	stdout := startChild(b, "SLUICE_HOLD_BACKEND=1", "-test.run=^TestHoldBackendProcess$", "-test.v")
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		if addr, ok := strings.CutPrefix(sc.Text(), "ADDR "); ok {
@@ -373,4 +350,38 @@ func heldEdgeOpts(pc routing.PoolConfig, server func(*listen.Server), h1up bool)
 		server:      server,
 		h1up:        h1up,
 	}
+}
+
+// startChild runs this test binary again with args and env added to the
+// environment (one of the Test…Process functions, which serves until its
+// stdin closes), and returns its stdout. The process is stopped with the
+// benchmark: stdin closed, then killed if it has not exited in 10s.
+func startChild(b testing.TB, env string, args ...string) io.Reader {
+	b.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), env)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		stdin.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	return stdout
 }

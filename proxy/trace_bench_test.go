@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"runtime"
 	"slices"
 	"testing"
@@ -41,11 +40,6 @@ func BenchmarkTracingSmallRequests(b *testing.B) {
 }
 
 func benchTracing(b *testing.B, mode string) {
-	srv, _ := countingServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, smallAnswer)
-	}), false)
 	url, spans := otlptest.StartCounting(b)
 	ratio, events := 1.0, mode != "no-stage-events"
 	if mode == "sampled-out" { // tracing on, nothing recorded: what remains is the trace context (ids, headers, log)
@@ -57,16 +51,7 @@ func benchTracing(b *testing.B, mode string) {
 		b.Fatal(err)
 	}
 	defer tr.Shutdown(context.Background())
-	edge := func(traced bool) *testEdge {
-		o := edgeOpts{
-			pool: poolOf(srv.URL), limiter: limiter.NewLocal(1), log: io.Discard, promMetrics: true,
-			limits: limiter.Limits{MaxConcurrency: 1 << 20, TokensPerMinute: 1 << 50, RequestsPerMinute: 1 << 50},
-		}
-		if traced {
-			o.tracer = tr
-		}
-		return startEdge(b, o)
-	}
+	edge := smallEdges(b, tr)
 	const workers, perRound = 8, 400
 	body := `{"model":"sim-small","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
 	type kase struct {
@@ -145,11 +130,6 @@ func BenchmarkTracingCPU(b *testing.B) {
 }
 
 func benchTracingCPU(b *testing.B, mode string) {
-	srv, _ := countingServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, smallAnswer)
-	}), false)
 	url, spans := startReceiverProcess(b)
 	ratio := 1.0
 	if mode == "sampled-out" {
@@ -160,16 +140,7 @@ func benchTracingCPU(b *testing.B, mode string) {
 		b.Fatal(err)
 	}
 	defer tr.Shutdown(context.Background())
-	edge := func(traced bool) *testEdge {
-		o := edgeOpts{
-			pool: poolOf(srv.URL), limiter: limiter.NewLocal(1), log: io.Discard, promMetrics: true,
-			limits: limiter.Limits{MaxConcurrency: 1 << 20, TokensPerMinute: 1 << 50, RequestsPerMinute: 1 << 50},
-		}
-		if traced {
-			o.tracer = tr
-		}
-		return startEdge(b, o)
-	}
+	edge := smallEdges(b, tr)
 	const workers, perBlock = 8, 200
 	body := `{"model":"sim-small","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
 	type kase struct {
@@ -278,24 +249,7 @@ func benchTracingCPU(b *testing.B, mode string) {
 // its URL and a function that asks it how many spans it has counted. The
 // child ends when its stdin closes, at b's cleanup.
 func startReceiverProcess(b *testing.B) (url string, spans func() int64) {
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestTracingCPUReceiver$")
-	cmd.Env = append(os.Environ(), "TRACECPU_RECEIVER=1")
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		stdin.Close()
-		cmd.Wait()
-	})
+	stdout := startChild(b, "TRACECPU_RECEIVER=1", "-test.run", "^TestTracingCPUReceiver$")
 	var countURL string
 	if _, err := fmt.Fscanln(stdout, &url, &countURL); err != nil {
 		b.Fatalf("receiver process: %v", err)
@@ -329,4 +283,25 @@ func TestTracingCPUReceiver(t *testing.T) {
 	defer count.Close()
 	fmt.Println(url, count.URL)
 	io.Copy(io.Discard, os.Stdin)
+}
+
+// smallEdges returns a function starting an edge (local limiter, limits
+// out of the way, metrics on) in front of a backend answering smallAnswer,
+// traced by tr or not.
+func smallEdges(b *testing.B, tr *tracing.Tracer) func(traced bool) *testEdge {
+	srv, _ := countingServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, smallAnswer)
+	}), false)
+	return func(traced bool) *testEdge {
+		o := edgeOpts{
+			pool: poolOf(srv.URL), limiter: limiter.NewLocal(1), log: io.Discard, promMetrics: true,
+			limits: limiter.Limits{MaxConcurrency: 1 << 20, TokensPerMinute: 1 << 50, RequestsPerMinute: 1 << 50},
+		}
+		if traced {
+			o.tracer = tr
+		}
+		return startEdge(b, o)
+	}
 }
