@@ -62,7 +62,8 @@ type Relay interface {
 	// done, else why the stream ended (one of this package's errors, a
 	// read or decode error, or the cause given to EndAll or Handle.End).
 	// For ErrClientGone and ErrSlowClient the bytes are not written. The
-	// backend's socket is closed before End. hold keeps the client's
+	// backend's socket is closed before End (or, see Stream.Reuse, given
+	// back or still read to its body's end). hold keeps the client's
 	// socket open after out is written, until Handle.Finish gives the
 	// stream's tail (work that may wait, such as a settle, comes between).
 	End(out []byte, err error) (_ []byte, hold bool)
