@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,33 @@ import (
 // detacher is a response body that hands its connection over: h1up.Body.
 type detacher interface {
 	Detach() (conn net.Conn, raw []byte, dec *chunked.Decoder, remaining int64, err error)
+}
+
+// returner is a detached body whose connection can go back to its
+// client's idle pool once the loop read the body to its end: h1up.Body.
+type returner interface {
+	Reusable() bool
+	Return(net.Conn) bool
+}
+
+// reuseFunc is the evloop.Stream's Reuse for a detached body: the loop's
+// descriptor becomes a net.Conn again (net.FileConn takes a copy, the
+// loop's is closed) and goes to the transport's idle pool. Nil when the
+// connection cannot serve another request.
+func reuseFunc(body any) func(fd int) {
+	rb, ok := body.(returner)
+	if !ok || !rb.Reusable() {
+		return nil
+	}
+	return func(fd int) {
+		f := os.NewFile(uintptr(fd), "upstream")
+		nc, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			return
+		}
+		rb.Return(nc)
+	}
 }
 
 // errHandedOff tells serve's callers that the event loop now owns the
@@ -121,6 +149,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	if err != nil {
 		return false, nil
 	}
+	reuse := reuseFunc(l.resp.Body)
 	conn, brw, err := s.rc.Hijack()
 	if err != nil {
 		// Not hijackable after all: nothing was sent, the client gets a 502.
@@ -185,7 +214,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	// loop closes its socket (Add closes conn itself at once).
 	ls.uncount = listen.KeepCounted(conn)
 	h, err := g.Add(&evloop.Stream{Client: conn, Upstream: up, Out: out, Pending: pending, Raw: raw,
-		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls})
+		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse})
 	if err != nil {
 		// The loops are closed (the handler is shutting down): both
 		// sockets are closed; complete here.

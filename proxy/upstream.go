@@ -65,9 +65,9 @@ func NewPoolTransport(cfg Config, pc routing.PoolConfig) (*PoolTransport, error)
 
 // NewH1Transport returns Sluice's own HTTP/1.1 client with NewTransport's
 // settings: dial timeout, 90s idle timeout, 1024 idle connections per
-// backend, 4 KiB read buffers, and a spare connection dialed for each one
-// a stream takes to the event loop (which closes it after the stream): the
-// next stream's request does not dial on its first-token path.
+// backend and 4 KiB read buffers. No spare is dialed when a stream takes
+// its connection to the event loop (Options.SpareOnDetach): the loop gives
+// the connection back to the idle pool when the stream ends cleanly.
 func NewH1Transport(cfg Config) *h1up.Transport {
 	cfg = cfg.WithDefaults()
 	return h1up.New(h1up.Options{
@@ -75,7 +75,6 @@ func NewH1Transport(cfg Config) *h1up.Transport {
 		IdleConnTimeout:     90 * time.Second,
 		MaxIdleConnsPerHost: 1024,
 		ReadBufferSize:      4 << 10,
-		SpareOnDetach:       true,
 	})
 }
 

@@ -62,7 +62,8 @@ type Relay interface {
 	// done, else why the stream ended (one of this package's errors, a
 	// read or decode error, or the cause given to EndAll or Handle.End).
 	// For ErrClientGone and ErrSlowClient the bytes are not written. The
-	// backend's socket is closed before End. hold keeps the client's
+	// backend's socket is closed before End (or, see Stream.Reuse, given
+	// back or still read to its body's end). hold keeps the client's
 	// socket open after out is written, until Handle.Finish gives the
 	// stream's tail (work that may wait, such as a settle, comes between).
 	End(out []byte, err error) (_ []byte, hold bool)
@@ -97,6 +98,17 @@ type Stream struct {
 	// leave bytes unread (ErrSlowClient).
 	Idle  time.Duration
 	Relay Relay
+	// Reuse, when set, takes the backend's socket back instead of the
+	// loop closing it, when the stream completed (the Relay's Event said
+	// done) and the backend's body ended cleanly: the chunked coding's
+	// last chunk and trailer, or all Content-Length bytes, were read,
+	// with nothing after them, and the backend did not half-close. A body
+	// not yet at its end when the Relay is done is read on (and dropped)
+	// while the stream is still in the loop (until its client socket
+	// closes). fd is a non-blocking descriptor of the socket, no longer
+	// in the loop's epoll set; Reuse owns it (it must close it). It runs
+	// on the loop and must not block. Every other end closes the socket.
+	Reuse func(fd int)
 }
 
 // Options configures a Group.
@@ -213,7 +225,7 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 		return nil, err
 	}
 	st := &stream{cfd: cfd, ufd: ufd, relay: s.Relay, dec: s.Decoder, remaining: s.Remaining,
-		idle: s.Idle, init: s.Pending, raw: s.Raw}
+		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse}
 	// Out (the head and the first token) is written here, on the caller's
 	// goroutine, before the loop has the socket: the first token does not
 	// wait for the loop to be woken and scheduled. What the socket does not

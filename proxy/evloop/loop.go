@@ -313,6 +313,8 @@ func (l *loop) start(s *stream, now time.Time) {
 			// raw belongs to the caller: decode a copy.
 			p := append(l.rbuf[:0], raw...)
 			out, done, err = l.feed(s, out, p, now)
+		} else if done && len(raw) > 0 {
+			s.upDirty = true // raw's framing was not decoded: the body's end is unknown
 		}
 		if l.settle(s, out, done, err) {
 			return
@@ -374,6 +376,12 @@ func (l *loop) gone(s *stream) {
 // upstreamReady reads everything the backend sent (until EAGAIN, a short
 // read, or the client falls behind), relaying each read in one write.
 func (l *loop) upstreamReady(s *stream, now time.Time) {
+	if s.ending {
+		if s.draining {
+			l.drainUp(s)
+		}
+		return
+	}
 	for !s.ending && len(s.pend) == 0 {
 		n, err := rawRead(s.ufd, l.rbuf)
 		if err == unix.EINTR {
@@ -407,16 +415,21 @@ func (l *loop) feed(s *stream, out, p []byte, now time.Time) ([]byte, bool, erro
 	switch {
 	case s.dec != nil:
 		var err error
-		p, _, ended, err = s.dec.Decode(p[:0], p)
+		var n int
+		m := len(p)
+		p, n, ended, err = s.dec.Decode(p[:0], p)
 		if err != nil {
 			return out, false, err
 		}
+		s.upDirty = s.upDirty || ended && n < m // bytes past the body
 	case s.remaining >= 0:
 		if int64(len(p)) >= s.remaining {
+			s.upDirty = s.upDirty || int64(len(p)) > s.remaining
 			p, ended = p[:s.remaining], true
 		}
 		s.remaining -= int64(len(p))
 	}
+	s.upEnded = s.upEnded || ended
 	out, done, err := l.events(s, out, p, now)
 	if !done && err == nil && ended {
 		err = ErrUpstreamCut
@@ -451,9 +464,16 @@ func (l *loop) endWith(s *stream, out []byte, err error) {
 	}
 	s.ending, s.why = true, err
 	if s.ufd >= 0 {
-		unix.Close(s.ufd)
-		l.unmap(s.ufd)
-		s.ufd = -1
+		if err == nil && s.reuse != nil && !s.upHup && !s.upDirty && (s.dec != nil || s.remaining >= 0) {
+			if s.upEnded {
+				l.giveBack(s)
+			} else {
+				s.draining = true // read on to the body's end (upstreamReady)
+				l.drainUp(s)
+			}
+		} else {
+			l.closeUp(s)
+		}
 	}
 	out, s.held = s.relay.End(out, err)
 	l.out = out[:0]
@@ -468,6 +488,67 @@ func (l *loop) endWith(s *stream, out []byte, err error) {
 	l.write(s, out)
 	if !s.closed && !s.held && len(s.pend) == 0 {
 		l.finish(s)
+	}
+}
+
+// closeUp closes the backend's socket.
+func (l *loop) closeUp(s *stream) {
+	if s.ufd >= 0 {
+		unix.Close(s.ufd)
+		l.unmap(s.ufd)
+		s.ufd = -1
+	}
+	s.draining = false
+}
+
+// giveBack hands the backend's socket, its body read to the end, to the
+// stream's Reuse (Stream.Reuse). It leaves the epoll set first: the
+// registration belongs to the socket, not the descriptor, and would
+// outlive the descriptor's close while Reuse keeps a copy.
+func (l *loop) giveBack(s *stream) {
+	fd := s.ufd
+	if unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, fd, nil) != nil {
+		l.closeUp(s)
+		return
+	}
+	l.unmap(fd)
+	s.ufd, s.draining = -1, false
+	s.reuse(fd)
+}
+
+// drainUp reads the rest of a completed stream's backend body (after the
+// Relay's done, say the chunked coding's last chunk that had not come
+// yet) and drops it; at the body's clean end the socket is given back
+// (giveBack). Bytes past the body, a decode error, EOF or a read error
+// close it. It returns on EAGAIN: the next edge brings the rest.
+func (l *loop) drainUp(s *stream) {
+	for s.draining && s.ufd >= 0 {
+		n, err := rawRead(s.ufd, l.rbuf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return
+		}
+		if n <= 0 {
+			l.closeUp(s)
+			return
+		}
+		if s.dec != nil {
+			_, k, ended, derr := s.dec.Decode(l.rbuf[:0], l.rbuf[:n])
+			s.upEnded = ended
+			s.upDirty = derr != nil || ended && k < n
+		} else {
+			s.upDirty = int64(n) > s.remaining
+			s.remaining -= int64(n)
+			s.upEnded = s.remaining == 0
+		}
+		switch {
+		case s.upDirty || s.upHup:
+			l.closeUp(s)
+		case s.upEnded:
+			l.giveBack(s)
+		}
 	}
 }
 
@@ -688,6 +769,10 @@ type stream struct {
 	gone      bool  // the client left (or was cut) while held
 	closed    bool  // finished
 	why       error // the end's cause; nil for a completed stream
+	reuse     func(fd int)
+	upEnded   bool // the backend's body reached its end (framing)
+	upDirty   bool // bytes past the body's end, or a decode error, seen
+	draining  bool // completed; the body's end is being read (drainUp)
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/sluice-proxy/sluice/internal/chunked"
 )
@@ -46,6 +47,9 @@ type Body struct {
 	mu    sync.Mutex
 	state uint8
 	err   error // why the body ended early, returned by later Reads
+
+	key string // after Detach: the detached connection's pool key
+	gen uint64 // after Detach: the transport's generation then (Return)
 }
 
 var _ io.ReadCloser = (*Body)(nil)
@@ -258,6 +262,10 @@ func (b *Body) Detach() (conn net.Conn, raw []byte, dec *chunked.Decoder, remain
 	}
 	c := b.c
 	b.c, b.state = nil, stDetached
+	b.key = c.key
+	b.t.mu.Lock()
+	b.gen = b.t.gen
+	b.t.mu.Unlock()
 	if b.t.o.SpareOnDetach {
 		b.t.spare(c.key) // c never comes back to the pool
 	}
@@ -280,4 +288,43 @@ func (b *Body) Detach() (conn net.Conn, raw []byte, dec *chunked.Decoder, remain
 		remaining = -1
 	}
 	return c.nc, raw, dec, remaining, nil
+}
+
+// Reusable reports whether the connection Detach took over may serve
+// another request once its body has been read to its end: the response
+// did not ask to close it and its body is delimited (not read to EOF).
+func (b *Body) Reusable() bool {
+	return b.keep && (b.mode == modeChunked || b.mode == modeLength)
+}
+
+// Return gives back the connection Detach took over (nc is that socket,
+// possibly under a new net.Conn, such as one net.FileConn made) once its
+// body was read to its end and nothing past it: nc goes to the
+// transport's idle pool for its host, as a body read by Read does. It is
+// closed instead, and false returned, when the body was not detached, the
+// connection is not reusable, or CloseIdleConnections ran since Detach.
+// The pool's bound, idle timeout and liveness check on reuse apply.
+func (b *Body) Return(nc net.Conn) bool {
+	b.mu.Lock()
+	ok := b.state == stDetached && b.Reusable()
+	b.state = stClosed
+	if b.err == nil {
+		b.err = ErrDetached
+	}
+	b.mu.Unlock()
+	if !ok {
+		nc.Close()
+		return false
+	}
+	c := &conn{nc: nc, key: b.key, idleAt: time.Now()}
+	c.initProbe()
+	t := b.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.gen != b.gen {
+		nc.Close()
+		return false
+	}
+	t.parkLocked(c)
+	return true
 }

@@ -1004,3 +1004,61 @@ func listen(t testing.TB) net.Listener {
 	t.Cleanup(func() { ln.Close() })
 	return ln
 }
+
+// TestReturnAfterDetach: a detached connection whose body the caller read
+// to its end goes back to the pool with Return and serves the next
+// request; one from a response that asked to close, or returned after
+// CloseIdleConnections, is closed instead.
+func TestReturnAfterDetach(t *testing.T) {
+	raw := newRawServer(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req := readRequest(t, br)
+			if req == nil {
+				return
+			}
+			hdr := "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n"
+			if req.URL.Path == "/close" {
+				hdr += "Connection: close\r\n"
+			}
+			io.WriteString(c, hdr+"\r\nabcd")
+		}
+	})
+	tr := New(Options{})
+	defer tr.CloseIdleConnections()
+	key := strings.TrimPrefix(raw.url(), "http://")
+	detach := func(path string) (*Body, net.Conn) {
+		t.Helper()
+		resp, err := get(t, tr, context.Background(), raw.url()+path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := resp.Body.(*Body)
+		conn, rawBytes, _, remaining, err := b.Detach()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What the event loop does: read the rest of the body off the socket.
+		rest := make([]byte, int(remaining)-len(rawBytes))
+		if _, err := io.ReadFull(conn, rest); err != nil {
+			t.Fatal(err)
+		}
+		return b, conn
+	}
+	b, conn := detach("/")
+	if !b.Reusable() || !b.Return(conn) || tr.idleCount(key) != 1 {
+		t.Fatalf("Reusable %v, idle %d after Return; want true, 1", b.Reusable(), tr.idleCount(key))
+	}
+	b, conn = detach("/") // on the returned connection
+	if got := raw.accepts.Load(); got != 1 {
+		t.Fatalf("backend saw %d connections; want 1 (the returned one reused)", got)
+	}
+	tr.CloseIdleConnections() // a reload, say: what was detached before does not come back
+	if b.Return(conn) || tr.idleCount(key) != 0 {
+		t.Fatalf("Return after CloseIdleConnections parked the connection (idle %d)", tr.idleCount(key))
+	}
+	b, conn = detach("/close")
+	if b.Reusable() || b.Return(conn) || tr.idleCount(key) != 0 {
+		t.Fatalf("a Connection: close response's connection was parked (idle %d)", tr.idleCount(key))
+	}
+}
