@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -118,6 +119,12 @@ type loopStream struct {
 	uncount func()        // the connection cap's count (listen.KeepCounted)
 	stopAt  func() bool   // stops the drain watch
 	done    chan struct{} // closed when the handle is set (Add returned)
+	// keep: the client's connection goes back to the server after a
+	// clean end (Keep): conn is the hijacked connection (its identity),
+	// prefix what the client sent after the request that net/http read.
+	keep   bool
+	conn   net.Conn
+	prefix []byte
 }
 
 // handOff moves l's stream to an event loop when it can: an HTTP/1.1
@@ -169,13 +176,19 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	// The handler returns now and its request's context is cancelled
 	// then, but the exchange goes on: nothing after this point consults
 	// that context (loopFailed is told why the stream ended).
-	ls := &loopStream{x: x, l: l, done: make(chan struct{})}
+	ls := &loopStream{x: x, l: l, done: make(chan struct{}), conn: conn}
+	ls.keep = keepAlive(r) && listen.CanReadmit(conn)
 	ls.sink.hdr = hdr
 	ls.sink.trailer = wantsTrailer(r)
 	x.sink = &ls.sink
-	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now())
+	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), ls.keep)
+	headLen := len(ls.sink.out)
 	if done, _ := x.relayEvent(l, l.ev, l.first); done {
-		// The stream ended with its first event: no loop needed.
+		// The stream ended with its first event: no loop needed, and
+		// loopAbort closes the connection, which the head must say.
+		if ls.keep {
+			ls.sink.out = slices.Insert(ls.sink.out, headLen-2, []byte("Connection: close\r\n")...)
+		}
 		return true, x.loopAbort(conn, up, nil)
 	}
 	var pending []byte
@@ -183,10 +196,16 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 		p, _ := l.br.Peek(n)
 		pending = bytes.Clone(p)
 	}
-	if brw.Reader.Buffered() > 0 {
-		// The client pipelined a request after this one: it gets this
-		// response (Connection: close) and no answer to that one.
-		brw.Reader.Discard(brw.Reader.Buffered())
+	if n := brw.Reader.Buffered(); n > 0 {
+		// The client pipelined a request after this one (the body was
+		// read to its end): with keep-alive it is served on the
+		// connection after this stream; else this response says
+		// Connection: close and that request gets no answer.
+		if ls.keep {
+			p, _ := brw.Reader.Peek(n)
+			ls.prefix = bytes.Clone(p)
+		}
+		brw.Reader.Discard(n)
 	}
 	// The leg's read buffers are not needed any more: an idle stream on
 	// the loop holds none.
@@ -214,7 +233,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	// loop closes its socket (Add closes conn itself at once).
 	ls.uncount = listen.KeepCounted(conn)
 	h, err := g.Add(&evloop.Stream{Client: conn, Upstream: up, Out: out, Pending: pending, Raw: raw,
-		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse})
+		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse, KeepInput: ls.keep})
 	if err != nil {
 		// The loops are closed (the handler is shutting down): both
 		// sockets are closed; complete here.
@@ -309,9 +328,9 @@ func hasFD(conn net.Conn) bool {
 
 // appendHead appends the response head as net/http would write it for a
 // streamed answer: status line, the header (sorted), Date, chunked
-// coding, and Connection: close (the loop closes the connection after the
-// stream).
-func appendHead(b []byte, h http.Header, now time.Time) []byte {
+// coding, and Connection: close unless keep (the connection goes back to
+// the server after the stream).
+func appendHead(b []byte, h http.Header, now time.Time, keep bool) []byte {
 	b = append(b, "HTTP/1.1 200 OK\r\n"...)
 	var w headBuf
 	w.b = b
@@ -325,7 +344,17 @@ func appendHead(b []byte, h http.Header, now time.Time) []byte {
 		b = now.UTC().AppendFormat(b, http.TimeFormat)
 		b = append(b, "\r\n"...)
 	}
+	if keep {
+		return append(b, "Transfer-Encoding: chunked\r\n\r\n"...)
+	}
 	return append(b, "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"...)
+}
+
+// keepAlive reports whether the client's request lets its connection
+// serve another: HTTP/1.1 without Connection: close (net/http's r.Close).
+// HTTP/1.0 is not kept: the chunked head is HTTP/1.1's.
+func keepAlive(r *http.Request) bool {
+	return r.ProtoMajor == 1 && r.ProtoMinor >= 1 && !r.Close
 }
 
 type headBuf struct{ b []byte }
@@ -356,6 +385,17 @@ func (ls *loopStream) End(out []byte, err error) ([]byte, bool) {
 	out, ls.sink.out = ls.sink.out, nil
 	go ls.complete()
 	return out, true
+}
+
+// Keep gives the client's socket back to the server after a clean end
+// (evloop.Keeper): the request allowed keep-alive, the exchange did not
+// fail, the server is not draining.
+func (ls *loopStream) Keep(fd int) bool {
+	x := ls.x
+	if !ls.keep || x.err != nil || x.clientGone {
+		return false
+	}
+	return listen.Readmit(ls.conn, fd, ls.prefix)
 }
 
 // Closed releases the server's hold: the client has the whole stream.

@@ -109,6 +109,21 @@ type Stream struct {
 	// in the loop's epoll set; Reuse owns it (it must close it). It runs
 	// on the loop and must not block. Every other end closes the socket.
 	Reuse func(fd int)
+	// KeepInput leaves what the client sends during the stream unread
+	// (its next, pipelined request) for whoever gets the socket after
+	// it: a Relay that is a Keeper. The client's close is still seen
+	// (EPOLLRDHUP). When the socket is closed instead, its input is read
+	// and dropped first (a close over unread input resets the connection).
+	KeepInput bool
+}
+
+// Keeper is a Relay that may take the client's socket over when its
+// stream ended cleanly: Event said done (End got a nil error), the last
+// bytes were all written, and the client is still there. Keep runs on the
+// loop, after the socket left the loop's epoll set, and before Closed; it
+// reports whether it took fd (else the loop closes it). It must not block.
+type Keeper interface {
+	Keep(fd int) bool
 }
 
 // Options configures a Group.
@@ -224,7 +239,7 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 		unix.Close(cfd)
 		return nil, err
 	}
-	st := &stream{cfd: cfd, ufd: ufd, relay: s.Relay, dec: s.Decoder, remaining: s.Remaining,
+	st := &stream{cfd: cfd, ufd: ufd, relay: s.Relay, keepIn: s.KeepInput, dec: s.Decoder, remaining: s.Remaining,
 		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse}
 	// Out (the head and the first token) is written here, on the caller's
 	// goroutine, before the loop has the socket: the first token does not

@@ -329,9 +329,10 @@ func (l *loop) clientReady(s *stream, evs uint32, now time.Time) {
 		l.gone(s)
 		return
 	}
-	if evs&unix.EPOLLIN != 0 {
+	if evs&unix.EPOLLIN != 0 && !s.keepIn {
 		// A request after ours (we answered Connection: close) is read
-		// and dropped; EOF means the client left.
+		// and dropped; EOF means the client left. (With keepIn it stays
+		// in the socket for the next owner; EPOLLRDHUP tells the close.)
 		for {
 			n, err := rawRead(s.cfd, l.sink[:])
 			if n == 0 && err == nil || err != nil && err != unix.EAGAIN && err != unix.EINTR {
@@ -726,8 +727,19 @@ func (l *loop) finish(s *stream) {
 		l.unmap(s.ufd)
 		s.ufd = -1
 	}
-	unix.Close(s.cfd)
 	l.unmap(s.cfd)
+	k, kept := s.relay.(Keeper)
+	// A clean end may hand the client's socket over (out of the epoll set
+	// first: it is keyed by the socket, not by this descriptor).
+	kept = kept && s.why == nil && !s.gone &&
+		unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, s.cfd, nil) == nil && k.Keep(s.cfd)
+	if !kept {
+		if s.keepIn {
+			l.dropInput(s.cfd)
+		}
+		unix.Close(s.cfd)
+	}
+	s.cfd = -1
 	last := l.all[len(l.all)-1]
 	l.all[s.idx] = last
 	last.idx = s.idx
@@ -740,6 +752,18 @@ func (l *loop) finish(s *stream) {
 	l.dropPend(s)
 	l.g.live.Add(-1)
 	s.relay.Closed(s.why, s.sent)
+}
+
+// dropInput reads and drops what the client sent that nobody will read,
+// so that the close that follows is a FIN, not a reset that could cut the
+// response's last bytes in the client's receive buffer.
+func (l *loop) dropInput(fd int) {
+	for range 64 { // bounded: 32 KiB at most
+		n, err := rawRead(fd, l.sink[:])
+		if n <= 0 || err != nil && err != unix.EINTR {
+			return
+		}
+	}
 }
 
 func (l *loop) unmap(fd int) {
@@ -768,6 +792,7 @@ type stream struct {
 	upHup     bool  // the backend's side reported EPOLLRDHUP/HUP/ERR
 	gone      bool  // the client left (or was cut) while held
 	closed    bool  // finished
+	keepIn    bool  // Stream.KeepInput: the client's input is not read
 	why       error // the end's cause; nil for a completed stream
 	reuse     func(fd int)
 	upEnded   bool // the backend's body reached its end (framing)

@@ -34,6 +34,8 @@ type capListener struct {
 	conns map[string]int // client IP -> open connections
 	// exempt are the trusted proxies, whose connections are not counted.
 	exempt []netip.Prefix
+	// re takes re-admitted connections (cleartext HTTP only; else nil).
+	re *readmitListener
 }
 
 func newCapListener(ln net.Listener, max int, first time.Duration) *capListener {
@@ -56,11 +58,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 			// A trusted L7 proxy carries many clients (counted by the
 			// address it names, per request, where caps apply per IP).
 			cc := &capConn{Conn: c, l: l}
-			cc.timer = time.AfterFunc(l.firstLeft(c), func() {
-				if cc.served.CompareAndSwap(false, true) {
-					c.Close()
-				}
-			})
+			cc.timer = newFirstTimer(cc, l.firstLeft(c))
 			return cc, nil
 		}
 		ip := addrIP(c.RemoteAddr())
@@ -74,13 +72,20 @@ func (l *capListener) Accept() (net.Conn, error) {
 		l.mu.Unlock()
 		cc := &capConn{Conn: c, l: l, ip: ip}
 		cc.counted.Store(true)
-		cc.timer = time.AfterFunc(l.firstLeft(c), func() {
-			if cc.served.CompareAndSwap(false, true) {
-				c.Close()
-			}
-		})
+		cc.timer = newFirstTimer(cc, l.firstLeft(c))
 		return cc, nil
 	}
+}
+
+// newFirstTimer closes cc's socket unless a request started on it within
+// d (the server then closes cc).
+func newFirstTimer(cc *capConn, d time.Duration) *time.Timer {
+	c := cc.Conn
+	return time.AfterFunc(d, func() {
+		if cc.served.CompareAndSwap(false, true) {
+			c.Close()
+		}
+	})
 }
 
 // firstLeft is the time c has left to start its first request: the whole
@@ -141,6 +146,9 @@ type capConn struct {
 	// counted is set while the connection is in l.conns; kept makes Close
 	// leave it there (KeepCounted: the socket lives on elsewhere).
 	counted, kept atomic.Bool
+	// re is the listener that re-admitted the connection (Readmit); nil
+	// for one accepted from the socket.
+	re *readmitListener
 }
 
 // request marks that a request started on the connection: the
@@ -148,12 +156,18 @@ type capConn struct {
 func (c *capConn) request() {
 	if !c.served.Load() && c.served.CompareAndSwap(false, true) {
 		c.timer.Stop()
+		if c.re != nil {
+			c.re.served(c)
+		}
 	}
 }
 
 func (c *capConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
 		c.timer.Stop()
+		if c.re != nil {
+			c.re.served(c)
+		}
 		if !c.kept.Load() {
 			c.uncount()
 		}

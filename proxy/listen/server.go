@@ -82,6 +82,7 @@ type Server struct {
 	idle     chan struct{} // a token when running drops to zero while draining
 	drainCh  chan struct{} // closed when Shutdown begins
 	drainMu  sync.Once
+	readmit  []*readmitListener // the cleartext HTTP listener's
 }
 
 // Addr kinds for Server.Addr.
@@ -135,7 +136,9 @@ func (s *Server) listen() error {
 		if ln, err = s.proxyProtocol(ln, ListenerHTTP, s.HTTPProxyProtocol); err != nil {
 			return err
 		}
-		s.add(ListenerHTTP, s.capListener(ln), s.Handler)
+		rl := newReadmitListener(s.capListener(ln))
+		s.readmit = append(s.readmit, rl)
+		s.add(ListenerHTTP, rl, s.Handler)
 	}
 	if s.HTTPSAddr != "" {
 		if err := s.listenHTTPS(); err != nil {
@@ -339,6 +342,9 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
 	s.drainMu.Do(func() { close(s.drainCh) })
+	for _, rl := range s.readmit {
+		rl.drain() // idle kept-alive connections close at once
+	}
 	var h3drained <-chan struct{}
 	if s.h3 != nil {
 		s.h3.shutdown()
@@ -475,5 +481,5 @@ func (s *Server) closeListeners() {
 	if s.h3 != nil {
 		s.h3.close()
 	}
-	s.lns, s.servers, s.kinds, s.h3, s.altSvc = nil, nil, nil, nil, nil
+	s.lns, s.servers, s.kinds, s.h3, s.altSvc, s.readmit = nil, nil, nil, nil, nil, nil
 }

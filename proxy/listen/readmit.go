@@ -1,0 +1,214 @@
+package listen
+
+import (
+	"net"
+	"os"
+	"sync"
+	"syscall"
+)
+
+// Re-admission: an HTTP/1.1 connection whose stream the event loops
+// relayed (hijacked, its socket taken out of Go's netpoller) goes back to
+// the HTTP server when the stream ended cleanly and the request allowed
+// keep-alive: Readmit rebuilds a net.Conn from the loop's descriptor and
+// the cleartext listener's Accept returns it again, so the server serves
+// the client's next request on it as on a new connection.
+//
+// The connection keeps the original's identity:
+//   - its addresses (a PROXY protocol header's client address included):
+//     the original's RemoteAddr and LocalAddr;
+//   - its count against the client address's cap: handed over from the
+//     original (counted once while open, released once when closed);
+//   - connection info (ConnContext): made anew, as for any accepted
+//     connection (cleartext: no handshake; the RTT is read from the same
+//     socket);
+//   - idleness: it waits for its next request like a new connection, with
+//     the first-request timeout (and the server's ReadHeaderTimeout), not
+//     IdleTimeout;
+//   - the drain: Shutdown closes re-admitted connections that have not
+//     started a request yet (the idle keep-alive connections net/http
+//     closes at once), and refuses new ones.
+
+// readmitBacklog bounds the connections waiting for Accept.
+const readmitBacklog = 256
+
+// readmitListener is the cleartext HTTP listener's outermost wrapper: its
+// Accept returns the connections of the listener under it and the
+// re-admitted ones. The inner listener's Accept runs on a goroutine of its
+// own (started by the first Accept; it ends when Close is called).
+type readmitListener struct {
+	net.Listener
+	acc   chan accepted
+	re    chan net.Conn
+	done  chan struct{}
+	start sync.Once
+	stop  sync.Once
+
+	mu     sync.Mutex
+	closed bool                  // draining or closed: Readmit refuses
+	fresh  map[*capConn]struct{} // re-admitted, no request started yet
+}
+
+type accepted struct {
+	c   net.Conn
+	err error
+}
+
+func newReadmitListener(cl *capListener) *readmitListener {
+	l := &readmitListener{Listener: cl, acc: make(chan accepted), re: make(chan net.Conn, readmitBacklog),
+		done: make(chan struct{}), fresh: map[*capConn]struct{}{}}
+	cl.re = l
+	return l
+}
+
+func (l *readmitListener) Accept() (net.Conn, error) {
+	l.start.Do(func() { go l.pump() })
+	select {
+	case c := <-l.re:
+		return c, nil
+	case a := <-l.acc:
+		return a.c, a.err
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// pump accepts from the inner listener until Close.
+func (l *readmitListener) pump() {
+	for {
+		c, err := l.Listener.Accept()
+		select {
+		case l.acc <- accepted{c, err}:
+		case <-l.done:
+			if c != nil {
+				c.Close()
+			}
+			return
+		}
+	}
+}
+
+// Close closes the inner listener and every re-admitted connection not
+// yet accepted or not yet serving a request.
+func (l *readmitListener) Close() error {
+	l.stop.Do(func() { close(l.done) })
+	l.drain()
+	return l.Listener.Close()
+}
+
+// drain refuses re-admissions from now on and closes the re-admitted
+// connections that wait for a request (Shutdown calls it first).
+func (l *readmitListener) drain() {
+	l.mu.Lock()
+	l.closed = true
+	fresh := l.fresh
+	l.fresh = map[*capConn]struct{}{}
+	l.mu.Unlock()
+	for c := range fresh {
+		c.Close()
+	}
+	for {
+		select {
+		case c := <-l.re:
+			c.Close()
+		default:
+			return
+		}
+	}
+}
+
+// served takes c out of the fresh set: a request started on it.
+func (l *readmitListener) served(c *capConn) {
+	l.mu.Lock()
+	delete(l.fresh, c)
+	l.mu.Unlock()
+}
+
+// Readmit gives a hijacked connection's socket back to the server that
+// accepted orig: fd is the socket, orig the connection the server handed
+// the request on (closed already: only its identity is read), prefix the
+// bytes the client sent after its request that were read already (its
+// next request; the new connection's Read returns them first). It reports
+// whether it took fd over; when it did not (orig came from no cleartext
+// listener of this package's Server, or the server is draining), fd is
+// the caller's still.
+func Readmit(orig net.Conn, fd int, prefix []byte) bool {
+	cc := capConnOf(orig)
+	if cc == nil || cc.l.re == nil {
+		return false
+	}
+	l := cc.l.re
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return false
+	}
+	f := os.NewFile(uintptr(fd), "readmit")
+	nc, err := net.FileConn(f) // a copy of the descriptor, in the netpoller
+	f.Close()
+	if err != nil {
+		return true // fd is closed
+	}
+	kc := &keptConn{Conn: nc, remote: orig.RemoteAddr(), local: orig.LocalAddr(), prefix: prefix}
+	c := &capConn{Conn: kc, l: cc.l, ip: cc.ip, re: l}
+	// The count goes over to the new connection: the original's release
+	// (KeepCounted) finds nothing left to release.
+	c.counted.Store(cc.counted.Swap(false))
+	c.timer = newFirstTimer(c, cc.l.first)
+	l.mu.Lock()
+	if !l.closed {
+		select {
+		case l.re <- c:
+			l.fresh[c] = struct{}{}
+			l.mu.Unlock()
+			return true
+		default: // the backlog is full
+		}
+	}
+	l.mu.Unlock()
+	c.Close()
+	return true
+}
+
+// CanReadmit reports whether Readmit may take c's socket when its
+// hijacked stream ends: c came from a cleartext listener of a Server that
+// is not draining.
+func CanReadmit(c net.Conn) bool {
+	cc := capConnOf(c)
+	if cc == nil || cc.l.re == nil {
+		return false
+	}
+	l := cc.l.re
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.closed
+}
+
+// keptConn is a re-admitted socket with its original connection's
+// addresses.
+type keptConn struct {
+	net.Conn
+	remote, local net.Addr
+	prefix        []byte // read before the socket
+}
+
+func (c *keptConn) Read(p []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(p, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *keptConn) RemoteAddr() net.Addr { return c.remote }
+func (c *keptConn) LocalAddr() net.Addr  { return c.local }
+
+// SyscallConn exposes the socket (RTT readings, the event loops).
+func (c *keptConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, syscall.EINVAL
+}
