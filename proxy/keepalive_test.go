@@ -44,28 +44,7 @@ func countingClient(dials *atomic.Int64, local string, hdr []byte) *http.Client 
 // next) and that it ends with [DONE]; it returns the response (body read).
 func loopStreamOnce(t *testing.T, c *http.Client, e *testEdge, b *stepBackend) *http.Response {
 	t.Helper()
-	resp := post(t, c, e.http+"/v1/chat/completions", chatBody(""))
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	ev := newEventReader(resp.Body)
-	if got, err := ev.next(); err != nil || got != tokenEvent(0) {
-		t.Fatalf("first token: %q %v", got, err)
-	}
-	onLoop(t, e, 1)
-	b.next <- struct{}{}
-	if got, err := ev.next(); err != nil || got != tokenEvent(1) {
-		t.Fatalf("second token: %q %v", got, err)
-	}
-	if got, err := ev.next(); err != nil || got != "data: [DONE]\n\n" {
-		t.Fatalf("end: %q %v", got, err)
-	}
-	if rest, err := io.ReadAll(resp.Body); err != nil || len(rest) != 0 {
-		t.Fatalf("after [DONE]: %q %v", rest, err)
-	}
-	onLoop(t, e, 0)
-	return resp
+	return loopStream(t, c, e, b.next)
 }
 
 // TestLoopKeepAlive: a keep-alive client's streams on the event loops

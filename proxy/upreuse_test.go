@@ -122,7 +122,16 @@ func (b *rawBackend) perConn() []int {
 // checks that it ended with [DONE].
 func loopRoundTrip(t *testing.T, e *testEdge, next chan struct{}) {
 	t.Helper()
-	resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
+	loopStream(t, h1Client(), e, next)
+}
+
+// loopStream posts a streamed request with c, checks that it went to the
+// event loop (one token, then the loop holds it until next lets the
+// backend send the second) and that it ends with [DONE]; it returns the
+// response (body read).
+func loopStream(t *testing.T, c *http.Client, e *testEdge, next chan struct{}) *http.Response {
+	t.Helper()
+	resp := post(t, c, e.http+"/v1/chat/completions", chatBody(""))
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -143,6 +152,7 @@ func loopRoundTrip(t *testing.T, e *testEdge, next chan struct{}) {
 		t.Fatalf("after [DONE]: %q %v", rest, err)
 	}
 	onLoop(t, e, 0)
+	return resp
 }
 
 // TestLoopReusesBackendConn: a stream relayed on the loop gives its
