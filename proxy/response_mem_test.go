@@ -249,17 +249,31 @@ func TestNonStreamedBodyCut(t *testing.T) {
 			case "h3":
 				client, url = h3Client(t), e.h3
 			}
-			resp := post(t, client, url+"/v1/chat/completions"+pc.query, chatBody(""))
-			n, err := io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				t.Fatalf("status %d; want 200 (the body had started)", resp.StatusCode)
-			}
-			if err == nil {
-				t.Fatalf("the client read %d bytes and a clean end; want a read error (connection closed or stream reset)", n)
-			}
-			if n < 100<<10 && pc.name[:2] != "h3" { // a QUIC reset may drop data not yet read
-				t.Fatalf("the client got %d bytes before the cut; want the %d the backend sent", n, len(hugeHead)+100<<10)
+			req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions"+pc.query, strings.NewReader(chatBody("")))
+			req.Header.Set("Authorization", "Bearer "+testKey)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			switch {
+			case err != nil && pc.name[:2] == "h3" && strings.Contains(err.Error(), "H3_INTERNAL_ERROR"):
+				// A QUIC RESET_STREAM lets the receiver drop everything
+				// not yet read (RFC 9000 §3.2), the HEADERS frame too
+				// when the reset overtakes it: the client sees the reset
+				// before any response. That is still a broken exchange,
+				// never a clean short body.
+			case err != nil:
+				t.Fatalf("request: %v", err)
+			default:
+				n, err := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Fatalf("status %d; want 200 (the body had started)", resp.StatusCode)
+				}
+				if err == nil {
+					t.Fatalf("the client read %d bytes and a clean end; want a read error (connection closed or stream reset)", n)
+				}
+				if n < 100<<10 && pc.name[:2] != "h3" { // a QUIC reset may drop data not yet read
+					t.Fatalf("the client got %d bytes before the cut; want the %d the backend sent", n, len(hugeHead)+100<<10)
+				}
 			}
 			waitFor(t, 2*time.Second, "attempt ended", func() bool {
 				c := rec.calls()
