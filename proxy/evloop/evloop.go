@@ -163,7 +163,21 @@ type Group struct {
 	wg    sync.WaitGroup
 	live  atomic.Int64
 	once  sync.Once
-	procs int // added to GOMAXPROCS by New (OwnProcs)
+	procs int                   // added to GOMAXPROCS by New (OwnProcs)
+	err   atomic.Pointer[error] // the first loop failure (loop.fail)
+}
+
+// failed records a loop's failure (the first one is kept for Err).
+func (g *Group) failed(err error) { g.err.CompareAndSwap(nil, &err) }
+
+// Err is the first error a loop failed with (its epoll_wait returned an
+// errno other than EINTR; its streams were ended with that error and it
+// takes no more), or nil while every loop runs.
+func (g *Group) Err() error {
+	if p := g.err.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // New starts a group of loops.
