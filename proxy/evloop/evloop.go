@@ -275,15 +275,21 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 	if st.dec != nil {
 		st.remaining = 0
 	}
-	l := g.loops[int(g.next.Add(1))%len(g.loops)]
 	g.live.Add(1)
-	if !l.submit(st) {
-		g.live.Add(-1)
-		unix.Close(cfd)
-		unix.Close(ufd)
-		return nil, ErrClosed
+	// Round robin; a loop that refuses (it failed, see loop.fail) passes
+	// its turn to the next. All refuse once the group is closed.
+	i := int(g.next.Add(1))
+	for range g.loops {
+		l := g.loops[i%len(g.loops)]
+		if l.submit(st) {
+			return &Handle{l: l, s: st}, nil
+		}
+		i++
 	}
-	return &Handle{l: l, s: st}, nil
+	g.live.Add(-1)
+	unix.Close(cfd)
+	unix.Close(ufd)
+	return nil, ErrClosed
 }
 
 // EndAll ends every stream running now with err (for example the drain's

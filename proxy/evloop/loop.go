@@ -242,8 +242,8 @@ func (l *loop) waitBlocking(timeout time.Duration) (int, error) {
 // fail ends a loop whose wait failed (its epoll descriptor is unusable;
 // err wraps the errno): no more streams are taken, the queued ones and
 // commands are run, and every stream is ended with err and closed, as
-// Close would with ErrClosed. Group.Add then refuses this loop's turns
-// with ErrClosed.
+// Close would with ErrClosed. Group.Add then gives this loop's turns to
+// the other loops (ErrClosed when none is left).
 func (l *loop) fail(err error, now time.Time) {
 	l.mu.Lock()
 	l.closed, l.dead = true, true
