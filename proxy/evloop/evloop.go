@@ -67,8 +67,9 @@ type Relay interface {
 	// socket open after out is written, until Handle.Finish gives the
 	// stream's tail (work that may wait, such as a settle, comes between).
 	End(out []byte, err error) (_ []byte, hold bool)
-	// Closed reports that both sockets are closed and the stream left the
-	// loop; sent is the bytes written to the client. It runs on the loop:
+	// Closed reports that the client's socket is closed (or kept) and
+	// the stream left the loop, its backend's socket closed or (Reuse)
+	// still read to its body's end; sent is the bytes written to the client. It runs on the loop:
 	// anything that may wait (settle, logs) goes to another goroutine. A
 	// held stream is closed after its Finish, or when the loop stops.
 	Closed(err error, sent int64)
@@ -103,9 +104,9 @@ type Stream struct {
 	// done) and the backend's body ended cleanly: the chunked coding's
 	// last chunk and trailer, or all Content-Length bytes, were read,
 	// with nothing after them, and the backend did not half-close. A body
-	// not yet at its end when the Relay is done is read on (and dropped)
-	// while the stream is still in the loop (until its client socket
-	// closes). fd is a non-blocking descriptor of the socket, no longer
+	// not yet at its end when the Relay is done is read on (and dropped),
+	// after the stream's client side has finished too, for a second at
+	// most (drainGrace; then the socket is closed). fd is a non-blocking descriptor of the socket, no longer
 	// in the loop's epoll set; Reuse owns it (it must close it). It runs
 	// on the loop and must not block. Every other end closes the socket.
 	Reuse func(fd int)

@@ -36,16 +36,19 @@ const events = 256
 // streams it owns. Everything but mu's fields is touched by the loop's
 // goroutine only.
 type loop struct {
-	g     *Group
-	opts  Options
-	epfd  int
-	efd   int // eventfd: wakes the loop for commands
-	byFD  []*stream
-	all   []*stream // for the idle sweep; stream.idx is its place
-	rbuf  []byte    // shared read buffer
-	out   []byte    // shared out buffer
-	sink  [512]byte // client input is read here and dropped
-	ready []unix.EpollEvent
+	g    *Group
+	opts Options
+	epfd int
+	efd  int // eventfd: wakes the loop for commands
+	byFD []*stream
+	all  []*stream // for the idle sweep; stream.idx is its place
+	// drains are finished streams whose backend body is still read to
+	// its end for reuse (see finish); the sweep closes those past drainBy.
+	drains []*stream
+	rbuf   []byte    // shared read buffer
+	out    []byte    // shared out buffer
+	sink   [512]byte // client input is read here and dropped
+	ready  []unix.EpollEvent
 
 	mu       sync.Mutex
 	cmds     []func()
@@ -175,7 +178,7 @@ func (l *loop) run() {
 	lastSweep := time.Now()
 	for {
 		timeout := time.Duration(-1)
-		if len(l.all) > 0 {
+		if len(l.all) > 0 || len(l.drains) > 0 {
 			timeout = sweep
 		}
 		n, err := wait(timeout)
@@ -259,6 +262,7 @@ func (l *loop) fail(err error, now time.Time) {
 		f()
 	}
 	l.endAll(err, true)
+	l.closeDrains()
 }
 
 // waitHeld waits in epoll_wait while keeping the loop's P (Options.
@@ -304,6 +308,7 @@ func (l *loop) commands(now time.Time) bool {
 	}
 	if stopping {
 		l.endAll(ErrClosed, true)
+		l.closeDrains()
 		return true
 	}
 	return false
@@ -760,18 +765,53 @@ func (l *loop) sweep(now time.Time) {
 		}
 		i++
 	}
+	if len(l.drains) > 0 {
+		keep := l.drains[:0]
+		for _, s := range l.drains {
+			if s.ufd >= 0 && now.Before(s.drainBy) {
+				keep = append(keep, s)
+			} else {
+				l.closeUp(s) // no-op when given back or closed already
+			}
+		}
+		clear(l.drains[len(keep):])
+		l.drains = keep
+	}
 }
 
-// finish closes s's sockets, removes it and reports it closed.
+// closeDrains closes the backend sockets still drained (the loop stops).
+func (l *loop) closeDrains() {
+	for _, s := range l.drains {
+		l.closeUp(s)
+	}
+	l.drains = nil
+}
+
+// drainGrace bounds how long a finished stream's backend socket is still
+// read for its body's end (the last chunk a server such as net/http
+// writes after the handler's [DONE]): it usually comes within a
+// millisecond, but on a loaded machine the stream's client side may be
+// finished first.
+const drainGrace = time.Second
+
+// finish closes s's sockets, removes it and reports it closed. A backend
+// socket still read to its body's end for reuse (draining) stays in the
+// loop, for drainGrace at most: drainUp gives it back or closes it, the
+// sweep closes it when the end does not come.
 func (l *loop) finish(s *stream) {
 	if s.closed {
 		return
 	}
 	s.closed = true
 	if s.ufd >= 0 {
-		unix.Close(s.ufd)
-		l.unmap(s.ufd)
-		s.ufd = -1
+		if s.draining {
+			s.drainBy = time.Now().Add(drainGrace)
+			l.drains = append(l.drains, s)
+		} else {
+			unix.Close(s.ufd)
+			l.unmap(s.ufd)
+			s.ufd = -1
+		}
 	}
 	l.unmap(s.cfd)
 	k, kept := s.relay.(Keeper)
@@ -826,6 +866,7 @@ type stream struct {
 	remaining int64
 	idle      time.Duration
 	last      time.Time // the last byte from the backend (or to a slow client)
+	drainBy   time.Time // a finished stream's drain ends by then (loop.drains)
 	idx       int       // in loop.all
 	init, raw []byte    // until start
 	first     []byte    // Stream.Out, in pendp, until start
