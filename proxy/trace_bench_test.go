@@ -163,6 +163,7 @@ func benchTracingCPU(b *testing.B, mode string) {
 		client    *http.Client
 		cpu       []float64 // µs per request, per block
 		allocs    uint64
+		bytes     uint64
 		requests  int
 	}
 	off, on := &kase{name: "off", url: edge(false).http}, &kase{name: "traced", url: edge(true).http}
@@ -176,7 +177,7 @@ func benchTracingCPU(b *testing.B, mode string) {
 	measured := func(c *kase) {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
-		m0 := ms.Mallocs
+		m0, b0 := ms.Mallocs, ms.TotalAlloc
 		cpu0 := cpuTime(b)
 		block(c)
 		if c == on {
@@ -185,6 +186,7 @@ func benchTracingCPU(b *testing.B, mode string) {
 		cpu := cpuTime(b) - cpu0
 		runtime.ReadMemStats(&ms)
 		c.allocs += ms.Mallocs - m0
+		c.bytes += ms.TotalAlloc - b0
 		c.requests += perBlock
 		c.cpu = append(c.cpu, float64(cpu.Nanoseconds())/1e3/perBlock)
 	}
@@ -256,6 +258,7 @@ func benchTracingCPU(b *testing.B, mode string) {
 	for _, c := range []*kase{off, on} {
 		b.ReportMetric(q(c.cpu, 0.5), c.name+"-cpu-µs/req")
 		b.ReportMetric(float64(c.allocs)/float64(c.requests), c.name+"-allocs/req")
+		b.ReportMetric(float64(c.bytes)/float64(c.requests), c.name+"-B/req")
 	}
 	b.ReportMetric(float64(spans()-spans0)/float64(on.requests), "spans/req")
 	b.ReportMetric(0, "ns/op")
