@@ -120,7 +120,8 @@ func appendMillis(b []byte, d time.Duration) []byte {
 // serverTiming is the initial Server-Timing value: every stage measured so
 // far.
 func (x *exchange) serverTiming() string {
-	return string(x.appendServerTiming(make([]byte, 0, 256)))
+	x.timing = string(x.appendServerTiming(make([]byte, 0, 256)))
+	return x.timing
 }
 
 // appendServerTiming appends the initial Server-Timing value to b.
