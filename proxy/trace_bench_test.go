@@ -262,6 +262,11 @@ func benchTracingCPU(b *testing.B, mode string) {
 	}
 	b.ReportMetric(float64(spans()-spans0)/float64(on.requests), "spans/req")
 	b.ReportMetric(0, "ns/op")
+	var all strings.Builder // every pair's difference, to pool runs
+	for _, d := range diffs {
+		fmt.Fprintf(&all, " %.2f", d)
+	}
+	b.Logf("pairs' differences, µs/req:%s", all.String())
 	b.Logf("%d pairs of %d-request blocks: Δ median %.2f µs/req, IQR %.2f…%.2f, 95%% CI of the median %.2f…%.2f; untraced %.1f µs/req (IQR %.1f…%.1f)",
 		len(diffs), perBlock, q(diffs, 0.5), q(diffs, 0.25), q(diffs, 0.75), sorted[lo], sorted[hi], q(off.cpu, 0.5), q(off.cpu, 0.25), q(off.cpu, 0.75))
 }
