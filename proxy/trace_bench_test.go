@@ -128,6 +128,9 @@ func benchTracing(b *testing.B, mode string) {
 //
 //	go test -run '^$' -bench BenchmarkTracingCPU -benchtime 60x ./proxy/
 //
+// TRACECPU_AA=1 makes the "traced" edge a second untraced one: an A/A
+// control of the method, whose difference should be 0.
+//
 // TRACECPU_ONLY=off or =traced runs only that case's blocks (two per op),
 // for a differential profile: -cpuprofile of each, then
 // go tool pprof -diff_base off.prof traced.prof.
@@ -167,6 +170,9 @@ func benchTracingCPU(b *testing.B, mode string) {
 		requests  int
 	}
 	off, on := &kase{name: "off", url: edge(false).http}, &kase{name: "traced", url: edge(true).http}
+	if os.Getenv("TRACECPU_AA") == "1" { // a control: "traced" is a second untraced edge (the method's bias)
+		on.url = edge(false).http
+	}
 	block := func(c *kase) {
 		if peer != nil {
 			peer.post(b, c.url, perBlock)
