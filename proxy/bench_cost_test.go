@@ -358,6 +358,14 @@ func heldEdgeOpts(pc routing.PoolConfig, server func(*listen.Server), h1up bool)
 // benchmark: stdin closed, then killed if it has not exited in 10s.
 func startChild(b testing.TB, env string, args ...string) io.Reader {
 	b.Helper()
+	_, stdout := startChildIO(b, env, args...)
+	return stdout
+}
+
+// startChildIO is startChild returning the child's stdin too, for
+// commands: the benchmark must not close it (its cleanup does).
+func startChildIO(b testing.TB, env string, args ...string) (io.Writer, io.Reader) {
+	b.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), env)
 	cmd.Stderr = os.Stderr
@@ -383,5 +391,5 @@ func startChild(b testing.TB, env string, args ...string) io.Reader {
 			<-done
 		}
 	})
-	return stdout
+	return stdin, stdout
 }

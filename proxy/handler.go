@@ -256,6 +256,9 @@ type exchange struct {
 	hedged  bool  // a hedge was sent
 
 	trace *reqTrace // the request's spans; nil when tracing is off (trace.go)
+	// timing is the Server-Timing header's value as last made
+	// (serverTiming), which the trace's sluice.server_timing reuses.
+	timing string
 
 	loop *loopStream // set when an event loop relays the stream (handoff.go)
 

@@ -55,20 +55,20 @@ const (
 
 // reqTrace is a traced request's spans; the exchange holds one only when
 // tracing is on. It is one allocation: the spans and the strings the
-// trace needs are in it. Its strings made from its byte arrays
+// trace needs are in it (sluice.server_timing is the exchange's
+// Server-Timing header value). Its strings made from its byte arrays
 // (unsafe.String) are made once each, after the bytes are written, which
 // are never written again; its Spans are never reused either (the
 // upstream request's header holds slices of a leg span's).
 type reqTrace struct {
 	span      tracing.Span    // the request's SERVER span
-	legs      [2]tracing.Span // the first two attempts' CLIENT spans (more are allocated)
+	legs      [1]tracing.Span // the first attempt's CLIENT span (a retry's or a hedge's is allocated)
 	nlegs     int             // legs used
 	rec       bool            // span is recording (sampled)
 	id        string          // the trace id, for the access log
 	finish    []string        // finish reasons seen, in order, without repeats
 	finishBuf [2]string
-	hex       [32]byte  // id's bytes, unless id is a substring of the client's traceparent
-	timing    [256]byte // sluice.server_timing's bytes (when they fit)
+	hex       [32]byte // id's bytes, unless id is a substring of the client's traceparent
 }
 
 // startTrace starts the request's server span when tracing is on.
@@ -148,7 +148,7 @@ func (x *exchange) endTrace(end time.Time) {
 		s.EndAt(end)
 		return
 	}
-	tr.rec = false // once: a second call only ends the ended span (tr.timing's bytes are never written twice)
+	tr.rec = false // once: a second call only ends the ended span
 	if t.StagesRecorded() {
 		var buf [8]tracing.Mark
 		marks := buf[:0]
@@ -187,8 +187,13 @@ func (x *exchange) endTrace(end time.Time) {
 	if x.tenant != nil {
 		attrs = append(attrs, attrTenant.String(x.tenant.ID))
 	}
-	if b := x.appendServerTiming(tr.timing[:0]); len(b) > 0 { // the stages' durations, as the Server-Timing header has them
-		attrs = append(attrs, attrServerTiming.String(unsafe.String(&b[0], len(b))))
+	var timing [256]byte
+	if b := x.appendServerTiming(timing[:0]); len(b) > 0 { // the stages' durations, as the Server-Timing header has them
+		v := x.timing // the header's: the same text, no string to make (the common case)
+		if string(b) != v {
+			v = string(b)
+		}
+		attrs = append(attrs, attrServerTiming.String(v))
 	}
 	name := x.r.Method
 	if x.route != nil {

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -10,6 +11,9 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,13 +105,17 @@ func benchTracing(b *testing.B, mode string) {
 // way that holds on a shared, noisy machine: BenchmarkTracingSmallRequests'
 // load (small non-streamed requests from 8 keep-alive clients) through two
 // edges in this process, one untraced and one traced, sharing the backend,
-// in short blocks of 200 requests alternating untraced and traced. An op
+// in short blocks of 200 requests alternating untraced and traced. The
+// backend and the clients run in a child process (tracePeer), so that the
+// process measured holds the edges alone: a traced request's extra work
+// in the backend (reading the traceparent header) is not Sluice's;
+// TRACECPU_INPROC=1 keeps them in this process, as before. An op
 // is a pair of blocks (in the order AB, then BA, then AB…, so that a drift
 // in the machine's load falls on both alike), each block's process CPU
 // (user+sys, getrusage) taken, and the traced block's export flushed
 // within it. The OTLP receiver (it only counts spans) runs in a child
 // process, as a collector runs elsewhere: what is measured is the
-// process of the edges, their clients and the backend. The
+// process of the edges. The
 // pair's difference per request is one sample of the cost: slow phases of
 // the machine move both blocks of a pair, not their difference, so the
 // samples spread far less than the blocks do. Reported over the pairs:
@@ -119,6 +127,9 @@ func benchTracing(b *testing.B, mode string) {
 // ids and the backend's traceparent, nothing recorded).
 //
 //	go test -run '^$' -bench BenchmarkTracingCPU -benchtime 60x ./proxy/
+//
+// TRACECPU_AA=1 makes the "traced" edge a second untraced one: an A/A
+// control of the method, whose difference should be 0.
 //
 // TRACECPU_ONLY=off or =traced runs only that case's blocks (two per op),
 // for a differential profile: -cpuprofile of each, then
@@ -140,7 +151,14 @@ func benchTracingCPU(b *testing.B, mode string) {
 		b.Fatal(err)
 	}
 	defer tr.Shutdown(context.Background())
-	edge := smallEdges(b, tr)
+	var edge func(traced bool) *testEdge
+	var peer *tracePeer // the backend and the clients, in a child process
+	if os.Getenv("TRACECPU_INPROC") == "1" {
+		edge = smallEdges(b, tr)
+	} else {
+		peer = startTracePeer(b)
+		edge = smallEdgesTo(b, tr, peer.backend)
+	}
 	const workers, perBlock = 8, 200
 	body := `{"model":"sim-small","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
 	type kase struct {
@@ -148,16 +166,24 @@ func benchTracingCPU(b *testing.B, mode string) {
 		client    *http.Client
 		cpu       []float64 // µs per request, per block
 		allocs    uint64
+		bytes     uint64
 		requests  int
 	}
 	off, on := &kase{name: "off", url: edge(false).http}, &kase{name: "traced", url: edge(true).http}
+	if os.Getenv("TRACECPU_AA") == "1" { // a control: "traced" is a second untraced edge (the method's bias)
+		on.url = edge(false).http
+	}
 	block := func(c *kase) {
+		if peer != nil {
+			peer.post(b, c.url, perBlock)
+			return
+		}
 		postN(b, c.client, c.url, c.name, body, "", workers, perBlock)
 	}
 	measured := func(c *kase) {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
-		m0 := ms.Mallocs
+		m0, b0 := ms.Mallocs, ms.TotalAlloc
 		cpu0 := cpuTime(b)
 		block(c)
 		if c == on {
@@ -166,6 +192,7 @@ func benchTracingCPU(b *testing.B, mode string) {
 		cpu := cpuTime(b) - cpu0
 		runtime.ReadMemStats(&ms)
 		c.allocs += ms.Mallocs - m0
+		c.bytes += ms.TotalAlloc - b0
 		c.requests += perBlock
 		c.cpu = append(c.cpu, float64(cpu.Nanoseconds())/1e3/perBlock)
 	}
@@ -237,11 +264,111 @@ func benchTracingCPU(b *testing.B, mode string) {
 	for _, c := range []*kase{off, on} {
 		b.ReportMetric(q(c.cpu, 0.5), c.name+"-cpu-µs/req")
 		b.ReportMetric(float64(c.allocs)/float64(c.requests), c.name+"-allocs/req")
+		b.ReportMetric(float64(c.bytes)/float64(c.requests), c.name+"-B/req")
 	}
 	b.ReportMetric(float64(spans()-spans0)/float64(on.requests), "spans/req")
 	b.ReportMetric(0, "ns/op")
+	var all strings.Builder // every pair's difference, to pool runs
+	for _, d := range diffs {
+		fmt.Fprintf(&all, " %.2f", d)
+	}
+	b.Logf("pairs' differences, µs/req:%s", all.String())
 	b.Logf("%d pairs of %d-request blocks: Δ median %.2f µs/req, IQR %.2f…%.2f, 95%% CI of the median %.2f…%.2f; untraced %.1f µs/req (IQR %.1f…%.1f)",
 		len(diffs), perBlock, q(diffs, 0.5), q(diffs, 0.25), q(diffs, 0.75), sorted[lo], sorted[hi], q(off.cpu, 0.5), q(off.cpu, 0.25), q(off.cpu, 0.75))
+}
+
+// tracePeer is BenchmarkTracingCPU's backend and load generator in a
+// child process (this test binary running TestTracingCPUPeer): the
+// measured process holds only the two edges (and the traced one's
+// exporter), so that what the blocks' CPU differ by is Sluice's, not the
+// backend's reading of the traceparent header nor the clients'.
+type tracePeer struct {
+	in      io.Writer
+	out     *bufio.Reader
+	backend string // the backend's URL
+}
+
+func startTracePeer(b *testing.B) *tracePeer {
+	stdin, stdout := startChildIO(b, "TRACECPU_PEER=1", "-test.run", "^TestTracingCPUPeer$")
+	p := &tracePeer{in: stdin, out: bufio.NewReader(stdout)}
+	line, err := p.out.ReadString('\n')
+	if err != nil {
+		b.Fatalf("peer process: %v", err)
+	}
+	p.backend = strings.TrimSpace(line)
+	return p
+}
+
+// post has the peer send n small requests to url from 8 keep-alive
+// clients, and waits until they were answered.
+func (p *tracePeer) post(b *testing.B, url string, n int) {
+	if _, err := fmt.Fprintf(p.in, "%s %d\n", url, n); err != nil {
+		b.Fatalf("peer process: %v", err)
+	}
+	line, err := p.out.ReadString('\n')
+	if err != nil || line != "ok\n" {
+		b.Fatalf("peer process: %q, %v", line, err)
+	}
+}
+
+// TestTracingCPUPeer is BenchmarkTracingCPU's peer process when
+// TRACECPU_PEER=1 (else it returns at once: it tests nothing): it starts
+// the backend and prints its URL, then for each line "URL N" of its stdin
+// sends N small requests to URL from 8 keep-alive clients and prints "ok"
+// (or the first error), until its stdin closes.
+func TestTracingCPUPeer(t *testing.T) {
+	if os.Getenv("TRACECPU_PEER") != "1" {
+		return
+	}
+	srv := httptest.NewServer(smallBackend())
+	defer srv.Close()
+	fmt.Println(srv.URL)
+	const workers = 8
+	body := `{"model":"sim-small","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
+	clients := map[string]*http.Client{}
+	for sc := bufio.NewScanner(os.Stdin); sc.Scan(); {
+		var url string
+		var n int
+		if _, err := fmt.Sscan(sc.Text(), &url, &n); err != nil {
+			fmt.Println("bad command:", err)
+			continue
+		}
+		c := clients[url]
+		if c == nil {
+			c = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}, Timeout: 30 * time.Second}
+			clients[url] = c
+		}
+		var wg sync.WaitGroup
+		var next atomic.Int64
+		var first atomic.Pointer[string]
+		for range workers {
+			wg.Go(func() {
+				for next.Add(1) <= int64(n) {
+					req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+					req.Header.Set("Authorization", "Bearer "+testKey)
+					resp, err := c.Do(req)
+					if err == nil {
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						if resp.StatusCode != 200 {
+							err = fmt.Errorf("status %d", resp.StatusCode)
+						}
+					}
+					if err != nil {
+						msg := err.Error()
+						first.CompareAndSwap(nil, &msg)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if msg := first.Load(); msg != nil {
+			fmt.Println("error:", *msg)
+		} else {
+			fmt.Println("ok")
+		}
+	}
 }
 
 // startReceiverProcess starts otlptest's counting OTLP receiver in a child
@@ -289,14 +416,24 @@ func TestTracingCPUReceiver(t *testing.T) {
 // out of the way, metrics on) in front of a backend answering smallAnswer,
 // traced by tr or not.
 func smallEdges(b *testing.B, tr *tracing.Tracer) func(traced bool) *testEdge {
-	srv, _ := countingServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv, _ := countingServer(b, smallBackend(), false)
+	return smallEdgesTo(b, tr, srv.URL)
+}
+
+// smallBackend answers smallAnswer.
+func smallBackend() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, smallAnswer)
-	}), false)
+	})
+}
+
+// smallEdgesTo is smallEdges in front of the backend at backendURL.
+func smallEdgesTo(b *testing.B, tr *tracing.Tracer, backendURL string) func(traced bool) *testEdge {
 	return func(traced bool) *testEdge {
 		o := edgeOpts{
-			pool: poolOf(srv.URL), limiter: limiter.NewLocal(1), log: io.Discard, promMetrics: true,
+			pool: poolOf(backendURL), limiter: limiter.NewLocal(1), log: io.Discard, promMetrics: true,
 			limits: limiter.Limits{MaxConcurrency: 1 << 20, TokensPerMinute: 1 << 50, RequestsPerMinute: 1 << 50},
 		}
 		if traced {

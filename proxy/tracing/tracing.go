@@ -505,9 +505,17 @@ func (t *Tracer) StagesOf(s *Span, marks []Mark) {
 	if !t.events {
 		return
 	}
-	for _, m := range marks {
-		s.AddEventAt(m.Name, m.End, m.Attrs...)
+	s.mu.Lock() // once for the events (AddEventAt's each)
+	if s.rec != nil {
+		for _, m := range marks {
+			at := m.End
+			if at.IsZero() {
+				at = time.Now()
+			}
+			s.rec.addEvent(m.Name, at, m.Attrs)
+		}
 	}
+	s.mu.Unlock()
 }
 
 // stagesSDK is Stages with the SDK.

@@ -322,6 +322,7 @@ func TestRequestTraceAllocatesNothing(t *testing.T) {
 			delete(in, "Traceparent") // a root, sampled out
 		}
 		out := http.Header{}
+		finish := attribute.StringSlice("gen_ai.response.finish_reasons", []string{"stop"}) // made once, as the pipeline's
 		type request struct{ s, c Span }
 		reqs := make([]request, 150) // a request's spans are never reused: each run its own
 		i := 0
@@ -337,6 +338,8 @@ func TestRequestTraceAllocatesNothing(t *testing.T) {
 			marks := [2]Mark{{Name: "auth", Start: t0, End: t0}, {Name: "prefill", Start: t0, End: t0}}
 			tr.StagesOf(&q.s, marks[:])
 			q.s.SetName("POST main")
+			attrs := [2]attribute.KeyValue{attribute.Int("http.response.status_code", 200), finish}
+			q.s.SetAttrs(attrs[:])
 			q.s.EndAt(time.Time{})
 		})
 		if allocs != 0 {

@@ -584,7 +584,7 @@ func appendValue(b []byte, field protowire.Number, v attribute.Value) []byte {
 	case attribute.FLOAT64SLICE:
 		b = appendArray(b, v.AsFloat64Slice(), attribute.Float64Value)
 	case attribute.STRINGSLICE:
-		b = appendArray(b, v.AsStringSlice(), attribute.StringValue)
+		b = appendStringSlice(b, v)
 	case attribute.SLICE:
 		b = appendArray(b, v.AsSlice(), func(x attribute.Value) attribute.Value { return x })
 	case attribute.MAP:
@@ -612,4 +612,51 @@ func appendArray[T any](b []byte, xs []T, wrap func(T) attribute.Value) []byte {
 		b = appendValue(b, fArrayValues, wrap(x))
 	}
 	return closeAt(b, at)
+}
+
+// stringSlices are the encoded ArrayValues of string-slice attribute
+// values seen (gen_ai.response.finish_reasons has a few distinct values:
+// ["stop"], ["length"]…): v.AsStringSlice copies the slice, an
+// allocation per span. A map replaced whole when a value is added
+// (readers take no lock), bounded to maxStringSlices small values.
+var stringSlices atomic.Pointer[map[attribute.Value][]byte]
+
+const (
+	maxStringSlices   = 64  // values kept
+	maxStringSliceLen = 128 // encoded bytes of a value kept
+)
+
+var stringSlicesMu sync.Mutex // serializes adding to stringSlices
+
+// appendStringSlice appends v, a STRINGSLICE, as appendArray does.
+func appendStringSlice(b []byte, v attribute.Value) []byte {
+	m := stringSlices.Load()
+	if m != nil {
+		if enc, ok := (*m)[v]; ok {
+			return append(b, enc...)
+		}
+	}
+	start := len(b)
+	b = appendArray(b, v.AsStringSlice(), attribute.StringValue)
+	if enc := b[start:]; len(enc) <= maxStringSliceLen && (m == nil || len(*m) < maxStringSlices) {
+		stringSlicesMu.Lock()
+		old := stringSlices.Load()
+		if old == nil || len(*old) < maxStringSlices {
+			next := make(map[attribute.Value][]byte, 1+len(mapOrNil(old)))
+			for k, e := range mapOrNil(old) {
+				next[k] = e
+			}
+			next[v] = slices.Clone(enc)
+			stringSlices.Store(&next)
+		}
+		stringSlicesMu.Unlock()
+	}
+	return b
+}
+
+func mapOrNil(m *map[attribute.Value][]byte) map[attribute.Value][]byte {
+	if m == nil {
+		return nil
+	}
+	return *m
 }

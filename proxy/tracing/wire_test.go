@@ -1,6 +1,7 @@
 package tracing
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -258,5 +259,24 @@ func TestWireExporterEarlyAnswer(t *testing.T) {
 		if err := wire.ExportSpans(context.Background(), big); err == nil || !strings.Contains(err.Error(), "413") {
 			t.Fatalf("export to a refusing collector: %v; want its 413", err)
 		}
+	}
+}
+
+// A string slice's encoding comes from stringSlices once seen: the same
+// bytes as appendArray makes, different values kept apart, no allocation.
+func TestStringSliceEncodingCached(t *testing.T) {
+	vals := []attribute.Value{attribute.StringSliceValue([]string{"stop"}), attribute.StringSliceValue([]string{"length"}),
+		attribute.StringSliceValue([]string{"stop", "length"}), attribute.StringSliceValue(nil), attribute.StringSliceValue([]string{""})}
+	for round := range 2 {
+		for _, v := range vals {
+			want := appendArray(nil, v.AsStringSlice(), attribute.StringValue)
+			if got := appendStringSlice(nil, v); !bytes.Equal(got, want) {
+				t.Errorf("round %d, %v: %x; want %x", round, v.Emit(), got, want)
+			}
+		}
+	}
+	buf := make([]byte, 0, 64)
+	if n := testing.AllocsPerRun(100, func() { buf = appendStringSlice(buf[:0], vals[0]) }); n != 0 {
+		t.Errorf("%v allocations per encoding of a seen value; want 0", n)
 	}
 }
