@@ -335,10 +335,16 @@ func TestQueueInteractiveBeforeBatch(t *testing.T) {
 	if strings.Join(order, " ") != "interactive batch-1 batch-2" {
 		t.Fatalf("served %v; want interactive first, then the batch requests in order", order)
 	}
-	waited := false
-	for _, l := range e.log.lines(`"route":"chat"`, `"status":200`, `"queue_ms":`) {
-		waited = waited || !strings.Contains(l, `"queue_ms":0,`)
-	}
+	// Access log lines are written by the streams' completions, which may
+	// run after the client has read the end.
+	waited := poll(5*time.Second, func() bool {
+		for _, l := range e.log.lines(`"route":"chat"`, `"status":200`, `"queue_ms":`) {
+			if !strings.Contains(l, `"queue_ms":0,`) {
+				return true
+			}
+		}
+		return false
+	})
 	if !waited {
 		t.Errorf("no access log line reports the interactive request's queue wait: %q", e.log.lines(`"route":"chat"`))
 	}

@@ -171,9 +171,14 @@ func TestLoopReusesBackendConn(t *testing.T) {
 
 // TestLoopReusesBackendConnNetHTTP: the same with a net/http backend,
 // which writes the last chunk apart from [DONE] (after the handler
-// returns): the loop reads on to it after the stream is done.
+// returns): the loop reads on to it after the stream is done, even after
+// the client's side has finished (on a loaded machine the last chunk may
+// come after it). Each next request waits until the backend has sent the
+// last chunk (its connection idle): a connection can only be reused once
+// its body ended.
 func TestLoopReusesBackendConnNetHTTP(t *testing.T) {
 	var accepted atomic.Int32
+	idle := make(chan struct{}, 3)
 	next := make(chan struct{}, 1)
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -192,15 +197,26 @@ func TestLoopReusesBackendConnNetHTTP(t *testing.T) {
 		rc.Flush() // [DONE] leaves before the last chunk
 	}))
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
+		switch s {
+		case http.StateNew:
 			accepted.Add(1)
+		case http.StateIdle: // the response, its last chunk too, was written
+			select {
+			case idle <- struct{}{}:
+			default:
+			}
 		}
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
 	e := loopEdge(t, srv.URL, edgeOpts{})
-	for range 3 {
+	for i := range 3 {
 		loopRoundTrip(t, e, next)
+		select {
+		case <-idle:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("stream %d: the backend did not finish its response", i)
+		}
 	}
 	if n := accepted.Load(); n != 1 {
 		t.Fatalf("backend accepted %d connections for 3 streams, want 1", n)

@@ -66,8 +66,17 @@ func TestHTTP3ZeroRTT(t *testing.T) {
 	cc := (&http3.Transport{}).NewClientConn(conn)
 	get := sendEarly(t, cc, http3.MethodGet0RTT, "https://"+addr+"/get")
 	post := sendEarly(t, cc, http.MethodPost, "https://"+addr+"/post")
-	waitFor(t, 5*time.Second, "the server to refuse the early POST", func() bool {
-		return len(logs.lines("0-RTT", `"method":"POST"`)) == 1
+	// Both early requests must have reached the server before the gate
+	// opens: each stream is handled on its own goroutine, and a request
+	// the server only takes up after the handshake completed is no longer
+	// early (its r.TLS is taken when the request is read). Waiting for the
+	// POST's refusal alone left the GET to a loaded scheduler: it could be
+	// read after the release and be served as "GET  done".
+	waitFor(t, 5*time.Second, "the server to serve the early GET and refuse the early POST", func() bool {
+		mu.Lock()
+		n := len(seen)
+		mu.Unlock()
+		return n == 2 && len(logs.lines("0-RTT", `"method":"POST"`)) == 1
 	})
 	gate.release()
 	if st := <-get; st != 200 {

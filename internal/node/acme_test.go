@@ -82,6 +82,61 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// forwardWhenReady listens on a loopback port (returned) and forwards each
+// connection it accepts, byte for byte, to the address sent on the
+// returned channel, waiting for it up to 30s or the test's end (a
+// connection still waiting then is closed). Pebble validates TLS-ALPN-01 on that port: it reaches
+// a node that started after Pebble was configured.
+func forwardWhenReady(t *testing.T) (port int, to chan<- string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := make(chan string, 1)
+	ready := make(chan struct{})
+	var target string
+	go func() { // ends with the test: the send, or the cleanup's close
+		select {
+		case target = <-addr:
+			close(ready)
+		case <-t.Context().Done():
+		}
+	}()
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				select {
+				case <-ready:
+				case <-t.Context().Done():
+					return
+				case <-time.After(30 * time.Second):
+					return
+				}
+				u, err := net.DialTimeout("tcp", target, 5*time.Second)
+				if err != nil {
+					return
+				}
+				defer u.Close()
+				done := make(chan struct{})
+				go func() { io.Copy(u, c); u.(*net.TCPConn).CloseWrite(); close(done) }()
+				io.Copy(c, u)
+				c.(*net.TCPConn).CloseWrite()
+				c.SetDeadline(time.Now().Add(5 * time.Second)) // bounds the other direction
+				<-done
+			})
+		}
+	})
+	return ln.Addr().(*net.TCPAddr).Port, addr
+}
+
 // startDNS answers every A question with 127.0.0.1 and every other with
 // no records, over TCP (Pebble's VA resolver uses TCP: va/va.go sets
 // dnsClient.Net = "tcp" when -dnsserver is given).
@@ -481,9 +536,17 @@ func TestACMERenewalServedWithoutRestart(t *testing.T) {
 // the storage lock, so B orders; but Pebble validates only node A's port,
 // so the TLS-ALPN-01 challenge of B's order is answered by A from the
 // shared storage. A waits for the lock and loads B's certificate.
+//
+// Pebble's validation port is a forwarder to A's https listener: A starts
+// only once B holds the lock, and B's order (a few round trips to Pebble,
+// which validates at once) could reach its validation before A listened;
+// Pebble then met a refused connection, the authorization failed, and
+// certmagic's next try was a minute away. The forwarder accepts at once
+// and holds the validation's connection until A listens.
 func TestACMESharedStorageOneOrderTwoNodes(t *testing.T) {
-	httpsA, httpsB := freePort(t), freePort(t)
-	p := startPebble(t, freePort(t), httpsA, "")
+	validation, aAddr := forwardWhenReady(t)
+	httpsB := freePort(t)
+	p := startPebble(t, freePort(t), validation, "")
 	roots := p.root(t)
 	storage := t.TempDir()
 	extra := "      challenges: [tls-alpn-01]\n      profile: default\n"
@@ -493,7 +556,8 @@ func TestACMESharedStorageOneOrderTwoNodes(t *testing.T) {
 	waitUntil(t, 10*time.Second, "node B to take the storage lock", func() bool {
 		return strings.Contains(logsB.String(), "lock acquired")
 	})
-	a, logsA, _ := startACMENode(t, acmeNodeConfig(t, p, "shared.sluice.test", 0, httpsA, storage, extra))
+	a, logsA, _ := startACMENode(t, acmeNodeConfig(t, p, "shared.sluice.test", 0, 0, storage, extra))
+	aAddr <- a.Server().Addr(listen.ListenerHTTPS)
 	ca := servedCert(t, a.Server().Addr(listen.ListenerHTTPS), "shared.sluice.test", roots, 30*time.Second)
 	cb := servedCert(t, b.Server().Addr(listen.ListenerHTTPS), "shared.sluice.test", roots, 30*time.Second)
 	if ca.SerialNumber.Cmp(cb.SerialNumber) != 0 {

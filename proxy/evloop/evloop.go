@@ -67,8 +67,9 @@ type Relay interface {
 	// socket open after out is written, until Handle.Finish gives the
 	// stream's tail (work that may wait, such as a settle, comes between).
 	End(out []byte, err error) (_ []byte, hold bool)
-	// Closed reports that both sockets are closed and the stream left the
-	// loop; sent is the bytes written to the client. It runs on the loop:
+	// Closed reports that the client's socket is closed (or kept) and
+	// the stream left the loop, its backend's socket closed or (Reuse)
+	// still read to its body's end; sent is the bytes written to the client. It runs on the loop:
 	// anything that may wait (settle, logs) goes to another goroutine. A
 	// held stream is closed after its Finish, or when the loop stops.
 	Closed(err error, sent int64)
@@ -103,9 +104,9 @@ type Stream struct {
 	// done) and the backend's body ended cleanly: the chunked coding's
 	// last chunk and trailer, or all Content-Length bytes, were read,
 	// with nothing after them, and the backend did not half-close. A body
-	// not yet at its end when the Relay is done is read on (and dropped)
-	// while the stream is still in the loop (until its client socket
-	// closes). fd is a non-blocking descriptor of the socket, no longer
+	// not yet at its end when the Relay is done is read on (and dropped),
+	// after the stream's client side has finished too, for a second at
+	// most (drainGrace; then the socket is closed). fd is a non-blocking descriptor of the socket, no longer
 	// in the loop's epoll set; Reuse owns it (it must close it). It runs
 	// on the loop and must not block. Every other end closes the socket.
 	Reuse func(fd int)
@@ -163,7 +164,21 @@ type Group struct {
 	wg    sync.WaitGroup
 	live  atomic.Int64
 	once  sync.Once
-	procs int // added to GOMAXPROCS by New (OwnProcs)
+	procs int                   // added to GOMAXPROCS by New (OwnProcs)
+	err   atomic.Pointer[error] // the first loop failure (loop.fail)
+}
+
+// failed records a loop's failure (the first one is kept for Err).
+func (g *Group) failed(err error) { g.err.CompareAndSwap(nil, &err) }
+
+// Err is the first error a loop failed with (its epoll_wait returned an
+// errno other than EINTR; its streams were ended with that error and it
+// takes no more), or nil while every loop runs.
+func (g *Group) Err() error {
+	if p := g.err.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // New starts a group of loops.
@@ -261,15 +276,21 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 	if st.dec != nil {
 		st.remaining = 0
 	}
-	l := g.loops[int(g.next.Add(1))%len(g.loops)]
 	g.live.Add(1)
-	if !l.submit(st) {
-		g.live.Add(-1)
-		unix.Close(cfd)
-		unix.Close(ufd)
-		return nil, ErrClosed
+	// Round robin; a loop that refuses (it failed, see loop.fail) passes
+	// its turn to the next. All refuse once the group is closed.
+	i := int(g.next.Add(1))
+	for range g.loops {
+		l := g.loops[i%len(g.loops)]
+		if l.submit(st) {
+			return &Handle{l: l, s: st}, nil
+		}
+		i++
 	}
-	return &Handle{l: l, s: st}, nil
+	g.live.Add(-1)
+	unix.Close(cfd)
+	unix.Close(ufd)
+	return nil, ErrClosed
 }
 
 // EndAll ends every stream running now with err (for example the drain's

@@ -2,6 +2,7 @@ package evloop
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"runtime"
 	"sync"
@@ -35,22 +36,26 @@ const events = 256
 // streams it owns. Everything but mu's fields is touched by the loop's
 // goroutine only.
 type loop struct {
-	g     *Group
-	opts  Options
-	epfd  int
-	efd   int // eventfd: wakes the loop for commands
-	byFD  []*stream
-	all   []*stream // for the idle sweep; stream.idx is its place
-	rbuf  []byte    // shared read buffer
-	out   []byte    // shared out buffer
-	sink  [512]byte // client input is read here and dropped
-	ready []unix.EpollEvent
+	g    *Group
+	opts Options
+	epfd int
+	efd  int // eventfd: wakes the loop for commands
+	byFD []*stream
+	all  []*stream // for the idle sweep; stream.idx is its place
+	// drains are finished streams whose backend body is still read to
+	// its end for reuse (see finish); the sweep closes those past drainBy.
+	drains []*stream
+	rbuf   []byte    // shared read buffer
+	out    []byte    // shared out buffer
+	sink   [512]byte // client input is read here and dropped
+	ready  []unix.EpollEvent
 
 	mu       sync.Mutex
 	cmds     []func()
 	adds     []*stream
 	stopping bool
 	closed   bool // no more submits
+	dead     bool // run returned after a failed wait: efd is closed
 }
 
 func newLoop(g *Group, opts Options) (*loop, error) {
@@ -106,11 +111,17 @@ func (l *loop) command(f func()) {
 	l.wake()
 }
 
+// stop makes the loop end its streams and return. The wake-up is written
+// under mu: the loop closes efd only after it has read stopping (under
+// mu) or after it died (dead, under mu), so the write never meets a
+// closed (or reused) descriptor.
 func (l *loop) stop() {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.stopping, l.closed = true, true
-	l.mu.Unlock()
-	l.wake()
+	if !l.dead {
+		l.wake()
+	}
 }
 
 // run is the loop's goroutine. It waits for its epoll descriptor in Go's
@@ -124,7 +135,7 @@ func (l *loop) stop() {
 func (l *loop) run() {
 	defer l.g.wg.Done()
 	defer unix.Close(l.efd)
-	var wait func(timeout time.Duration) int
+	var wait func(timeout time.Duration) (int, error)
 	if l.opts.OwnProcs {
 		defer unix.Close(l.epfd)
 		wait = l.waitHeld
@@ -139,7 +150,7 @@ func (l *loop) run() {
 			panic("evloop: " + err.Error())
 		}
 		var deadline time.Time
-		wait = func(timeout time.Duration) int {
+		wait = func(timeout time.Duration) (int, error) {
 			switch {
 			case timeout < 0 && !deadline.IsZero():
 				deadline = time.Time{}
@@ -149,22 +160,33 @@ func (l *loop) run() {
 				f.SetReadDeadline(deadline)
 			}
 			n := 0
+			var werr error
 			rc.Read(func(fd uintptr) bool {
-				n, _ = rawEpollWait(int(fd), l.ready)
-				return n > 0
+				n, werr = rawEpollWait(int(fd), l.ready)
+				if werr == unix.EINTR || werr == unix.EAGAIN {
+					werr = nil
+				}
+				return n > 0 || werr != nil
 			})
-			return n
+			if werr != nil {
+				return 0, fmt.Errorf("evloop: epoll_wait: %w", werr)
+			}
+			return max(n, 0), nil
 		}
 	}
 	sweep := l.opts.Sweep
 	lastSweep := time.Now()
 	for {
 		timeout := time.Duration(-1)
-		if len(l.all) > 0 {
+		if len(l.all) > 0 || len(l.drains) > 0 {
 			timeout = sweep
 		}
-		n := wait(timeout)
+		n, err := wait(timeout)
 		now := time.Now()
+		if err != nil {
+			l.fail(err, now)
+			return
+		}
 		woken := false
 		for _, ev := range l.ready[:max(n, 0)] {
 			fd := int(ev.Fd)
@@ -202,17 +224,45 @@ func (l *loop) run() {
 	}
 }
 
-// waitBlocking waits in epoll_wait (timeout < 0: without a bound).
-func (l *loop) waitBlocking(timeout time.Duration) int {
+// waitBlocking waits in epoll_wait (timeout < 0: without a bound). An
+// interrupted wait returns no events; any other failure is returned (the
+// loop then fails, see fail).
+func (l *loop) waitBlocking(timeout time.Duration) (int, error) {
 	ms := -1
 	if timeout >= 0 {
 		ms = int(timeout / time.Millisecond)
 	}
 	n, err := unix.EpollWait(l.epfd, l.ready, ms)
-	if err != nil && err != unix.EINTR {
-		panic("evloop: epoll_wait: " + err.Error())
+	if err != nil {
+		if err == unix.EINTR {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("evloop: epoll_wait: %w", err)
 	}
-	return max(n, 0)
+	return max(n, 0), nil
+}
+
+// fail ends a loop whose wait failed (its epoll descriptor is unusable;
+// err wraps the errno): no more streams are taken, the queued ones and
+// commands are run, and every stream is ended with err and closed, as
+// Close would with ErrClosed. Group.Err has err before the first stream
+// ends. Group.Add then gives this loop's turns to
+// the other loops (ErrClosed when none is left).
+func (l *loop) fail(err error, now time.Time) {
+	l.g.failed(err) // before the streams' ends: Err tells why they ended
+	l.mu.Lock()
+	l.closed, l.dead = true, true
+	adds, cmds := l.adds, l.cmds
+	l.adds, l.cmds = nil, nil
+	l.mu.Unlock()
+	for _, s := range adds {
+		l.start(s, now)
+	}
+	for _, f := range cmds {
+		f()
+	}
+	l.endAll(err, true)
+	l.closeDrains()
 }
 
 // waitHeld waits in epoll_wait while keeping the loop's P (Options.
@@ -227,7 +277,7 @@ func (l *loop) waitBlocking(timeout time.Duration) int {
 // returns EINTR and the goroutine yields at its next function call. With
 // no streams (timeout < 0) there is nothing to serve: the loop waits in
 // an ordinary, scheduler-visible epoll_wait and gives its P back.
-func (l *loop) waitHeld(timeout time.Duration) int {
+func (l *loop) waitHeld(timeout time.Duration) (int, error) {
 	if timeout < 0 {
 		return l.waitBlocking(timeout)
 	}
@@ -235,12 +285,12 @@ func (l *loop) waitHeld(timeout time.Duration) int {
 	r, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.epfd), uintptr(unsafe.Pointer(&l.ready[0])),
 		uintptr(len(l.ready)), uintptr(ms), 0, 0)
 	if errno != 0 {
-		if errno != unix.EINTR {
-			panic("evloop: epoll_pwait: " + errno.Error())
+		if errno == unix.EINTR {
+			return 0, nil
 		}
-		return 0
+		return 0, fmt.Errorf("evloop: epoll_pwait: %w", errno)
 	}
-	return int(r)
+	return int(r), nil
 }
 
 // commands takes the queued streams and commands; true when the loop
@@ -258,6 +308,7 @@ func (l *loop) commands(now time.Time) bool {
 	}
 	if stopping {
 		l.endAll(ErrClosed, true)
+		l.closeDrains()
 		return true
 	}
 	return false
@@ -714,18 +765,53 @@ func (l *loop) sweep(now time.Time) {
 		}
 		i++
 	}
+	if len(l.drains) > 0 {
+		keep := l.drains[:0]
+		for _, s := range l.drains {
+			if s.ufd >= 0 && now.Before(s.drainBy) {
+				keep = append(keep, s)
+			} else {
+				l.closeUp(s) // no-op when given back or closed already
+			}
+		}
+		clear(l.drains[len(keep):])
+		l.drains = keep
+	}
 }
 
-// finish closes s's sockets, removes it and reports it closed.
+// closeDrains closes the backend sockets still drained (the loop stops).
+func (l *loop) closeDrains() {
+	for _, s := range l.drains {
+		l.closeUp(s)
+	}
+	l.drains = nil
+}
+
+// drainGrace bounds how long a finished stream's backend socket is still
+// read for its body's end (the last chunk a server such as net/http
+// writes after the handler's [DONE]): it usually comes within a
+// millisecond, but on a loaded machine the stream's client side may be
+// finished first.
+const drainGrace = time.Second
+
+// finish closes s's sockets, removes it and reports it closed. A backend
+// socket still read to its body's end for reuse (draining) stays in the
+// loop, for drainGrace at most: drainUp gives it back or closes it, the
+// sweep closes it when the end does not come.
 func (l *loop) finish(s *stream) {
 	if s.closed {
 		return
 	}
 	s.closed = true
 	if s.ufd >= 0 {
-		unix.Close(s.ufd)
-		l.unmap(s.ufd)
-		s.ufd = -1
+		if s.draining {
+			s.drainBy = time.Now().Add(drainGrace)
+			l.drains = append(l.drains, s)
+		} else {
+			unix.Close(s.ufd)
+			l.unmap(s.ufd)
+			s.ufd = -1
+		}
 	}
 	l.unmap(s.cfd)
 	k, kept := s.relay.(Keeper)
@@ -780,6 +866,7 @@ type stream struct {
 	remaining int64
 	idle      time.Duration
 	last      time.Time // the last byte from the backend (or to a slow client)
+	drainBy   time.Time // a finished stream's drain ends by then (loop.drains)
 	idx       int       // in loop.all
 	init, raw []byte    // until start
 	first     []byte    // Stream.Out, in pendp, until start
