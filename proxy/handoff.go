@@ -191,6 +191,11 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 		}
 		return true, x.loopAbort(conn, up, nil)
 	}
+	// The head and the first token leave now, before the rest of the
+	// hand-off (shedding, the server's hold, both sockets taken out of
+	// Go's netpoller: a dozen system calls); what the socket does not
+	// take goes to Add, and from there to the loop.
+	ls.sink.out = ls.sink.out[writeNow(conn, ls.sink.out):]
 	var pending []byte
 	if n := l.br.Buffered(); n > 0 {
 		p, _ := l.br.Peek(n)
@@ -318,6 +323,45 @@ func (x *exchange) loopAbort(conn, up net.Conn, err error) error {
 	ls.out = nil
 	x.sink = &deferredSink{conn: conn, ls: ls}
 	return nil
+}
+
+// writeNow writes as much of b as c's socket takes at once, without
+// waiting for it to become writable, and returns how much that was: 0
+// when c exposes no socket or the write fails (the loop's own write then
+// meets the error).
+func writeNow(c net.Conn, b []byte) int {
+	sc, ok := c.(syscall.Conn)
+	if !ok || len(b) == 0 {
+		return 0
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	w := nowWriter{b: b}
+	rc.Write(w.write)
+	return w.n
+}
+
+// nowWriter is writeNow's callback and its result.
+type nowWriter struct {
+	b []byte
+	n int
+}
+
+// write never asks to wait for writability (it returns true).
+func (w *nowWriter) write(fd uintptr) bool {
+	for w.n < len(w.b) {
+		k, err := syscall.Write(int(fd), w.b[w.n:])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil || k <= 0 {
+			break
+		}
+		w.n += k
+	}
+	return true
 }
 
 // hasFD reports whether conn (or what it wraps) exposes its socket.
