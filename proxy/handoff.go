@@ -91,6 +91,17 @@ func (h *Handler) eventLoops() *evloop.Group {
 	return h.loops.g.Load()
 }
 
+// helpLoops relays what the event loops' sockets have ready on this
+// goroutine when their own goroutines are late (evloop.Group.Help): a
+// request's start, a hand-off and a completion call it, so that the
+// goroutines that keep the Ps busy in a wave of stream starts serve the
+// loops' tokens between their own work.
+func (h *Handler) helpLoops() {
+	if g := h.loops.g.Load(); g != nil {
+		g.Help()
+	}
+}
+
 // Close stops the handler's event loops: streams still on them end with
 // the shutting_down error event. Call it after the server's Shutdown
 // (which waits for loop streams as for running requests).
@@ -248,6 +259,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	}
 	ls.h = h
 	close(ls.done)
+	g.Help()
 	return true, errHandedOff
 }
 
@@ -416,6 +428,7 @@ func (ls *loopStream) complete() {
 	ls.l.close()
 	x.complete(false, true) // its sink.End gives the tail to the loop (loopSink.End)
 	ls.h.Finish(ls.sink.tail)
+	x.h.helpLoops()
 }
 
 // loopErr maps the loop's reasons to the pipeline's errors.

@@ -151,13 +151,28 @@ type Options struct {
 	// instead of after the run queues (see loop.waitHeld). It overrides
 	// Blocking.
 	OwnProcs bool
+	// NoHelp makes Help do nothing (see Group.Help). Blocking and
+	// OwnProcs imply it: their loops wait in epoll_wait itself, and a
+	// helper would take the events that should wake them.
+	NoHelp bool
 }
 
 // MaxEventBytes bounds one event (as proxy.MaxEventBytes does).
 const MaxEventBytes = 1 << 20
 
+// helpAfter is how long a loop may go without an epoll_wait before
+// Group.Help serves it on another goroutine.
+const helpAfter = int64(200 * time.Microsecond)
+
+// epoch is the origin of mono.
+var epoch = time.Now()
+
+// mono is a monotonic clock reading in nanoseconds.
+func mono() int64 { return int64(time.Since(epoch)) }
+
 // Group is a set of loops; streams are assigned round robin.
 type Group struct {
+	help  bool // Help serves loops (the netpoller's wait, the default)
 	loops []*loop
 	next  atomic.Uint32
 	wg    sync.WaitGroup
@@ -168,6 +183,19 @@ type Group struct {
 
 // New starts a group of loops.
 func New(opts Options) (*Group, error) {
+	g, err := build(opts)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range g.loops {
+		g.wg.Add(1)
+		go l.run()
+	}
+	return g, nil
+}
+
+// build makes a group whose loops' goroutines are not started.
+func build(opts Options) (*Group, error) {
 	if opts.Loops <= 0 {
 		opts.Loops = runtimeProcs()
 	}
@@ -180,7 +208,7 @@ func New(opts Options) (*Group, error) {
 	if opts.ReadBuffer <= 0 {
 		opts.ReadBuffer = 64 << 10
 	}
-	g := &Group{}
+	g := &Group{help: !opts.Blocking && !opts.OwnProcs && !opts.NoHelp}
 	if opts.OwnProcs {
 		g.procs = opts.Loops
 		addProcs(g.procs)
@@ -193,11 +221,30 @@ func New(opts Options) (*Group, error) {
 		}
 		g.loops = append(g.loops, l)
 	}
-	for _, l := range g.loops {
-		g.wg.Add(1)
-		go l.run()
-	}
 	return g, nil
+}
+
+// Help serves, on the calling goroutine, the ready sockets of every loop
+// that nobody polled for helpAfter (200 µs) and nobody serves now: a
+// loop's goroutine waits for its epoll descriptor in Go's netpoller, and
+// while every P is busy (a wave of stream starts) the scheduler polls the
+// network only when a run queue runs dry, or from sysmon every 10 ms, so
+// a ready loop can go unnoticed for milliseconds. The request path calls
+// Help at a few points (a request's start, a hand-off, a completion):
+// the goroutines that keep the Ps busy then relay the sparse tokens
+// themselves, as an nginx worker does between requests. It costs an
+// atomic load per loop when the loops were polled lately, else one
+// non-blocking epoll_wait; the loop's goroutine, woken later for events a
+// helper took, finds none and waits again. The caller must hold nothing a
+// Relay's methods take.
+func (g *Group) Help() {
+	if !g.help || g.live.Load() == 0 {
+		return
+	}
+	now := mono()
+	for _, l := range g.loops {
+		l.help(now)
+	}
 }
 
 // Streams is the number of streams the loops hold now.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -45,6 +46,13 @@ type loop struct {
 	out   []byte    // shared out buffer
 	sink  [512]byte // client input is read here and dropped
 	ready []unix.EpollEvent
+
+	// own is held by whoever serves the loop: its goroutine, from its
+	// epoll_wait to the end of that batch, or a helper (Group.Help).
+	// Everything above is touched under it only.
+	own    sync.Mutex
+	exited bool         // under own: the loop stopped; its descriptors are closed
+	polled atomic.Int64 // mono() of the last epoll_wait, by the loop or a helper
 
 	mu       sync.Mutex
 	cmds     []func()
@@ -148,58 +156,108 @@ func (l *loop) run() {
 				deadline = time.Now().Add(timeout)
 				f.SetReadDeadline(deadline)
 			}
-			n := 0
+			n, locked := 0, false
 			rc.Read(func(fd uintptr) bool {
+				// A helper may have served what woke us (Group.Help):
+				// then there is nothing to take and we wait again.
+				l.own.Lock()
+				if l.exited {
+					locked = true
+					return true
+				}
 				n, _ = rawEpollWait(int(fd), l.ready)
-				return n > 0
+				l.polled.Store(mono())
+				if n > 0 || timeout < 0 && len(l.all) > 0 { // (a helper added streams: the sweep's deadline is due)
+					locked = true
+					return true
+				}
+				l.own.Unlock()
+				return false
 			})
+			if !locked { // the deadline: the sweep's turn
+				l.own.Lock()
+			}
 			return n
 		}
 	}
 	sweep := l.opts.Sweep
 	lastSweep := time.Now()
+	timeout := time.Duration(-1) // no streams yet
 	for {
-		timeout := time.Duration(-1)
-		if len(l.all) > 0 {
-			timeout = sweep
-		}
 		n := wait(timeout)
-		now := time.Now()
-		woken := false
-		for _, ev := range l.ready[:max(n, 0)] {
-			fd := int(ev.Fd)
-			if fd == l.efd {
-				woken = true
-				continue
-			}
-			if fd >= len(l.byFD) || l.byFD[fd] == nil {
-				continue
-			}
-			s := l.byFD[fd]
-			if fd == s.cfd {
-				l.clientReady(s, ev.Events, now)
-			} else {
-				if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-					s.upHup = true // read to EOF: no edge will come for it
-				}
-				l.upstreamReady(s, now)
-			}
+		if l.opts.Blocking || l.opts.OwnProcs {
+			l.own.Lock() // no helpers in these modes: never contended
 		}
-		// Commands after the batch: a descriptor a stream closed above may
-		// be reused by a stream added here, and a stale event must not
-		// reach it.
-		if woken {
-			var buf [8]byte
-			unix.Read(l.efd, buf[:])
-			if l.commands(now) {
-				return
-			}
+		if l.exited { // a helper took the stop command
+			l.own.Unlock()
+			return
+		}
+		now := time.Now()
+		if l.dispatch(n, now) {
+			l.exited = true
+			l.own.Unlock()
+			return
 		}
 		if now.Sub(lastSweep) >= sweep {
 			lastSweep = now
 			l.sweep(now)
 		}
+		timeout = -1
+		if len(l.all) > 0 {
+			timeout = sweep
+		}
+		l.own.Unlock()
 	}
+}
+
+// dispatch serves the n ready events in l.ready, then the queued streams
+// and commands; true when the loop stops. The caller holds own.
+func (l *loop) dispatch(n int, now time.Time) bool {
+	woken := false
+	for _, ev := range l.ready[:max(n, 0)] {
+		fd := int(ev.Fd)
+		if fd == l.efd {
+			woken = true
+			continue
+		}
+		if fd >= len(l.byFD) || l.byFD[fd] == nil {
+			continue
+		}
+		s := l.byFD[fd]
+		if fd == s.cfd {
+			l.clientReady(s, ev.Events, now)
+		} else {
+			if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+				s.upHup = true // read to EOF: no edge will come for it
+			}
+			l.upstreamReady(s, now)
+		}
+	}
+	// Commands after the batch: a descriptor a stream closed above may
+	// be reused by a stream added here, and a stale event must not
+	// reach it.
+	if woken {
+		var buf [8]byte
+		unix.Read(l.efd, buf[:])
+		return l.commands(now)
+	}
+	return false
+}
+
+// help serves l's ready streams on the calling goroutine (Group.Help)
+// when nobody polled it for helpAfter and nobody serves it now.
+func (l *loop) help(now int64) {
+	if now-l.polled.Load() < helpAfter || !l.own.TryLock() {
+		return
+	}
+	if !l.exited {
+		n, _ := rawEpollWait(l.epfd, l.ready)
+		l.polled.Store(mono())
+		if n > 0 && l.dispatch(n, time.Now()) {
+			l.exited = true // the loop's goroutine sees it when its wait returns
+		}
+	}
+	l.own.Unlock()
 }
 
 // waitBlocking waits in epoll_wait (timeout < 0: without a bound).
