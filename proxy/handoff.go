@@ -44,14 +44,19 @@ type returner interface {
 	Return(net.Conn) bool
 }
 
-// reuseFunc is the evloop.Stream's Reuse for a detached body: the loop's
-// descriptor becomes a net.Conn again (net.FileConn takes a copy, the
-// loop's is closed) and goes to the transport's idle pool. Nil when the
-// connection cannot serve another request.
-func reuseFunc(body any) func(fd int) {
+// reuseFunc is the evloop.Stream's Reuse for a detached body: the
+// connection goes to the transport's idle pool. With shared (up stayed
+// open under the loop, evloop.Stream.Shared) that is up itself; else the
+// loop's descriptor becomes a net.Conn again (net.FileConn takes a copy,
+// the loop's is closed). Nil when the connection cannot serve another
+// request.
+func reuseFunc(body any, up net.Conn, shared bool) func(fd int) {
 	rb, ok := body.(returner)
 	if !ok || !rb.Reusable() {
 		return nil
+	}
+	if shared {
+		return func(int) { rb.Return(up) }
 	}
 	return func(fd int) {
 		f := os.NewFile(uintptr(fd), "upstream")
@@ -63,6 +68,13 @@ func reuseFunc(body any) func(fd int) {
 		rb.Return(nc)
 	}
 }
+
+// sharedConns hands streams to the loops with their sockets left open
+// under their net.Conns (evloop.Stream.Shared): a kept client connection
+// and a reused backend connection go back as they are, without the dup,
+// close and net.FileConn that taking them out of Go's netpoller and back
+// costs per stream. A variable for the tests of both ways.
+var sharedConns = true
 
 // errHandedOff tells serve's callers that the event loop now owns the
 // exchange: it completes it when the stream ends.
@@ -167,7 +179,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	if err != nil {
 		return false, nil
 	}
-	reuse := reuseFunc(l.resp.Body)
+	reuse := reuseFunc(l.resp.Body, up, sharedConns)
 	conn, brw, err := s.rc.Hijack()
 	if err != nil {
 		// Not hijackable after all: nothing was sent, the client gets a 502.
@@ -244,7 +256,8 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	// loop closes its socket (Add closes conn itself at once).
 	ls.uncount = listen.KeepCounted(conn)
 	h, err := g.Add(&evloop.Stream{Client: conn, Upstream: up, Out: out, Pending: pending, Raw: raw,
-		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse, KeepInput: ls.keep})
+		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse, KeepInput: ls.keep,
+		Shared: sharedConns})
 	if err != nil {
 		// The loops are closed (the handler is shutting down): both
 		// sockets are closed; complete here.
@@ -406,6 +419,9 @@ func (ls *loopStream) Keep(fd int) bool {
 	x := ls.x
 	if !ls.keep || x.err != nil || x.clientGone {
 		return false
+	}
+	if sharedConns {
+		return listen.ReadmitConn(ls.conn, ls.prefix)
 	}
 	return listen.Readmit(ls.conn, fd, ls.prefix)
 }

@@ -108,6 +108,7 @@ type Stream struct {
 	// closes). fd is a non-blocking descriptor of the socket, no longer
 	// in the loop's epoll set; Reuse owns it (it must close it). It runs
 	// on the loop and must not block. Every other end closes the socket.
+	// With Shared, Reuse owns Upstream instead (fd is its descriptor).
 	Reuse func(fd int)
 	// KeepInput leaves what the client sends during the stream unread
 	// (its next, pipelined request) for whoever gets the socket after
@@ -115,6 +116,17 @@ type Stream struct {
 	// (EPOLLRDHUP). When the socket is closed instead, its input is read
 	// and dropped first (a close over unread input resets the connection).
 	KeepInput bool
+	// Shared leaves Client and Upstream in Go's netpoller (where no
+	// goroutine waits on them while the loop has them): the loop uses
+	// their own descriptors, registered in its epoll set beside the
+	// netpoller's, instead of duplicates, and closes a socket with its
+	// net.Conn's Close. Keeper.Keep and Reuse then take over the
+	// net.Conn itself (their fd is its descriptor, out of the loop's
+	// epoll set and still open), with nothing to rebuild: the socket's
+	// way in and out of the loop costs two epoll_ctl instead of a dup, a
+	// close and, to give it back, a net.FileConn. Nothing else may close
+	// either connection while the loop has it.
+	Shared bool
 }
 
 // Keeper is a Relay that may take the client's socket over when its
@@ -122,6 +134,7 @@ type Stream struct {
 // bytes were all written, and the client is still there. Keep runs on the
 // loop, after the socket left the loop's epoll set, and before Closed; it
 // reports whether it took fd (else the loop closes it). It must not block.
+// For a Shared stream, taking fd means taking the Stream's Client over.
 type Keeper interface {
 	Keep(fd int) bool
 }
@@ -276,18 +289,31 @@ func (h *Handle) Finish(tail []byte) {
 // closes s.Client and s.Upstream whatever happens; on error the stream was
 // not taken (Relay is not called) and both connections are closed.
 func (g *Group) Add(s *Stream) (*Handle, error) {
-	cfd, err := detach(s.Client)
-	if err != nil {
-		s.Upstream.Close()
-		return nil, err
-	}
-	ufd, err := detach(s.Upstream)
-	if err != nil {
-		unix.Close(cfd)
-		return nil, err
-	}
-	st := &stream{cfd: cfd, ufd: ufd, relay: s.Relay, keepIn: s.KeepInput, dec: s.Decoder, remaining: s.Remaining,
+	st := &stream{relay: s.Relay, keepIn: s.KeepInput, dec: s.Decoder, remaining: s.Remaining,
 		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse}
+	if s.Shared {
+		cfd, cerr := fdOf(s.Client)
+		ufd, uerr := fdOf(s.Upstream)
+		if err := errors.Join(cerr, uerr); err != nil {
+			s.Client.Close()
+			s.Upstream.Close()
+			return nil, err
+		}
+		st.cfd, st.ufd, st.cconn, st.uconn = cfd, ufd, s.Client, s.Upstream
+	} else {
+		cfd, err := detach(s.Client)
+		if err != nil {
+			s.Upstream.Close()
+			return nil, err
+		}
+		ufd, err := detach(s.Upstream)
+		if err != nil {
+			unix.Close(cfd)
+			return nil, err
+		}
+		st.cfd, st.ufd = cfd, ufd
+	}
+	cfd := st.cfd
 	// Out (the head and the first token) is written here, on the caller's
 	// goroutine, before the loop has the socket: the first token does not
 	// wait for the loop to be woken and scheduled. What the socket does not
@@ -312,8 +338,8 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 	g.live.Add(1)
 	if !l.submit(st) {
 		g.live.Add(-1)
-		unix.Close(cfd)
-		unix.Close(ufd)
+		st.closeClient()
+		st.closeUp()
 		return nil, ErrClosed
 	}
 	return &Handle{l: l, s: st}, nil
@@ -337,6 +363,24 @@ func (g *Group) Close() {
 		g.wg.Wait()
 		addProcs(-g.procs)
 	})
+}
+
+// fdOf returns c's own descriptor (non-blocking: Go's netpoller set it
+// so), for Stream.Shared.
+func fdOf(c net.Conn) (int, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return -1, errors.New("evloop: connection has no file descriptor")
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
 }
 
 // detach returns a non-blocking duplicate of c's socket and closes c (Go's

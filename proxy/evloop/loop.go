@@ -2,6 +2,7 @@ package evloop
 
 import (
 	"bytes"
+	"net"
 	"os"
 	"runtime"
 	"sync"
@@ -553,11 +554,32 @@ func (l *loop) endWith(s *stream, out []byte, err error) {
 // closeUp closes the backend's socket.
 func (l *loop) closeUp(s *stream) {
 	if s.ufd >= 0 {
-		unix.Close(s.ufd)
 		l.unmap(s.ufd)
-		s.ufd = -1
+		s.closeUp()
 	}
 	s.draining = false
+}
+
+// closeUp closes the backend's socket (its net.Conn when Shared).
+func (s *stream) closeUp() {
+	if s.uconn != nil {
+		s.uconn.Close()
+		s.uconn = nil
+	} else if s.ufd >= 0 {
+		unix.Close(s.ufd)
+	}
+	s.ufd = -1
+}
+
+// closeClient closes the client's socket (its net.Conn when Shared).
+func (s *stream) closeClient() {
+	if s.cconn != nil {
+		s.cconn.Close()
+		s.cconn = nil
+	} else if s.cfd >= 0 {
+		unix.Close(s.cfd)
+	}
+	s.cfd = -1
 }
 
 // giveBack hands the backend's socket, its body read to the end, to the
@@ -571,7 +593,7 @@ func (l *loop) giveBack(s *stream) {
 		return
 	}
 	l.unmap(fd)
-	s.ufd, s.draining = -1, false
+	s.ufd, s.draining, s.uconn = -1, false, nil // Reuse has it now
 	s.reuse(fd)
 }
 
@@ -781,9 +803,8 @@ func (l *loop) finish(s *stream) {
 	}
 	s.closed = true
 	if s.ufd >= 0 {
-		unix.Close(s.ufd)
 		l.unmap(s.ufd)
-		s.ufd = -1
+		s.closeUp()
 	}
 	l.unmap(s.cfd)
 	k, kept := s.relay.(Keeper)
@@ -795,9 +816,9 @@ func (l *loop) finish(s *stream) {
 		if s.keepIn {
 			l.dropInput(s.cfd)
 		}
-		unix.Close(s.cfd)
+		s.closeClient()
 	}
-	s.cfd = -1
+	s.cfd, s.cconn = -1, nil
 	last := l.all[len(l.all)-1]
 	l.all[s.idx] = last
 	last.idx = s.idx
@@ -832,30 +853,33 @@ func (l *loop) unmap(fd int) {
 
 // stream is one relayed stream's state in its loop.
 type stream struct {
-	cfd, ufd  int
-	relay     Relay
-	dec       *chunked.Decoder
-	remaining int64
-	idle      time.Duration
-	last      time.Time // the last byte from the backend (or to a slow client)
-	idx       int       // in loop.all
-	init, raw []byte    // until start
-	first     []byte    // Stream.Out, in pendp, until start
-	carry     *[]byte   // a partial event; nil when none
-	pendp     *[]byte   // holds pend's storage
-	pend      []byte    // bytes the client has not taken yet
-	sent      int64
-	ending    bool  // the backend is closed; the last bytes may be pending
-	held      bool  // ended, waiting for its Handle's Finish
-	upHup     bool  // the backend's side reported EPOLLRDHUP/HUP/ERR
-	gone      bool  // the client left (or was cut) while held
-	closed    bool  // finished
-	keepIn    bool  // Stream.KeepInput: the client's input is not read
-	why       error // the end's cause; nil for a completed stream
-	reuse     func(fd int)
-	upEnded   bool // the backend's body reached its end (framing)
-	upDirty   bool // bytes past the body's end, or a decode error, seen
-	draining  bool // completed; the body's end is being read (drainUp)
+	cfd, ufd int
+	// cconn and uconn are the connections of a Shared stream (their own
+	// descriptors are cfd and ufd), closed by their Close; nil otherwise.
+	cconn, uconn net.Conn
+	relay        Relay
+	dec          *chunked.Decoder
+	remaining    int64
+	idle         time.Duration
+	last         time.Time // the last byte from the backend (or to a slow client)
+	idx          int       // in loop.all
+	init, raw    []byte    // until start
+	first        []byte    // Stream.Out, in pendp, until start
+	carry        *[]byte   // a partial event; nil when none
+	pendp        *[]byte   // holds pend's storage
+	pend         []byte    // bytes the client has not taken yet
+	sent         int64
+	ending       bool  // the backend is closed; the last bytes may be pending
+	held         bool  // ended, waiting for its Handle's Finish
+	upHup        bool  // the backend's side reported EPOLLRDHUP/HUP/ERR
+	gone         bool  // the client left (or was cut) while held
+	closed       bool  // finished
+	keepIn       bool  // Stream.KeepInput: the client's input is not read
+	why          error // the end's cause; nil for a completed stream
+	reuse        func(fd int)
+	upEnded      bool // the backend's body reached its end (framing)
+	upDirty      bool // bytes past the body's end, or a decode error, seen
+	draining     bool // completed; the body's end is being read (drainUp)
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
