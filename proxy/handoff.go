@@ -73,8 +73,10 @@ func reuseFunc(body any, up net.Conn, shared bool) func(fd int) {
 // under their net.Conns (evloop.Stream.Shared): a kept client connection
 // and a reused backend connection go back as they are, without the dup,
 // close and net.FileConn that taking them out of Go's netpoller and back
-// costs per stream. A variable for the tests of both ways.
-var sharedConns = true
+// costs per stream. A variable for the tests and benchmarks of both ways.
+var sharedConns atomic.Bool
+
+func init() { sharedConns.Store(true) }
 
 // errHandedOff tells serve's callers that the event loop now owns the
 // exchange: it completes it when the stream ends.
@@ -148,6 +150,7 @@ type loopStream struct {
 	keep   bool
 	conn   net.Conn
 	prefix []byte
+	shared bool // handed over with evloop.Stream.Shared
 }
 
 // handOff moves l's stream to an event loop when it can: an HTTP/1.1
@@ -179,7 +182,8 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	if err != nil {
 		return false, nil
 	}
-	reuse := reuseFunc(l.resp.Body, up, sharedConns)
+	shared := sharedConns.Load()
+	reuse := reuseFunc(l.resp.Body, up, shared)
 	conn, brw, err := s.rc.Hijack()
 	if err != nil {
 		// Not hijackable after all: nothing was sent, the client gets a 502.
@@ -199,7 +203,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	// The handler returns now and its request's context is cancelled
 	// then, but the exchange goes on: nothing after this point consults
 	// that context (loopFailed is told why the stream ended).
-	ls := &loopStream{x: x, l: l, done: make(chan struct{}), conn: conn}
+	ls := &loopStream{x: x, l: l, done: make(chan struct{}), conn: conn, shared: shared}
 	ls.keep = keepAlive(r) && listen.CanReadmit(conn)
 	ls.sink.hdr = hdr
 	ls.sink.trailer = wantsTrailer(r)
@@ -257,7 +261,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	ls.uncount = listen.KeepCounted(conn)
 	h, err := g.Add(&evloop.Stream{Client: conn, Upstream: up, Out: out, Pending: pending, Raw: raw,
 		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse, KeepInput: ls.keep,
-		Shared: sharedConns})
+		Shared: shared})
 	if err != nil {
 		// The loops are closed (the handler is shutting down): both
 		// sockets are closed; complete here.
@@ -420,7 +424,7 @@ func (ls *loopStream) Keep(fd int) bool {
 	if !ls.keep || x.err != nil || x.clientGone {
 		return false
 	}
-	if sharedConns {
+	if ls.shared {
 		return listen.ReadmitConn(ls.conn, ls.prefix)
 	}
 	return listen.Readmit(ls.conn, fd, ls.prefix)
