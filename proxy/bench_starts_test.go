@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"github.com/sluice-proxy/sluice/proxy"
+	"os"
 
 	"net/http/httptest"
 	"sync"
@@ -16,8 +17,9 @@ import (
 // written at the hand-off, the others relayed by a loop), directly, then
 // through Sluice with the sockets taken out of Go's netpoller at the
 // hand-off and rebuilt at the end ("dup"), then with them left under
-// their net.Conns ("shared", evloop.Stream.Shared, the default); an op is
-// one round of each, in turn. It reports the process CPU per stream of
+// their net.Conns ("shared", evloop.Stream.Shared, the default), and so
+// without the request path's help to the loops ("shared-nohelp",
+// evloop.Group.Help); an op is one round of each, in turn. It reports the process CPU per stream of
 // each case and Sluice's part of it (the case minus direct).
 func BenchmarkStreamStarts(b *testing.B) {
 	srv := httptest.NewServer(stampBackend{})
@@ -25,13 +27,15 @@ func BenchmarkStreamStarts(b *testing.B) {
 	e := fullEdge(b, poolOf(srv.URL))
 	const clients, per, n, every = 16, 8, 3, time.Millisecond
 	cases := []struct {
-		c      protoCase
-		shared bool
-	}{{protoCase{"direct", srv.URL, h1Pool()}, false}, {protoCase{"dup", e.http, h1Pool()}, false},
-		{protoCase{"shared", e.http, h1Pool()}, true}}
+		c            protoCase
+		shared, help bool
+	}{{protoCase{"direct", srv.URL, h1Pool()}, false, true}, {protoCase{"dup", e.http, h1Pool()}, false, true},
+		{protoCase{"shared", e.http, h1Pool()}, true, true}, {protoCase{"shared-nohelp", e.http, h1Pool()}, true, false}}
 	defer proxy.SetSharedConns(true)
+	defer proxy.SetLoopHelp(true)
 	round := func(i int) time.Duration {
 		proxy.SetSharedConns(cases[i].shared)
+		proxy.SetLoopHelp(cases[i].help)
 		start := cpuTime(b)
 		var wg sync.WaitGroup
 		for range clients {
@@ -63,4 +67,12 @@ func BenchmarkStreamStarts(b *testing.B) {
 		}
 	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// SLUICE_TEST_NOHELP=1 turns the loops' help off for every test and
+// benchmark of the package (to compare BenchmarkStreamCost both ways).
+func init() {
+	if os.Getenv("SLUICE_TEST_NOHELP") == "1" {
+		proxy.SetLoopHelp(false)
+	}
 }

@@ -111,10 +111,13 @@ func (h *Handler) eventLoops() *evloop.Group {
 // goroutines that keep the Ps busy in a wave of stream starts serve the
 // loops' tokens between their own work.
 func (h *Handler) helpLoops() {
-	if g := h.loops.g.Load(); g != nil {
+	if g := h.loops.g.Load(); g != nil && !noHelp.Load() {
 		g.Help()
 	}
 }
+
+// noHelp turns helpLoops off (for the benchmarks of both ways).
+var noHelp atomic.Bool
 
 // Close stops the handler's event loops: streams still on them end with
 // the shutting_down error event. Call it after the server's Shutdown
@@ -276,7 +279,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	}
 	ls.h = h
 	close(ls.done)
-	g.Help()
+	x.h.helpLoops()
 	return true, errHandedOff
 }
 

@@ -16,10 +16,10 @@ func TestLoopDupConns(t *testing.T) {
 		"KeepAlive": TestLoopKeepAlive, "KeepAlivePipelined": TestLoopKeepAlivePipelined,
 		"KeepAliveConnCap": TestLoopKeepAliveConnCap, "KeepAliveDrain": TestLoopKeepAliveDrain,
 		"KeepAliveProxyProtocol": TestLoopKeepAliveProxyProtocol, "ReusesBackendConn": TestLoopReusesBackendConn,
-		"ClientGoneClosesBackendConn": TestLoopClientGoneClosesBackendConn,
+		"ClientGoneClosesBackendConn":   TestLoopClientGoneClosesBackendConn,
 		"BytesPastBodyCloseBackendConn": TestLoopBytesPastBodyCloseBackendConn,
-		"ReturnedConnClosedByBackend": TestLoopReturnedConnClosedByBackend,
-		"EachTokenAtOnce": TestLoopEachTokenAtOnce, "ClientGoneCancelsBackend": TestLoopClientGoneCancelsBackend,
+		"ReturnedConnClosedByBackend":   TestLoopReturnedConnClosedByBackend,
+		"EachTokenAtOnce":               TestLoopEachTokenAtOnce, "ClientGoneCancelsBackend": TestLoopClientGoneCancelsBackend,
 		"BackendDiesMidStream": TestLoopBackendDiesMidStream, "Drain": TestLoopDrain,
 	} {
 		t.Run(name, f)
