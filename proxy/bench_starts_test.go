@@ -69,10 +69,14 @@ func BenchmarkStreamStarts(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 }
 
-// SLUICE_TEST_NOHELP=1 turns the loops' help off for every test and
-// benchmark of the package (to compare BenchmarkStreamCost both ways).
+// SLUICE_TEST_NOHELP=1 turns the loops' help off, SLUICE_TEST_DUPCONNS=1
+// the shared sockets, for every test and benchmark of the package (to
+// compare, say, BenchmarkStreamCost or BenchmarkHeldStreams both ways).
 func init() {
 	if os.Getenv("SLUICE_TEST_NOHELP") == "1" {
 		proxy.SetLoopHelp(false)
+	}
+	if os.Getenv("SLUICE_TEST_DUPCONNS") == "1" {
+		proxy.SetSharedConns(false)
 	}
 }
