@@ -260,7 +260,8 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	out := ls.sink.out
 	ls.sink.out = nil // the loop's from here
 	// The client's connection counts against its address's cap until the
-	// loop closes its socket (Add closes conn itself at once).
+	// loop closes its socket (Add closes conn at once; with shared, the
+	// loop does when the stream ends, unless the server takes it back).
 	ls.uncount = listen.KeepCounted(conn)
 	h, err := g.Add(&evloop.Stream{Client: conn, Upstream: up, Out: out, Pending: pending, Raw: raw,
 		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse, KeepInput: ls.keep,

@@ -174,10 +174,20 @@ func ReadmitConn(orig net.Conn, prefix []byte) bool {
 	}
 	cc.retired.Store(true)
 	cc.timer.Stop()
+	inner := cc.Conn
+	if kc, ok := inner.(*keptConn); ok {
+		// Re-admitted before: no wrapper per stream on a long-lived
+		// connection. What its replay still holds follows prefix (which
+		// net/http read from it earlier).
+		inner = kc.Conn
+		if len(kc.prefix) > 0 {
+			prefix = append(prefix[:len(prefix):len(prefix)], kc.prefix...)
+		}
+	}
 	// The server may have left deadlines on the socket (its timeouts);
 	// the next request sets its own.
-	cc.Conn.SetDeadline(time.Time{})
-	l.admit(cc, &keptConn{Conn: cc.Conn, remote: orig.RemoteAddr(), local: orig.LocalAddr(), prefix: prefix})
+	inner.SetDeadline(time.Time{})
+	l.admit(cc, &keptConn{Conn: inner, remote: orig.RemoteAddr(), local: orig.LocalAddr(), prefix: prefix})
 	return true
 }
 
