@@ -44,14 +44,19 @@ type returner interface {
 	Return(net.Conn) bool
 }
 
-// reuseFunc is the evloop.Stream's Reuse for a detached body: the loop's
-// descriptor becomes a net.Conn again (net.FileConn takes a copy, the
-// loop's is closed) and goes to the transport's idle pool. Nil when the
-// connection cannot serve another request.
-func reuseFunc(body any) func(fd int) {
+// reuseFunc is the evloop.Stream's Reuse for a detached body: the
+// connection goes to the transport's idle pool. With shared (up stayed
+// open under the loop, evloop.Stream.Shared) that is up itself; else the
+// loop's descriptor becomes a net.Conn again (net.FileConn takes a copy,
+// the loop's is closed). Nil when the connection cannot serve another
+// request.
+func reuseFunc(body any, up net.Conn, shared bool) func(fd int) {
 	rb, ok := body.(returner)
 	if !ok || !rb.Reusable() {
 		return nil
+	}
+	if shared {
+		return func(int) { rb.Return(up) }
 	}
 	return func(fd int) {
 		f := os.NewFile(uintptr(fd), "upstream")
@@ -63,6 +68,15 @@ func reuseFunc(body any) func(fd int) {
 		rb.Return(nc)
 	}
 }
+
+// sharedConns hands streams to the loops with their sockets left open
+// under their net.Conns (evloop.Stream.Shared): a kept client connection
+// and a reused backend connection go back as they are, without the dup,
+// close and net.FileConn that taking them out of Go's netpoller and back
+// costs per stream. A variable for the tests and benchmarks of both ways.
+var sharedConns atomic.Bool
+
+func init() { sharedConns.Store(true) }
 
 // errHandedOff tells serve's callers that the event loop now owns the
 // exchange: it completes it when the stream ends.
@@ -90,6 +104,20 @@ func (h *Handler) eventLoops() *evloop.Group {
 	})
 	return h.loops.g.Load()
 }
+
+// helpLoops relays what the event loops' sockets have ready on this
+// goroutine when their own goroutines are late (evloop.Group.Help): a
+// request's start, a hand-off and a completion call it, so that the
+// goroutines that keep the Ps busy in a wave of stream starts serve the
+// loops' tokens between their own work.
+func (h *Handler) helpLoops() {
+	if g := h.loops.g.Load(); g != nil && !noHelp.Load() {
+		g.Help()
+	}
+}
+
+// noHelp turns helpLoops off (for the benchmarks of both ways).
+var noHelp atomic.Bool
 
 // Close stops the handler's event loops: streams still on them end with
 // the shutting_down error event. Call it after the server's Shutdown
@@ -125,6 +153,7 @@ type loopStream struct {
 	keep   bool
 	conn   net.Conn
 	prefix []byte
+	shared bool // handed over with evloop.Stream.Shared
 }
 
 // handOff moves l's stream to an event loop when it can: an HTTP/1.1
@@ -156,7 +185,8 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	if err != nil {
 		return false, nil
 	}
-	reuse := reuseFunc(l.resp.Body)
+	shared := sharedConns.Load()
+	reuse := reuseFunc(l.resp.Body, up, shared)
 	conn, brw, err := s.rc.Hijack()
 	if err != nil {
 		// Not hijackable after all: nothing was sent, the client gets a 502.
@@ -176,7 +206,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	// The handler returns now and its request's context is cancelled
 	// then, but the exchange goes on: nothing after this point consults
 	// that context (loopFailed is told why the stream ended).
-	ls := &loopStream{x: x, l: l, done: make(chan struct{}), conn: conn}
+	ls := &loopStream{x: x, l: l, done: make(chan struct{}), conn: conn, shared: shared}
 	ls.keep = keepAlive(r) && listen.CanReadmit(conn)
 	ls.sink.hdr = hdr
 	ls.sink.trailer = wantsTrailer(r)
@@ -235,10 +265,12 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	out := ls.sink.out
 	ls.sink.out = nil // the loop's from here
 	// The client's connection counts against its address's cap until the
-	// loop closes its socket (Add closes conn itself at once).
+	// loop closes its socket (Add closes conn at once; with shared, the
+	// loop does when the stream ends, unless the server takes it back).
 	ls.uncount = listen.KeepCounted(conn)
 	h, err := g.Add(&evloop.Stream{Client: conn, Upstream: up, Out: out, Pending: pending, Raw: raw,
-		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse, KeepInput: ls.keep})
+		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse, KeepInput: ls.keep,
+		Shared: shared})
 	if err != nil {
 		// The loops are closed (the handler is shutting down): both
 		// sockets are closed; complete here.
@@ -253,6 +285,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	}
 	ls.h = h
 	close(ls.done)
+	x.h.helpLoops()
 	return true, errHandedOff
 }
 
@@ -439,6 +472,9 @@ func (ls *loopStream) Keep(fd int) bool {
 	if !ls.keep || x.err != nil || x.clientGone {
 		return false
 	}
+	if ls.shared {
+		return listen.ReadmitConn(ls.conn, ls.prefix)
+	}
 	return listen.Readmit(ls.conn, fd, ls.prefix)
 }
 
@@ -460,6 +496,7 @@ func (ls *loopStream) complete() {
 	ls.l.close()
 	x.complete(false, true) // its sink.End gives the tail to the loop (loopSink.End)
 	ls.h.Finish(ls.sink.tail)
+	x.h.helpLoops()
 }
 
 // loopErr maps the loop's reasons to the pipeline's errors.

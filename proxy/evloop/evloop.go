@@ -109,6 +109,7 @@ type Stream struct {
 	// most (drainGrace; then the socket is closed). fd is a non-blocking descriptor of the socket, no longer
 	// in the loop's epoll set; Reuse owns it (it must close it). It runs
 	// on the loop and must not block. Every other end closes the socket.
+	// With Shared, Reuse owns Upstream instead (fd is its descriptor).
 	Reuse func(fd int)
 	// KeepInput leaves what the client sends during the stream unread
 	// (its next, pipelined request) for whoever gets the socket after
@@ -116,6 +117,17 @@ type Stream struct {
 	// (EPOLLRDHUP). When the socket is closed instead, its input is read
 	// and dropped first (a close over unread input resets the connection).
 	KeepInput bool
+	// Shared leaves Client and Upstream in Go's netpoller (where no
+	// goroutine waits on them while the loop has them): the loop uses
+	// their own descriptors, registered in its epoll set beside the
+	// netpoller's, instead of duplicates, and closes a socket with its
+	// net.Conn's Close. Keeper.Keep and Reuse then take over the
+	// net.Conn itself (their fd is its descriptor, out of the loop's
+	// epoll set and still open), with nothing to rebuild: the socket's
+	// way in and out of the loop costs two epoll_ctl instead of a dup, a
+	// close and, to give it back, a net.FileConn. Nothing else may close
+	// either connection while the loop has it.
+	Shared bool
 }
 
 // Keeper is a Relay that may take the client's socket over when its
@@ -123,6 +135,7 @@ type Stream struct {
 // bytes were all written, and the client is still there. Keep runs on the
 // loop, after the socket left the loop's epoll set, and before Closed; it
 // reports whether it took fd (else the loop closes it). It must not block.
+// For a Shared stream, taking fd means taking the Stream's Client over.
 type Keeper interface {
 	Keep(fd int) bool
 }
@@ -152,13 +165,28 @@ type Options struct {
 	// instead of after the run queues (see loop.waitHeld). It overrides
 	// Blocking.
 	OwnProcs bool
+	// NoHelp makes Help do nothing (see Group.Help). Blocking and
+	// OwnProcs imply it: their loops wait in epoll_wait itself, and a
+	// helper would take the events that should wake them.
+	NoHelp bool
 }
 
 // MaxEventBytes bounds one event (as proxy.MaxEventBytes does).
 const MaxEventBytes = 1 << 20
 
+// helpAfter is how long a loop may go without an epoll_wait before
+// Group.Help serves it on another goroutine.
+const helpAfter = int64(200 * time.Microsecond)
+
+// epoch is the origin of mono.
+var epoch = time.Now()
+
+// mono is a monotonic clock reading in nanoseconds.
+func mono() int64 { return int64(time.Since(epoch)) }
+
 // Group is a set of loops; streams are assigned round robin.
 type Group struct {
+	help  bool // Help serves loops (the netpoller's wait, the default)
 	loops []*loop
 	next  atomic.Uint32
 	wg    sync.WaitGroup
@@ -183,6 +211,19 @@ func (g *Group) Err() error {
 
 // New starts a group of loops.
 func New(opts Options) (*Group, error) {
+	g, err := build(opts)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range g.loops {
+		g.wg.Add(1)
+		go l.run()
+	}
+	return g, nil
+}
+
+// build makes a group whose loops' goroutines are not started.
+func build(opts Options) (*Group, error) {
 	if opts.Loops <= 0 {
 		opts.Loops = runtimeProcs()
 	}
@@ -195,7 +236,7 @@ func New(opts Options) (*Group, error) {
 	if opts.ReadBuffer <= 0 {
 		opts.ReadBuffer = 64 << 10
 	}
-	g := &Group{}
+	g := &Group{help: !opts.Blocking && !opts.OwnProcs && !opts.NoHelp}
 	if opts.OwnProcs {
 		g.procs = opts.Loops
 		addProcs(g.procs)
@@ -208,11 +249,30 @@ func New(opts Options) (*Group, error) {
 		}
 		g.loops = append(g.loops, l)
 	}
-	for _, l := range g.loops {
-		g.wg.Add(1)
-		go l.run()
-	}
 	return g, nil
+}
+
+// Help serves, on the calling goroutine, the ready sockets of every loop
+// that nobody polled for helpAfter (200 µs) and nobody serves now: a
+// loop's goroutine waits for its epoll descriptor in Go's netpoller, and
+// while every P is busy (a wave of stream starts) the scheduler polls the
+// network only when a run queue runs dry, or from sysmon every 10 ms, so
+// a ready loop can go unnoticed for milliseconds. The request path calls
+// Help at a few points (a request's start, a hand-off, a completion):
+// the goroutines that keep the Ps busy then relay the sparse tokens
+// themselves, as an nginx worker does between requests. It costs an
+// atomic load per loop when the loops were polled lately, else one
+// non-blocking epoll_wait; the loop's goroutine, woken later for events a
+// helper took, finds none and waits again. The caller must hold nothing a
+// Relay's methods take.
+func (g *Group) Help() {
+	if !g.help || g.live.Load() == 0 {
+		return
+	}
+	now := mono()
+	for _, l := range g.loops {
+		l.help(now)
+	}
 }
 
 // Streams is the number of streams the loops hold now.
@@ -244,18 +304,31 @@ func (h *Handle) Finish(tail []byte) {
 // closes s.Client and s.Upstream whatever happens; on error the stream was
 // not taken (Relay is not called) and both connections are closed.
 func (g *Group) Add(s *Stream) (*Handle, error) {
-	cfd, err := detach(s.Client)
-	if err != nil {
-		s.Upstream.Close()
-		return nil, err
-	}
-	ufd, err := detach(s.Upstream)
-	if err != nil {
-		unix.Close(cfd)
-		return nil, err
-	}
-	st := &stream{cfd: cfd, ufd: ufd, relay: s.Relay, keepIn: s.KeepInput, dec: s.Decoder, remaining: s.Remaining,
+	st := &stream{relay: s.Relay, keepIn: s.KeepInput, dec: s.Decoder, remaining: s.Remaining,
 		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse}
+	if s.Shared {
+		cfd, cerr := fdOf(s.Client)
+		ufd, uerr := fdOf(s.Upstream)
+		if err := errors.Join(cerr, uerr); err != nil {
+			s.Client.Close()
+			s.Upstream.Close()
+			return nil, err
+		}
+		st.cfd, st.ufd, st.cconn, st.uconn = cfd, ufd, s.Client, s.Upstream
+	} else {
+		cfd, err := detach(s.Client)
+		if err != nil {
+			s.Upstream.Close()
+			return nil, err
+		}
+		ufd, err := detach(s.Upstream)
+		if err != nil {
+			unix.Close(cfd)
+			return nil, err
+		}
+		st.cfd, st.ufd = cfd, ufd
+	}
+	cfd := st.cfd
 	// Out (the head and the first token) is written here, on the caller's
 	// goroutine, before the loop has the socket: the first token does not
 	// wait for the loop to be woken and scheduled. What the socket does not
@@ -288,8 +361,8 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 		i++
 	}
 	g.live.Add(-1)
-	unix.Close(cfd)
-	unix.Close(ufd)
+	st.closeClient()
+	st.closeUp()
 	return nil, ErrClosed
 }
 
@@ -311,6 +384,24 @@ func (g *Group) Close() {
 		g.wg.Wait()
 		addProcs(-g.procs)
 	})
+}
+
+// fdOf returns c's own descriptor (non-blocking: Go's netpoller set it
+// so), for Stream.Shared.
+func fdOf(c net.Conn) (int, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return -1, errors.New("evloop: connection has no file descriptor")
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
 }
 
 // detach returns a non-blocking duplicate of c's socket and closes c (Go's

@@ -112,6 +112,7 @@ func handleOn(t testing.TB, g *Group, s Stream, hold chan error) (up, cl net.Con
 	r = newRelay()
 	r.hold = hold
 	s.Client, s.Upstream, s.Relay = cs, us, r
+	s.Shared = s.Shared || testShared
 	if s.Decoder == nil && s.Remaining == 0 {
 		s.Decoder = new(chunked.Decoder)
 	}

@@ -3,9 +3,11 @@ package evloop
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -49,6 +51,13 @@ type loop struct {
 	out    []byte    // shared out buffer
 	sink   [512]byte // client input is read here and dropped
 	ready  []unix.EpollEvent
+
+	// own is held by whoever serves the loop: its goroutine, from its
+	// epoll_wait to the end of that batch, or a helper (Group.Help).
+	// Everything above is touched under it only.
+	own    sync.Mutex
+	exited bool         // under own: the loop stopped; its descriptors are closed
+	polled atomic.Int64 // mono() of the last epoll_wait, by the loop or a helper
 
 	mu       sync.Mutex
 	cmds     []func()
@@ -159,15 +168,32 @@ func (l *loop) run() {
 				deadline = time.Now().Add(timeout)
 				f.SetReadDeadline(deadline)
 			}
-			n := 0
+			n, locked := 0, false
 			var werr error
 			rc.Read(func(fd uintptr) bool {
+				// A helper may have served what woke us (Group.Help):
+				// then there is nothing to take and we wait again.
+				l.own.Lock()
+				if l.exited {
+					locked = true
+					return true
+				}
 				n, werr = rawEpollWait(int(fd), l.ready)
 				if werr == unix.EINTR || werr == unix.EAGAIN {
 					werr = nil
 				}
-				return n > 0 || werr != nil
+				l.polled.Store(mono())
+				// (a helper added streams or drains: the sweep's deadline is due)
+				if n > 0 || werr != nil || timeout < 0 && (len(l.all) > 0 || len(l.drains) > 0) {
+					locked = true
+					return true
+				}
+				l.own.Unlock()
+				return false
 			})
+			if !locked { // the deadline: the sweep's turn
+				l.own.Lock()
+			}
 			if werr != nil {
 				return 0, fmt.Errorf("evloop: epoll_wait: %w", werr)
 			}
@@ -176,52 +202,88 @@ func (l *loop) run() {
 	}
 	sweep := l.opts.Sweep
 	lastSweep := time.Now()
+	timeout := time.Duration(-1) // no streams yet
 	for {
-		timeout := time.Duration(-1)
-		if len(l.all) > 0 || len(l.drains) > 0 {
-			timeout = sweep
-		}
 		n, err := wait(timeout)
+		if l.opts.Blocking || l.opts.OwnProcs {
+			l.own.Lock() // no helpers in these modes: never contended
+		}
+		if l.exited { // a helper took the stop command
+			l.own.Unlock()
+			return
+		}
 		now := time.Now()
 		if err != nil {
 			l.fail(err, now)
+			l.exited = true
+			l.own.Unlock()
 			return
 		}
-		woken := false
-		for _, ev := range l.ready[:max(n, 0)] {
-			fd := int(ev.Fd)
-			if fd == l.efd {
-				woken = true
-				continue
-			}
-			if fd >= len(l.byFD) || l.byFD[fd] == nil {
-				continue
-			}
-			s := l.byFD[fd]
-			if fd == s.cfd {
-				l.clientReady(s, ev.Events, now)
-			} else {
-				if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-					s.upHup = true // read to EOF: no edge will come for it
-				}
-				l.upstreamReady(s, now)
-			}
-		}
-		// Commands after the batch: a descriptor a stream closed above may
-		// be reused by a stream added here, and a stale event must not
-		// reach it.
-		if woken {
-			var buf [8]byte
-			unix.Read(l.efd, buf[:])
-			if l.commands(now) {
-				return
-			}
+		if l.dispatch(n, now) {
+			l.exited = true
+			l.own.Unlock()
+			return
 		}
 		if now.Sub(lastSweep) >= sweep {
 			lastSweep = now
 			l.sweep(now)
 		}
+		timeout = -1
+		if len(l.all) > 0 || len(l.drains) > 0 {
+			timeout = sweep
+		}
+		l.own.Unlock()
 	}
+}
+
+// dispatch serves the n ready events in l.ready, then the queued streams
+// and commands; true when the loop stops. The caller holds own.
+func (l *loop) dispatch(n int, now time.Time) bool {
+	woken := false
+	for _, ev := range l.ready[:max(n, 0)] {
+		fd := int(ev.Fd)
+		if fd == l.efd {
+			woken = true
+			continue
+		}
+		if fd >= len(l.byFD) || l.byFD[fd] == nil {
+			continue
+		}
+		s := l.byFD[fd]
+		if fd == s.cfd {
+			l.clientReady(s, ev.Events, now)
+		} else {
+			if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+				s.upHup = true // read to EOF: no edge will come for it
+			}
+			l.upstreamReady(s, now)
+		}
+	}
+	// Commands after the batch: a descriptor a stream closed above may
+	// be reused by a stream added here, and a stale event must not
+	// reach it.
+	if woken {
+		var buf [8]byte
+		unix.Read(l.efd, buf[:])
+		return l.commands(now)
+	}
+	return false
+}
+
+// help serves l's ready streams on the calling goroutine (Group.Help)
+// when nobody polled it for helpAfter and nobody serves it now.
+func (l *loop) help(now int64) {
+	if now-l.polled.Load() < helpAfter || !l.own.TryLock() {
+		return
+	}
+	if !l.exited {
+		n, _ := rawEpollWait(l.epfd, l.ready)
+		l.polled.Store(mono())
+		if n > 0 && l.dispatch(n, time.Now()) {
+			l.exited = true // the loop's goroutine sees it when its wait returns
+		}
+	}
+	l.own.Unlock()
 }
 
 // waitBlocking waits in epoll_wait (timeout < 0: without a bound). An
@@ -546,11 +608,32 @@ func (l *loop) endWith(s *stream, out []byte, err error) {
 // closeUp closes the backend's socket.
 func (l *loop) closeUp(s *stream) {
 	if s.ufd >= 0 {
-		unix.Close(s.ufd)
 		l.unmap(s.ufd)
-		s.ufd = -1
+		s.closeUp()
 	}
 	s.draining = false
+}
+
+// closeUp closes the backend's socket (its net.Conn when Shared).
+func (s *stream) closeUp() {
+	if s.uconn != nil {
+		s.uconn.Close()
+		s.uconn = nil
+	} else if s.ufd >= 0 {
+		unix.Close(s.ufd)
+	}
+	s.ufd = -1
+}
+
+// closeClient closes the client's socket (its net.Conn when Shared).
+func (s *stream) closeClient() {
+	if s.cconn != nil {
+		s.cconn.Close()
+		s.cconn = nil
+	} else if s.cfd >= 0 {
+		unix.Close(s.cfd)
+	}
+	s.cfd = -1
 }
 
 // giveBack hands the backend's socket, its body read to the end, to the
@@ -564,7 +647,7 @@ func (l *loop) giveBack(s *stream) {
 		return
 	}
 	l.unmap(fd)
-	s.ufd, s.draining = -1, false
+	s.ufd, s.draining, s.uconn = -1, false, nil // Reuse has it now
 	s.reuse(fd)
 }
 
@@ -808,9 +891,8 @@ func (l *loop) finish(s *stream) {
 			s.drainBy = time.Now().Add(drainGrace)
 			l.drains = append(l.drains, s)
 		} else {
-			unix.Close(s.ufd)
 			l.unmap(s.ufd)
-			s.ufd = -1
+			s.closeUp()
 		}
 	}
 	l.unmap(s.cfd)
@@ -823,9 +905,9 @@ func (l *loop) finish(s *stream) {
 		if s.keepIn {
 			l.dropInput(s.cfd)
 		}
-		unix.Close(s.cfd)
+		s.closeClient()
 	}
-	s.cfd = -1
+	s.cfd, s.cconn = -1, nil
 	last := l.all[len(l.all)-1]
 	l.all[s.idx] = last
 	last.idx = s.idx
@@ -860,31 +942,34 @@ func (l *loop) unmap(fd int) {
 
 // stream is one relayed stream's state in its loop.
 type stream struct {
-	cfd, ufd  int
-	relay     Relay
-	dec       *chunked.Decoder
-	remaining int64
-	idle      time.Duration
-	last      time.Time // the last byte from the backend (or to a slow client)
-	drainBy   time.Time // a finished stream's drain ends by then (loop.drains)
-	idx       int       // in loop.all
-	init, raw []byte    // until start
-	first     []byte    // Stream.Out, in pendp, until start
-	carry     *[]byte   // a partial event; nil when none
-	pendp     *[]byte   // holds pend's storage
-	pend      []byte    // bytes the client has not taken yet
-	sent      int64
-	ending    bool  // the backend is closed; the last bytes may be pending
-	held      bool  // ended, waiting for its Handle's Finish
-	upHup     bool  // the backend's side reported EPOLLRDHUP/HUP/ERR
-	gone      bool  // the client left (or was cut) while held
-	closed    bool  // finished
-	keepIn    bool  // Stream.KeepInput: the client's input is not read
-	why       error // the end's cause; nil for a completed stream
-	reuse     func(fd int)
-	upEnded   bool // the backend's body reached its end (framing)
-	upDirty   bool // bytes past the body's end, or a decode error, seen
-	draining  bool // completed; the body's end is being read (drainUp)
+	cfd, ufd int
+	// cconn and uconn are the connections of a Shared stream (their own
+	// descriptors are cfd and ufd), closed by their Close; nil otherwise.
+	cconn, uconn net.Conn
+	relay        Relay
+	dec          *chunked.Decoder
+	remaining    int64
+	idle         time.Duration
+	last         time.Time // the last byte from the backend (or to a slow client)
+	drainBy      time.Time // a finished stream's drain ends by then (loop.drains)
+	idx          int       // in loop.all
+	init, raw    []byte    // until start
+	first        []byte    // Stream.Out, in pendp, until start
+	carry        *[]byte   // a partial event; nil when none
+	pendp        *[]byte   // holds pend's storage
+	pend         []byte    // bytes the client has not taken yet
+	sent         int64
+	ending       bool  // the backend is closed; the last bytes may be pending
+	held         bool  // ended, waiting for its Handle's Finish
+	upHup        bool  // the backend's side reported EPOLLRDHUP/HUP/ERR
+	gone         bool  // the client left (or was cut) while held
+	closed       bool  // finished
+	keepIn       bool  // Stream.KeepInput: the client's input is not read
+	why          error // the end's cause; nil for a completed stream
+	reuse        func(fd int)
+	upEnded      bool // the backend's body reached its end (framing)
+	upDirty      bool // bytes past the body's end, or a decode error, seen
+	draining     bool // completed; the body's end is being read (drainUp)
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}

@@ -146,6 +146,9 @@ type capConn struct {
 	// counted is set while the connection is in l.conns; kept makes Close
 	// leave it there (KeepCounted: the socket lives on elsewhere).
 	counted, kept atomic.Bool
+	// retired: the socket went on under another capConn (ReadmitConn);
+	// Close leaves it alone.
+	retired atomic.Bool
 	// re is the listener that re-admitted the connection (Readmit); nil
 	// for one accepted from the socket.
 	re *readmitListener
@@ -163,6 +166,9 @@ func (c *capConn) request() {
 }
 
 func (c *capConn) Close() error {
+	if c.retired.Load() {
+		return nil
+	}
 	if c.closed.CompareAndSwap(false, true) {
 		c.timer.Stop()
 		if c.re != nil {

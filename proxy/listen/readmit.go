@@ -5,6 +5,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // Re-admission: an HTTP/1.1 connection whose stream the event loops
@@ -150,7 +151,49 @@ func Readmit(orig net.Conn, fd int, prefix []byte) bool {
 	if err != nil {
 		return true // fd is closed
 	}
-	kc := &keptConn{Conn: nc, remote: orig.RemoteAddr(), local: orig.LocalAddr(), prefix: prefix}
+	l.admit(cc, &keptConn{Conn: nc, remote: orig.RemoteAddr(), local: orig.LocalAddr(), prefix: prefix})
+	return true
+}
+
+// ReadmitConn is Readmit for a hijacked connection whose socket stayed
+// open under it (the event loops' evloop.Stream.Shared): orig itself goes
+// back to the server, with nothing rebuilt. It reports whether it took
+// orig over; when it did not, orig is the caller's to close. After it did,
+// orig's Close does nothing.
+func ReadmitConn(orig net.Conn, prefix []byte) bool {
+	cc := capConnOf(orig)
+	if cc == nil || cc.l.re == nil || orig != net.Conn(cc) {
+		return false
+	}
+	l := cc.l.re
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return false
+	}
+	cc.retired.Store(true)
+	cc.timer.Stop()
+	inner := cc.Conn
+	if kc, ok := inner.(*keptConn); ok {
+		// Re-admitted before: no wrapper per stream on a long-lived
+		// connection. What its replay still holds follows prefix (which
+		// net/http read from it earlier).
+		inner = kc.Conn
+		if len(kc.prefix) > 0 {
+			prefix = append(prefix[:len(prefix):len(prefix)], kc.prefix...)
+		}
+	}
+	// The server may have left deadlines on the socket (its timeouts);
+	// the next request sets its own.
+	inner.SetDeadline(time.Time{})
+	l.admit(cc, &keptConn{Conn: inner, remote: orig.RemoteAddr(), local: orig.LocalAddr(), prefix: prefix})
+	return true
+}
+
+// admit queues kc, the socket of cc, for Accept as a new connection (or
+// closes it when the server is draining or the backlog is full).
+func (l *readmitListener) admit(cc *capConn, kc *keptConn) {
 	c := &capConn{Conn: kc, l: cc.l, ip: cc.ip, re: l}
 	// The count goes over to the new connection: the original's release
 	// (KeepCounted) finds nothing left to release.
@@ -162,13 +205,12 @@ func Readmit(orig net.Conn, fd int, prefix []byte) bool {
 		case l.re <- c:
 			l.fresh[c] = struct{}{}
 			l.mu.Unlock()
-			return true
+			return
 		default: // the backlog is full
 		}
 	}
 	l.mu.Unlock()
 	c.Close()
-	return true
 }
 
 // CanReadmit reports whether Readmit may take c's socket when its
