@@ -92,30 +92,10 @@ sed -e "s|@PREFIX@|$OUT/conf/nginx|g; s/@NOFILE@/$NOFILE/g; s/@SIM_STREAM@/$SIM/
 	-e "s/@SIM_IDLE@/$SIM/g; s/@PORT_STREAM@/$NG1/g; s/@PORT_SPARSE@/$NG2/g; s/@PORT_IDLE@/$NG3/g" \
 	"$HERE/nginx.conf" >"$OUT/conf/nginx/nginx.conf"
 
-field() { grep -o "\"$2\": *[-0-9.e]*" "$1" | head -1 | sed 's/.*: *//'; }
-cpu() { field "$1" ms_per_1k_tokens | xargs -r printf '%.2f'; }
-# token_delay percentiles of the target side (ms)
-delay() { python3 - "$1" <<'PY' 2>/dev/null || echo "- -"
-import json,sys
-d=json.load(open(sys.argv[1]))
-def find(o):
-    if isinstance(o,dict):
-        for k,v in o.items():
-            if k=="token_delay" and isinstance(v,dict): return v
-            r=find(v)
-            if r: return r
-    if isinstance(o,list):
-        for v in o:
-            r=find(v)
-            if r: return r
-td=find(d) or {}
-def g(*ks):
-    for k in ks:
-        if k in td: return td[k]
-    return None
-print(g("p50_ms","p50"), g("p99_ms","p99"))
-PY
-}
+# cpu JSON: the proxy's CPU per 1,000 tokens (all its pids); delay JSON:
+# the client-measured token delay P50 and P99 (ms).
+cpu() { python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["targets"][0]; print("%.2f" % sum(c["ms_per_1k_tokens"] for c in t["cpu"]))' "$1" 2>/dev/null; }
+delay() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["targets"][0]["token_delay"]; print("%.3f %.3f" % (d["p50_ms"], d["p99_ms"]))' "$1" 2>/dev/null; }
 
 n=${#names[@]}
 for r in $(seq "$ROUNDS"); do
