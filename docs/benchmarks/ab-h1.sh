@@ -119,8 +119,8 @@ for r in $(seq "$ROUNDS"); do
 			sleep 1
 			pids=$sp
 		fi
-		if [[ ${PERF:-0} == 1 && $name != nginx ]]; then
-			(sleep 5; perf stat -e 'syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_epoll_pwait,syscalls:sys_enter_futex,syscalls:sys_enter_nanosleep' -p "$sp" -o "$OUT/raw/perf-$r-$name.txt" -- sleep 5) &
+		if [[ ${PERF:-0} == 1 ]]; then
+			(sleep 5; perf stat -e 'raw_syscalls:sys_enter,syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_epoll_pwait,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,syscalls:sys_enter_nanosleep,context-switches' -p "$pids" -o "$OUT/raw/perf-$r-$name.txt" -- sleep 5) &
 		fi
 		"${BIN[${names[0]}]}" bench -target "http://127.0.0.1:$port" -pid "$pids" -model sim-stream -concurrency 64 \
 			-prompt-tokens 16 -output-tokens 200 -duration "$DUR" -ramp 1s -api-key sk-bench-suite -progress never \
@@ -145,3 +145,11 @@ median() { sort -n | awk '{v[NR]=$1} END {if (NR==0) print "-"; else if (NR%2) p
 		echo "$name | $(paste -sd/ <<<"$vals") | $(median <<<"$vals") | $ratios"
 	done
 } | tee "$OUT/summary.txt"
+if [[ ${PERF:-0} == 1 ]]; then
+	echo "side | per round, 5 s: syscalls, read, write, epoll_(p)wait, futex, nanosleep, context switches"
+	for name in "${names[@]}"; do
+		for r in $(seq "$ROUNDS"); do
+			echo "$name | $r | $(awk '/raw_syscalls|sys_enter|context-switches/ {gsub(",", "", $1); printf "%s ", $1}' "$OUT/raw/perf-$r-$name.txt")"
+		done
+	done | tee -a "$OUT/summary.txt"
+fi

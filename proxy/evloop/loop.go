@@ -208,10 +208,23 @@ func (l *loop) runPolled() {
 	}
 }
 
-// batch handles the n ready events in l.ready, then the queued commands,
-// then the idle sweep when it is due; true when the loop stops.
+// batch serves the n ready events (dispatch), then the idle sweep when
+// it is due; true when the loop stops.
 func (l *loop) batch(n int, lastSweep *time.Time) bool {
 	now := time.Now()
+	if l.dispatch(n, now) {
+		return true
+	}
+	if now.Sub(*lastSweep) >= l.opts.Sweep {
+		*lastSweep = now
+		l.sweep(now)
+	}
+	return false
+}
+
+// dispatch serves the n ready events in l.ready, then the queued streams
+// and commands; true when the loop stops.
+func (l *loop) dispatch(n int, now time.Time) bool {
 	woken := false
 	for _, ev := range l.ready[:max(n, 0)] {
 		fd := int(ev.Fd)
@@ -237,14 +250,8 @@ func (l *loop) batch(n int, lastSweep *time.Time) bool {
 	// reach it.
 	if woken {
 		var buf [8]byte
-		rawRead(l.efd, buf[:])
-		if l.commands(now) {
-			return true
-		}
-	}
-	if now.Sub(*lastSweep) >= l.opts.Sweep {
-		*lastSweep = now
-		l.sweep(now)
+		unix.Read(l.efd, buf[:])
+		return l.commands(now)
 	}
 	return false
 }
