@@ -2,6 +2,7 @@ package evloop
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"runtime"
 	"sync"
@@ -204,7 +205,11 @@ func (l *loop) runPolled() {
 			lastSweep = now
 			l.sweep(now)
 		}
-		rc.Read(wait) // an error is the deadline: sweep and wait again
+		// The only error is the deadline's (f is ours, closed after the
+		// loop): sweep and wait again.
+		if err := rc.Read(wait); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			panic("evloop: " + err.Error())
+		}
 	}
 }
 
