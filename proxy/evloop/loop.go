@@ -2,7 +2,6 @@ package evloop
 
 import (
 	"bytes"
-	"errors"
 	"os"
 	"runtime"
 	"sync"
@@ -125,140 +124,82 @@ func (l *loop) stop() {
 func (l *loop) run() {
 	defer l.g.wg.Done()
 	defer unix.Close(l.efd)
-	if !l.opts.OwnProcs && !l.opts.Blocking {
-		l.runPolled()
-		return
-	}
-	defer unix.Close(l.epfd)
-	wait := l.waitBlocking
+	var wait func(timeout time.Duration) int
 	if l.opts.OwnProcs {
+		defer unix.Close(l.epfd)
 		wait = l.waitHeld
+	} else if l.opts.Blocking {
+		defer unix.Close(l.epfd)
+		wait = l.waitBlocking
+	} else {
+		f := os.NewFile(uintptr(l.epfd), "evloop") // non-blocking: in the netpoller
+		defer f.Close()
+		rc, err := f.SyscallConn()
+		if err != nil {
+			panic("evloop: " + err.Error())
+		}
+		var deadline time.Time
+		wait = func(timeout time.Duration) int {
+			switch {
+			case timeout < 0 && !deadline.IsZero():
+				deadline = time.Time{}
+				f.SetReadDeadline(deadline)
+			case timeout >= 0 && (deadline.IsZero() || !time.Now().Before(deadline)):
+				deadline = time.Now().Add(timeout)
+				f.SetReadDeadline(deadline)
+			}
+			n := 0
+			rc.Read(func(fd uintptr) bool {
+				n, _ = rawEpollWait(int(fd), l.ready)
+				return n > 0
+			})
+			return n
+		}
 	}
+	sweep := l.opts.Sweep
 	lastSweep := time.Now()
 	for {
 		timeout := time.Duration(-1)
 		if len(l.all) > 0 {
-			timeout = l.opts.Sweep
+			timeout = sweep
 		}
-		if l.batch(wait(timeout), &lastSweep) {
-			return
-		}
-	}
-}
-
-// runPolled is run with the epoll descriptor waited in Go's netpoller.
-//
-// The batches are handled inside one RawConn.Read's function: Read
-// clears the descriptor's readiness once (pollReset) before it first
-// calls the function, and then parks the goroutine each time the
-// function says "not done" — unless the netpoller saw the descriptor
-// become readable since. So after an epoll_wait that drained the ready
-// list (it returned fewer events than it had room for) the loop parks at
-// once: an event that arrives after that epoll_wait makes the descriptor
-// readable again and either wakes the parked goroutine or, if it came
-// before the park, keeps it from parking. Leaving Read after each batch
-// instead (as before) cost a second, empty epoll_wait per wake-up: the
-// next Read's pollReset forgets any readiness, so it must look before it
-// parks. Read is left only to change the read deadline (the idle sweep's
-// timer: armed while the loop holds streams), when the deadline passes,
-// and to stop.
-func (l *loop) runPolled() {
-	f := os.NewFile(uintptr(l.epfd), "evloop") // non-blocking: in the netpoller
-	defer f.Close()
-	rc, err := f.SyscallConn()
-	if err != nil {
-		panic("evloop: " + err.Error())
-	}
-	sweep := l.opts.Sweep
-	lastSweep := time.Now()
-	var deadline time.Time
-	stop := false
-	wait := func(fd uintptr) bool {
-		for {
-			n, _ := rawEpollWait(int(fd), l.ready)
-			if n <= 0 {
-				return false // park until the descriptor is readable
-			}
-			if l.batch(n, &lastSweep) {
-				stop = true
-				return true
-			}
-			if (len(l.all) > 0) == deadline.IsZero() {
-				return true // the sweep's deadline must be armed or cleared
-			}
-			if n < len(l.ready) {
-				return false // drained: park (see above)
-			}
-		}
-	}
-	for !stop {
+		n := wait(timeout)
 		now := time.Now()
-		switch {
-		case len(l.all) == 0 && !deadline.IsZero():
-			deadline = time.Time{}
-			f.SetReadDeadline(deadline)
-		case len(l.all) > 0 && (deadline.IsZero() || !now.Before(deadline)):
-			deadline = now.Add(sweep)
-			f.SetReadDeadline(deadline)
+		woken := false
+		for _, ev := range l.ready[:max(n, 0)] {
+			fd := int(ev.Fd)
+			if fd == l.efd {
+				woken = true
+				continue
+			}
+			if fd >= len(l.byFD) || l.byFD[fd] == nil {
+				continue
+			}
+			s := l.byFD[fd]
+			if fd == s.cfd {
+				l.clientReady(s, ev.Events, now)
+			} else {
+				if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+					s.upHup = true // read to EOF: no edge will come for it
+				}
+				l.upstreamReady(s, now)
+			}
+		}
+		// Commands after the batch: a descriptor a stream closed above may
+		// be reused by a stream added here, and a stale event must not
+		// reach it.
+		if woken {
+			var buf [8]byte
+			unix.Read(l.efd, buf[:])
+			if l.commands(now) {
+				return
+			}
 		}
 		if now.Sub(lastSweep) >= sweep {
 			lastSweep = now
 			l.sweep(now)
 		}
-		// The only error is the deadline's (f is ours, closed after the
-		// loop): sweep and wait again.
-		if err := rc.Read(wait); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-			panic("evloop: " + err.Error())
-		}
 	}
-}
-
-// batch serves the n ready events (dispatch), then the idle sweep when
-// it is due; true when the loop stops.
-func (l *loop) batch(n int, lastSweep *time.Time) bool {
-	now := time.Now()
-	if l.dispatch(n, now) {
-		return true
-	}
-	if now.Sub(*lastSweep) >= l.opts.Sweep {
-		*lastSweep = now
-		l.sweep(now)
-	}
-	return false
-}
-
-// dispatch serves the n ready events in l.ready, then the queued streams
-// and commands; true when the loop stops.
-func (l *loop) dispatch(n int, now time.Time) bool {
-	woken := false
-	for _, ev := range l.ready[:max(n, 0)] {
-		fd := int(ev.Fd)
-		if fd == l.efd {
-			woken = true
-			continue
-		}
-		if fd >= len(l.byFD) || l.byFD[fd] == nil {
-			continue
-		}
-		s := l.byFD[fd]
-		if fd == s.cfd {
-			l.clientReady(s, ev.Events, now)
-		} else {
-			if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-				s.upHup = true // read to EOF: no edge will come for it
-			}
-			l.upstreamReady(s, now)
-		}
-	}
-	// Commands after the batch: a descriptor a stream closed above may
-	// be reused by a stream added here, and a stale event must not
-	// reach it.
-	if woken {
-		var buf [8]byte
-		unix.Read(l.efd, buf[:])
-		return l.commands(now)
-	}
-	return false
 }
 
 // waitBlocking waits in epoll_wait (timeout < 0: without a bound).
