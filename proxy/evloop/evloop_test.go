@@ -579,3 +579,47 @@ func TestOutWrittenByAdd(t *testing.T) {
 		t.Errorf("closed with %v after %d bytes, want nil after ≥ %d", res.err, res.sent, want)
 	}
 }
+
+// TestNoLostWakeUp: with the idle sweep's timer out of the way (Sweep of
+// an hour) only the kernel's readiness wakes a loop. Streams on one loop
+// each send an event only after their client got the previous one (ping
+// pong), so events keep arriving while the loop handles a batch and
+// parks; an event whose readiness were lost between the loop's last
+// epoll_wait and its park would stall its stream for good once the
+// others are done (readEvent's deadline).
+func TestNoLostWakeUp(t *testing.T) {
+	g := newGroup(t, Options{Loops: 1, Sweep: time.Hour})
+	const streams, events = 4, 1500
+	var wg sync.WaitGroup
+	errs := make(chan error, streams)
+	for k := range streams {
+		up, cl, r := streamOn(t, g, Stream{Idle: time.Hour})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cr := httputil.NewChunkedReader(bufio.NewReader(cl))
+			buf := make([]byte, 256)
+			for i := range events {
+				if _, err := up.Write(chunked.AppendChunk(nil, []byte(ev(i)))); err != nil {
+					errs <- err
+					return
+				}
+				cl.SetReadDeadline(time.Now().Add(5 * time.Second))
+				n, err := cr.Read(buf)
+				if err != nil || string(buf[:n]) != ev(i) {
+					errs <- fmt.Errorf("stream %d, event %d: %q, %v", k, i, buf[:n], err)
+					return
+				}
+			}
+			up.Write(chunked.AppendChunk(nil, []byte("data: [DONE]\n\n")))
+			if res := r.wait(t); res.err != nil {
+				errs <- res.err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}

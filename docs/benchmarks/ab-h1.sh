@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# A/B of Sluice binaries on target 1's workload (64 h1 streams of 200 tokens
+# at 10 ms per token), with nginx in every round: CPU per 1,000 tokens per
+# binary, and its ratio to nginx's of the same round. In each round every
+# binary gets a fresh `sluice serve` (and nginx a fresh master), the order
+# rotating round by round (A B N, B N A, N A B, ...), against one simulator
+# started once.
+#
+#   BINS="base=/tmp/base/sluice new=/tmp/new/sluice" ROUNDS=3 DUR=14s \
+#     bash docs/benchmarks/ab-h1.sh OUTDIR
+#
+# Prints per round and side the CPU per 1,000 tokens and the added
+# per-token delay P50/P99 (client-measured: token delay minus the
+# simulator's emit stamp), then the medians and the median of the per-round
+# ratios to nginx. Loopback only; every process it starts is stopped by
+# its pid on exit. (PERF=1: `perf stat` of syscalls per token for the
+# Sluice sides.)
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+OUT=${1:?OUTDIR}
+ROUNDS=${ROUNDS:-3}
+DUR=${DUR:-14s}
+BINS=${BINS:?BINS=\"name=path ...\"}
+NGINX=${NGINX:-1}
+mkdir -p "$OUT/raw" "$OUT/logs" "$OUT/conf"
+OUT=$(cd "$OUT" && pwd)
+ulimit -n "$(ulimit -Hn)" 2>/dev/null
+NOFILE=$(ulimit -n)
+
+log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+PIDS=()
+cleanup() {
+	local p
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+NEXT_PORT=$((20000 + RANDOM % 10000))
+free_port() {
+	while :; do
+		NEXT_PORT=$((NEXT_PORT + 1))
+		if [[ -z $(ss -Htuan "sport = :$NEXT_PORT" 2>/dev/null) ]]; then
+			printf -v "$1" '%s' "$NEXT_PORT"
+			return
+		fi
+	done
+}
+wait_port() {
+	local i
+	for i in $(seq 150); do
+		if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+		sleep 0.1
+	done
+	log "port $1 did not open"
+	return 1
+}
+wait_tw() { # until fewer than 2,000 TIME_WAIT sockets (at most 2 min)
+	local i
+	for i in $(seq 60); do
+		(($(ss -Htan state time-wait | wc -l) < 2000)) && return
+		sleep 2
+	done
+}
+
+names=()
+declare -A BIN
+for b in $BINS; do
+	names+=("${b%%=*}")
+	BIN[${b%%=*}]=${b#*=}
+done
+first=${BIN[${names[0]}]}
+((NGINX)) && names+=(nginx)
+
+free_port SIM
+"$first" sim -addr "127.0.0.1:$SIM" -model sim-stream -pace 10ms -prefill-base -1ns -prefill-per-token -1ns \
+	-max-batch 100000 -kv-cache-tokens 1000000000 -stamp-tokens >"$OUT/logs/sim.log" 2>&1 &
+PIDS+=($!)
+wait_port "$SIM" || exit 1
+free_port HTTP
+free_port HTTPS
+free_port ADMIN
+sed -e "s/@HTTP@/$HTTP/g; s/@HTTPS@/$HTTPS/g; s/@ADMIN@/$ADMIN/g; s/@H1CLIENT@/own/g" \
+	-e "s/@SIM_STREAM@/$SIM/g; s/@SIM_SPARSE@/$SIM/g; s/@SIM_IDLE@/$SIM/g; s/@IDLE_H2C@/false/g" \
+	"$HERE/sluice.yaml" >"$OUT/conf/sluice.yaml"
+free_port NG1
+free_port NG2
+free_port NG3
+mkdir -p "$OUT/conf/nginx"
+sed -e "s|@PREFIX@|$OUT/conf/nginx|g; s/@NOFILE@/$NOFILE/g; s/@SIM_STREAM@/$SIM/g; s/@SIM_SPARSE@/$SIM/g" \
+	-e "s/@SIM_IDLE@/$SIM/g; s/@PORT_STREAM@/$NG1/g; s/@PORT_SPARSE@/$NG2/g; s/@PORT_IDLE@/$NG3/g" \
+	"$HERE/nginx.conf" >"$OUT/conf/nginx/nginx.conf"
+
+# cpu JSON: the proxy's CPU per 1,000 tokens (all its pids); delay JSON:
+# the client-measured token delay P50 and P99 (ms).
+cpu() { python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["targets"][0]; print("%.2f" % sum(c["ms_per_1k_tokens"] for c in t["cpu"]))' "$1" 2>/dev/null; }
+delay() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["targets"][0]["token_delay"]; print("%.3f %.3f" % (d["p50_ms"], d["p99_ms"]))' "$1" 2>/dev/null; }
+
+n=${#names[@]}
+for r in $(seq "$ROUNDS"); do
+	for i in $(seq 0 $((n - 1))); do
+		name=${names[$(((i + r - 1) % n))]}
+		wait_tw
+		if [[ $name == nginx ]]; then
+			nginx -p "$OUT/conf/nginx" -c "$OUT/conf/nginx/nginx.conf" -g 'daemon off;' >"$OUT/logs/nginx-$r.log" 2>&1 &
+			sp=$!
+			PIDS+=($sp)
+			port=$NG1
+			wait_port "$port" || exit 1
+			sleep 0.5
+			pids=$(echo $sp $(pgrep -P $sp) | tr ' ' ,)
+		else
+			"${BIN[$name]}" serve -c "$OUT/conf/sluice.yaml" >"$OUT/logs/sluice-$r-$name.log" 2>&1 &
+			sp=$!
+			PIDS+=($sp)
+			port=$HTTP
+			wait_port "$port" || exit 1
+			sleep 1
+			pids=$sp
+		fi
+		if [[ ${PERF:-0} == 1 ]]; then
+			(sleep 5; perf stat -e 'raw_syscalls:sys_enter,syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_epoll_pwait,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,syscalls:sys_enter_nanosleep,context-switches' -p "$pids" -o "$OUT/raw/perf-$r-$name.txt" -- sleep 5) &
+		fi
+		"${BIN[${names[0]}]}" bench -target "http://127.0.0.1:$port" -pid "$pids" -model sim-stream -concurrency 64 \
+			-prompt-tokens 16 -output-tokens 200 -duration "$DUR" -ramp 1s -api-key sk-bench-suite -progress never \
+			-json "$OUT/raw/$r-$name.json" >"$OUT/logs/bench-$r-$name.log" 2>&1
+		log "round $r, $name: $(cpu "$OUT/raw/$r-$name.json") ms per 1,000 tokens; token delay P50/P99 $(delay "$OUT/raw/$r-$name.json") ms"
+		kill "$sp"
+		wait "$sp" 2>/dev/null
+	done
+done
+
+median() { sort -n | awk '{v[NR]=$1} END {if (NR==0) print "-"; else if (NR%2) printf "%.2f\n", v[(NR+1)/2]; else printf "%.2f\n", (v[NR/2]+v[NR/2+1])/2}'; }
+{
+	echo "side | rounds (ms per 1,000 tokens) | median | median of round ratios to nginx"
+	for name in "${names[@]}"; do
+		vals=$(for r in $(seq "$ROUNDS"); do cpu "$OUT/raw/$r-$name.json"; echo; done | grep .)
+		ratios=-
+		if ((NGINX)); then
+			ratios=$(for r in $(seq "$ROUNDS"); do
+				awk -v a="$(cpu "$OUT/raw/$r-$name.json")" -v b="$(cpu "$OUT/raw/$r-nginx.json")" 'BEGIN {if (b>0) printf "%.3f\n", a/b}'
+			done | median)
+		fi
+		echo "$name | $(paste -sd/ <<<"$vals") | $(median <<<"$vals") | $ratios"
+	done
+} | tee "$OUT/summary.txt"
+if [[ ${PERF:-0} == 1 ]]; then
+	echo "side | per round, 5 s: syscalls, read, write, epoll_(p)wait, futex, nanosleep, context switches"
+	for name in "${names[@]}"; do
+		for r in $(seq "$ROUNDS"); do
+			echo "$name | $r | $(awk '/raw_syscalls|sys_enter|context-switches/ {gsub(",", "", $1); printf "%s ", $1}' "$OUT/raw/perf-$r-$name.txt")"
+		done
+	done | tee -a "$OUT/summary.txt"
+fi
