@@ -615,25 +615,21 @@ func (l *loop) closeUp(s *stream) {
 }
 
 // closeUp closes the backend's socket (its net.Conn when Shared).
-func (s *stream) closeUp() {
-	if s.uconn != nil {
-		s.uconn.Close()
-		s.uconn = nil
-	} else if s.ufd >= 0 {
-		unix.Close(s.ufd)
-	}
-	s.ufd = -1
-}
+func (s *stream) closeUp() { closeSock(&s.uconn, &s.ufd) }
 
 // closeClient closes the client's socket (its net.Conn when Shared).
-func (s *stream) closeClient() {
-	if s.cconn != nil {
-		s.cconn.Close()
-		s.cconn = nil
-	} else if s.cfd >= 0 {
-		unix.Close(s.cfd)
+func (s *stream) closeClient() { closeSock(&s.cconn, &s.cfd) }
+
+// closeSock closes one of a stream's sockets: the net.Conn c when the
+// stream is Shared, else the descriptor fd; both are cleared.
+func closeSock(c *net.Conn, fd *int) {
+	if *c != nil {
+		(*c).Close()
+		*c = nil
+	} else if *fd >= 0 {
+		unix.Close(*fd)
 	}
-	s.cfd = -1
+	*fd = -1
 }
 
 // giveBack hands the backend's socket, its body read to the end, to the

@@ -134,15 +134,8 @@ func (l *readmitListener) served(c *capConn) {
 // listener of this package's Server, or the server is draining), fd is
 // the caller's still.
 func Readmit(orig net.Conn, fd int, prefix []byte) bool {
-	cc := capConnOf(orig)
-	if cc == nil || cc.l.re == nil {
-		return false
-	}
-	l := cc.l.re
-	l.mu.Lock()
-	closed := l.closed
-	l.mu.Unlock()
-	if closed {
+	cc, l := openReadmitter(orig)
+	if l == nil {
 		return false
 	}
 	f := os.NewFile(uintptr(fd), "readmit")
@@ -161,15 +154,8 @@ func Readmit(orig net.Conn, fd int, prefix []byte) bool {
 // orig over; when it did not, orig is the caller's to close. After it did,
 // orig's Close does nothing.
 func ReadmitConn(orig net.Conn, prefix []byte) bool {
-	cc := capConnOf(orig)
-	if cc == nil || cc.l.re == nil || orig != net.Conn(cc) {
-		return false
-	}
-	l := cc.l.re
-	l.mu.Lock()
-	closed := l.closed
-	l.mu.Unlock()
-	if closed {
+	cc, l := openReadmitter(orig)
+	if l == nil || orig != net.Conn(cc) {
 		return false
 	}
 	cc.retired.Store(true)
@@ -217,14 +203,26 @@ func (l *readmitListener) admit(cc *capConn, kc *keptConn) {
 // hijacked stream ends: c came from a cleartext listener of a Server that
 // is not draining.
 func CanReadmit(c net.Conn) bool {
+	_, l := openReadmitter(c)
+	return l != nil
+}
+
+// openReadmitter returns c's counted connection and its server's
+// re-admitting listener, or nils when c came from no cleartext listener
+// of a Server or that server is draining.
+func openReadmitter(c net.Conn) (*capConn, *readmitListener) {
 	cc := capConnOf(c)
 	if cc == nil || cc.l.re == nil {
-		return false
+		return nil, nil
 	}
 	l := cc.l.re
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return !l.closed
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return nil, nil
+	}
+	return cc, l
 }
 
 // keptConn is a re-admitted socket with its original connection's
