@@ -317,12 +317,7 @@ func (l *loop) fail(err error, now time.Time) {
 	adds, cmds := l.adds, l.cmds
 	l.adds, l.cmds = nil, nil
 	l.mu.Unlock()
-	for _, s := range adds {
-		l.start(s, now)
-	}
-	for _, f := range cmds {
-		f()
-	}
+	l.runQueued(adds, cmds, now)
 	l.endAll(err, true)
 	l.closeDrains()
 }
@@ -355,6 +350,17 @@ func (l *loop) waitHeld(timeout time.Duration) (int, error) {
 	return int(r), nil
 }
 
+// runQueued starts the streams and runs the commands taken from the
+// loop's queues (under mu, by commands or fail).
+func (l *loop) runQueued(adds []*stream, cmds []func(), now time.Time) {
+	for _, s := range adds {
+		l.start(s, now)
+	}
+	for _, f := range cmds {
+		f()
+	}
+}
+
 // commands takes the queued streams and commands; true when the loop
 // stops (after ending its streams).
 func (l *loop) commands(now time.Time) bool {
@@ -362,12 +368,7 @@ func (l *loop) commands(now time.Time) bool {
 	adds, cmds, stopping := l.adds, l.cmds, l.stopping
 	l.adds, l.cmds = nil, nil
 	l.mu.Unlock()
-	for _, s := range adds {
-		l.start(s, now)
-	}
-	for _, f := range cmds {
-		f()
-	}
+	l.runQueued(adds, cmds, now)
 	if stopping {
 		l.endAll(ErrClosed, true)
 		l.closeDrains()
