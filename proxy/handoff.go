@@ -268,12 +268,13 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	// loop closes its socket (Add closes conn at once; with shared, the
 	// loop does when the stream ends, unless the server takes it back).
 	ls.uncount = listen.KeepCounted(conn)
-	h, err := g.Add(&evloop.Stream{Client: conn, Upstream: up, Out: out, Pending: pending, Raw: raw,
+	es := &evloop.Stream{Client: conn, Upstream: up, Out: out, Pending: pending, Raw: raw,
 		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse, KeepInput: ls.keep,
-		Shared: shared})
+		Shared: shared}
+	h, err := g.Add(es)
 	if err != nil {
-		// The loops are closed (the handler is shutting down): both
-		// sockets are closed; complete here.
+		// The loops are closed (the handler is shutting down) or failed:
+		// the backend's socket is closed; complete here.
 		x.loop = nil
 		close(ls.done)
 		if ls.stopAt != nil {
@@ -281,6 +282,16 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 		}
 		ls.uncount()
 		ls.release()
+		if shared && errors.Is(err, evloop.ErrClosed) {
+			// The client's connection is still ours (Add leaves a shared
+			// stream's), its first bytes sent: the stream ends with the
+			// error event, not a silent cut (deferredSink writes what Add
+			// did not, the event and the last chunk, then closes it).
+			ls.sink.out = es.Out
+			conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
+			x.sink = &deferredSink{conn: conn, ls: &ls.sink}
+			x.loopFailed(l, listen.ErrDraining)
+		}
 		return true, listen.ErrDraining
 	}
 	ls.h = h

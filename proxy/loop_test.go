@@ -379,3 +379,42 @@ func TestLoopOffKeepsGoroutinePath(t *testing.T) {
 		t.Fatal("no [DONE]")
 	}
 }
+
+// TestLoopRefusedEndsWithErrorEvent: a stream whose hand-off meets closed
+// loops (the handler was closed while a request was running) has had its
+// head and first token written already; it must end with the
+// shutting_down error event and a clean end of the body, not a cut.
+func TestLoopRefusedEndsWithErrorEvent(t *testing.T) {
+	b := newStepBackend(t, 4)
+	e := loopEdge(t, b.url, edgeOpts{})
+	// A first stream starts the loops.
+	resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
+	onLoop(t, e, 1)
+	go func() {
+		for range 4 {
+			b.next <- struct{}{}
+		}
+	}()
+	if _, err := readEventsErr(resp.Body); err != io.EOF {
+		t.Fatalf("first stream ended with %v", err)
+	}
+	resp.Body.Close()
+	onLoop(t, e, 0)
+	e.handler.Close()
+
+	resp = post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
+	defer resp.Body.Close()
+	events, err := readEventsErr(resp.Body)
+	if err != io.EOF {
+		t.Fatalf("body ended with %v (%d events), want a clean end", err, len(events))
+	}
+	if len(events) != 2 || !strings.Contains(events[0].data, `"content":"t0"`) {
+		t.Fatalf("events %+v; want the first token and the error event", events)
+	}
+	if last := events[1]; last.name != "error" || !strings.Contains(last.data, `"shutting_down"`) {
+		t.Fatalf("last event %+v; want the shutting_down error event", last)
+	}
+	if e.handler.LoopStreams() != 0 {
+		t.Fatal("a refused stream is counted on the loops")
+	}
+}

@@ -302,7 +302,11 @@ func (h *Handle) Finish(tail []byte) {
 
 // Add hands s to a loop. It takes the sockets out of Go's netpoller and
 // closes s.Client and s.Upstream whatever happens; on error the stream was
-// not taken (Relay is not called) and both connections are closed.
+// not taken (Relay is not called) and both connections are closed, with
+// one exception: a Shared stream refused because no loop takes streams
+// (ErrClosed: the group is closed or every loop failed) keeps its Client
+// open for the caller, who can still end the response (an error event),
+// and s.Out is left holding what Add did not write of it.
 func (g *Group) Add(s *Stream) (*Handle, error) {
 	st := &stream{relay: s.Relay, keepIn: s.KeepInput, dec: s.Decoder, remaining: s.Remaining,
 		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse}
@@ -361,8 +365,16 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 		i++
 	}
 	g.live.Add(-1)
-	st.closeClient()
 	st.closeUp()
+	if st.pendp != nil {
+		putBuf(st.pendp)
+		st.pendp, st.first = nil, nil
+	}
+	if s.Shared {
+		s.Out = out // the caller's again, with the client's connection
+		return nil, ErrClosed
+	}
+	st.closeClient()
 	return nil, ErrClosed
 }
 
