@@ -37,32 +37,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-NEXT_PORT=$((20000 + RANDOM % 10000))
-free_port() {
-	while :; do
-		NEXT_PORT=$((NEXT_PORT + 1))
-		if [[ -z $(ss -Htuan "sport = :$NEXT_PORT" 2>/dev/null) ]]; then
-			printf -v "$1" '%s' "$NEXT_PORT"
-			return
-		fi
-	done
-}
-wait_port() {
-	local i
-	for i in $(seq 150); do
-		if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-		sleep 0.1
-	done
-	log "port $1 did not open"
-	return 1
-}
-wait_tw() { # until fewer than 2,000 TIME_WAIT sockets (at most 2 min)
-	local i
-	for i in $(seq 60); do
-		(($(ss -Htan state time-wait | wc -l) < 2000)) && return
-		sleep 2
-	done
-}
+. "$HERE/lib.sh" # free_port, wait_port, wait_tw
 
 names=()
 declare -A BIN

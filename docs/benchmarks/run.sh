@@ -75,27 +75,7 @@ forget() { # forget PID: a process that has exited
 	PIDS=("${PIDS[@]}")
 }
 
-# below the ephemeral range (32768+) so no outgoing connection holds them
-NEXT_PORT=$((20000 + RANDOM % 10000))
-free_port() { # free_port VAR: sets VAR to a loopback port free for TCP and UDP
-	while :; do
-		NEXT_PORT=$((NEXT_PORT + 1))
-		if [[ -z $(ss -Htuan "sport = :$NEXT_PORT" 2>/dev/null) ]]; then
-			printf -v "$1" '%s' "$NEXT_PORT"
-			return
-		fi
-	done
-}
-
-wait_port() { # wait_port PORT [SECONDS]
-	local i
-	for i in $(seq $((${2:-15} * 10))); do
-		if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-		sleep 0.1
-	done
-	log "port $1 did not open"
-	return 1
-}
+. "$HERE/lib.sh" # free_port, wait_port, wait_tw
 
 rss_kib() { # rss_kib PID...: summed VmRSS in KiB
 	local s=0 p v

@@ -37,25 +37,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-NEXT_PORT=$((20000 + RANDOM % 10000))
-free_port() { # free_port VAR: a loopback port free for TCP and UDP
-	while :; do
-		NEXT_PORT=$((NEXT_PORT + 1))
-		if [[ -z $(ss -Htuan "sport = :$NEXT_PORT" 2>/dev/null) ]]; then
-			printf -v "$1" '%s' "$NEXT_PORT"
-			return
-		fi
-	done
-}
-wait_port() {
-	local i
-	for i in $(seq 150); do
-		if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-		sleep 0.1
-	done
-	log "port $1 did not open"
-	return 1
-}
+. "$HERE/lib.sh" # free_port, wait_port, wait_tw
 
 log "building sluice into $OUT/bin"
 (cd "$ROOT" && go build -o "$OUT/bin/sluice" ./cmd/sluice) || exit 1
@@ -70,7 +52,7 @@ free_port HTTP
 free_port HTTPS
 free_port ADMIN
 sed -e "s/@HTTP@/$HTTP/g; s/@HTTPS@/$HTTPS/g; s/@ADMIN@/$ADMIN/g" \
-	-e "s/@SIM_STREAM@/$SIM/g; s/@SIM_SPARSE@/$SIM/g; s/@SIM_IDLE@/$SIM/g; s/@IDLE_H2C@/false/g" \
+	-e "s/@SIM_STREAM@/$SIM/g; s/@SIM_SPARSE@/$SIM/g; s/@SIM_IDLE@/$SIM/g; s/@IDLE_H2C@/false/g; s/@H1CLIENT@/${H1CLIENT:-own}/g" \
 	"$HERE/sluice.yaml" >"$OUT/sluice.yaml"
 
 # cpu JSON: Sluice's CPU per 1,000 tokens from one `sluice bench -json`.

@@ -1,0 +1,32 @@
+# Helpers shared by the benchmark scripts (run.sh, settings.sh, ab-h1.sh):
+# source it after defining log(). Loopback only.
+
+# below the ephemeral range (32768+) so no outgoing connection holds them
+NEXT_PORT=$((20000 + RANDOM % 10000))
+free_port() { # free_port VAR: sets VAR to a loopback port free for TCP and UDP
+	while :; do
+		NEXT_PORT=$((NEXT_PORT + 1))
+		if [[ -z $(ss -Htuan "sport = :$NEXT_PORT" 2>/dev/null) ]]; then
+			printf -v "$1" '%s' "$NEXT_PORT"
+			return
+		fi
+	done
+}
+
+wait_port() { # wait_port PORT [SECONDS]: until 127.0.0.1:PORT accepts (default 15 s)
+	local i
+	for i in $(seq $((${2:-15} * 10))); do
+		if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+		sleep 0.1
+	done
+	log "port $1 did not open"
+	return 1
+}
+
+wait_tw() { # until fewer than 2,000 TIME_WAIT sockets (at most 2 min)
+	local i
+	for i in $(seq 60); do
+		(($(ss -Htan state time-wait | wc -l) < 2000)) && return
+		sleep 2
+	done
+}
