@@ -18,7 +18,9 @@ package evloop
 
 import (
 	"errors"
+	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -222,8 +224,37 @@ func New(opts Options) (*Group, error) {
 	return g, nil
 }
 
+// WaitEnv names the environment variable that selects how loops wait
+// when Options chooses no mode (neither Blocking nor OwnProcs): "netpoll"
+// (or unset: the default, Go's netpoller), "blocking" (Options.Blocking)
+// or "ownprocs" (Options.OwnProcs). It exists to measure the modes in a
+// running `sluice serve` (docs/BENCHMARKS.md, "h1cpu4"); neither other
+// mode is cheaper or faster there. Any other value makes New fail.
+const WaitEnv = "SLUICE_LOOP_WAIT"
+
+// fromEnv applies WaitEnv to opts.
+func fromEnv(opts Options) (Options, error) {
+	if opts.Blocking || opts.OwnProcs {
+		return opts, nil
+	}
+	switch v := os.Getenv(WaitEnv); v {
+	case "", "netpoll":
+	case "blocking":
+		opts.Blocking = true
+	case "ownprocs":
+		opts.OwnProcs = true
+	default:
+		return opts, fmt.Errorf("evloop: %s=%q: want netpoll, blocking or ownprocs", WaitEnv, v)
+	}
+	return opts, nil
+}
+
 // build makes a group whose loops' goroutines are not started.
 func build(opts Options) (*Group, error) {
+	opts, err := fromEnv(opts)
+	if err != nil {
+		return nil, err
+	}
 	if opts.Loops <= 0 {
 		opts.Loops = runtimeProcs()
 	}
