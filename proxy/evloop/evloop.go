@@ -168,13 +168,6 @@ type Options struct {
 	// instead of after the run queues (see loop.waitHeld). It overrides
 	// Blocking.
 	OwnProcs bool
-	// Spin, in the default mode (neither Blocking nor OwnProcs), makes a
-	// loop that has just served a batch poll epoll_wait without waiting
-	// for up to that long before it parks in the netpoller: events that
-	// come in that time are served without a park and a wake-up, for the
-	// CPU of the polls. 0 (the default) parks at once. The environment
-	// variable SpinEnv (microseconds) sets it when it is 0.
-	Spin time.Duration
 	// NoHelp makes Help do nothing (see Group.Help). Blocking and
 	// OwnProcs imply it: their loops wait in epoll_wait itself, and a
 	// helper would take the events that should wake them.
@@ -240,26 +233,14 @@ func New(opts Options) (*Group, error) {
 // mode is cheaper or faster there. Any other value makes New fail.
 const WaitEnv = "SLUICE_LOOP_WAIT"
 
-// SpinEnv names the environment variable that sets Options.Spin, in
-// microseconds, when it is 0 (for measuring it; docs/BENCHMARKS.md,
-// "h1cpu4").
-const SpinEnv = "SLUICE_LOOP_SPIN"
-
 // LoopsEnv names the environment variable that sets Options.Loops when
 // it is 0 (for measuring it; docs/BENCHMARKS.md, "h1cpu4").
 const LoopsEnv = "SLUICE_LOOPS"
 
-// fromEnv applies WaitEnv, SpinEnv and LoopsEnv to opts.
+// fromEnv applies WaitEnv and LoopsEnv to opts.
 func fromEnv(opts Options) (Options, error) {
 	if opts.Blocking || opts.OwnProcs {
 		return opts, nil
-	}
-	if v := os.Getenv(SpinEnv); v != "" && opts.Spin == 0 {
-		us, err := strconv.Atoi(v)
-		if err != nil || us < 0 {
-			return opts, fmt.Errorf("evloop: %s=%q: want microseconds", SpinEnv, v)
-		}
-		opts.Spin = time.Duration(us) * time.Microsecond
 	}
 	if v := os.Getenv(LoopsEnv); v != "" && opts.Loops == 0 {
 		n, err := strconv.Atoi(v)

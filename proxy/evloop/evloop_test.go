@@ -586,16 +586,9 @@ func TestOutWrittenByAdd(t *testing.T) {
 // pong), so events keep arriving while the loop handles a batch and
 // parks; an event whose readiness were lost between the loop's last
 // epoll_wait and its park would stall its stream for good once the
-// others are done (readEvent's deadline). With Spin the loop polls for
-// a while after each batch before it parks: the same must hold.
+// others are done (readEvent's deadline).
 func TestNoLostWakeUp(t *testing.T) {
-	for _, spin := range []time.Duration{0, 20 * time.Microsecond} {
-		t.Run(fmt.Sprintf("spin=%v", spin), func(t *testing.T) { noLostWakeUp(t, spin) })
-	}
-}
-
-func noLostWakeUp(t *testing.T, spin time.Duration) {
-	g := newGroup(t, Options{Loops: 1, Sweep: time.Hour, Spin: spin})
+	g := newGroup(t, Options{Loops: 1, Sweep: time.Hour})
 	const streams, events = 4, 1500
 	var wg sync.WaitGroup
 	errs := make(chan error, streams)

@@ -41,8 +41,7 @@ type loop struct {
 	g    *Group
 	opts Options
 	epfd int
-	efd  int           // eventfd: wakes the loop for commands
-	spin time.Duration // Options.Spin
+	efd  int // eventfd: wakes the loop for commands
 	byFD []*stream
 	all  []*stream // for the idle sweep; stream.idx is its place
 	// drains are finished streams whose backend body is still read to
@@ -87,7 +86,7 @@ func newLoop(g *Group, opts Options) (*loop, error) {
 		unix.Close(efd)
 		return nil, err
 	}
-	return &loop{g: g, opts: opts, epfd: epfd, efd: efd, spin: opts.Spin, rbuf: make([]byte, opts.ReadBuffer),
+	return &loop{g: g, opts: opts, epfd: epfd, efd: efd, rbuf: make([]byte, opts.ReadBuffer),
 		out: make([]byte, 0, opts.ReadBuffer+opts.ReadBuffer/4), ready: make([]unix.EpollEvent, events)}, nil
 }
 
@@ -169,7 +168,7 @@ func (l *loop) run() {
 				deadline = time.Now().Add(timeout)
 				f.SetReadDeadline(deadline)
 			}
-			n, locked, after := 0, false, true
+			n, locked := 0, false
 			var werr error
 			rc.Read(func(fd uintptr) bool {
 				// A helper may have served what woke us (Group.Help):
@@ -180,10 +179,6 @@ func (l *loop) run() {
 					return true
 				}
 				n, werr = rawEpollWait(int(fd), l.ready)
-				if after && l.spin > 0 && n == 0 && werr == nil {
-					n, werr = l.spinWait(int(fd))
-				}
-				after = false
 				if werr == unix.EINTR || werr == unix.EAGAIN {
 					werr = nil
 				}
@@ -289,20 +284,6 @@ func (l *loop) help(now int64) {
 		}
 	}
 	l.own.Unlock()
-}
-
-// spinWait polls epoll_wait without waiting for up to l.spin after a
-// batch found nothing more (Options.Spin): an event that comes in that
-// time is served without the loop's goroutine parking in the netpoller
-// and being woken again. The caller holds own.
-func (l *loop) spinWait(fd int) (int, error) {
-	until := mono() + int64(l.spin)
-	for {
-		n, err := rawEpollWait(fd, l.ready)
-		if n != 0 || err != nil && err != unix.EINTR && err != unix.EAGAIN || mono() >= until {
-			return n, err
-		}
-	}
 }
 
 // waitBlocking waits in epoll_wait (timeout < 0: without a bound). An
