@@ -145,7 +145,8 @@ type Keeper interface {
 
 // Options configures a Group.
 type Options struct {
-	// Loops is the number of loops (goroutines); 0 means GOMAXPROCS.
+	// Loops is the number of loops (goroutines); 0 means DefaultLoops
+	// (GOMAXPROCS - 1, at least one).
 	Loops int
 	// MaxPending bounds the bytes a stream may hold for a client that
 	// reads slowly; past it the stream is cut (ErrSlowClient). 0 means
@@ -225,6 +226,21 @@ func New(opts Options) (*Group, error) {
 	return g, nil
 }
 
+// DefaultLoops is the number of loops a group starts for procs Ps
+// (GOMAXPROCS) when Options.Loops is 0: one fewer than the Ps, at least
+// one. Fewer loops relay more tokens per wake-up, and fewer loop
+// goroutines ready at once wake fewer idle Ms (futex) to run them: on 2
+// Ps, one loop instead of two cut Sluice's futex calls per token by three
+// quarters and its CPU per token by 10-20 % on docs/benchmarks/run.sh
+// target 1's shape (docs/BENCHMARKS.md, "h1cpu4"). Only 2 Ps were
+// measured. The loops' own work (the backend's read, the client's write,
+// the events' pipeline) was 60 % of Sluice's CPU per token there, so
+// procs-1 loops can carry a node whose every P relays tokens from 3 Ps
+// up; on 2 Ps the one loop could limit a node that saturates both cores
+// with streaming (not reachable on the benchmark machine, whose
+// simulator and clients share the cores).
+func DefaultLoops(procs int) int { return max(1, procs-1) }
+
 // WaitEnv names the environment variable that selects how loops wait
 // when Options chooses no mode (neither Blocking nor OwnProcs): "netpoll"
 // (or unset: the default, Go's netpoller), "blocking" (Options.Blocking)
@@ -268,7 +284,7 @@ func build(opts Options) (*Group, error) {
 		return nil, err
 	}
 	if opts.Loops <= 0 {
-		opts.Loops = runtimeProcs()
+		opts.Loops = DefaultLoops(runtimeProcs())
 	}
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = 1 << 20
