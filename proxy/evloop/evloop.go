@@ -256,15 +256,15 @@ const LoopsEnv = "SLUICE_LOOPS"
 
 // fromEnv applies WaitEnv and LoopsEnv to opts.
 func fromEnv(opts Options) (Options, error) {
-	if opts.Blocking || opts.OwnProcs {
-		return opts, nil
-	}
 	if v := os.Getenv(LoopsEnv); v != "" && opts.Loops == 0 {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
 			return opts, fmt.Errorf("evloop: %s=%q: want a number of loops", LoopsEnv, v)
 		}
 		opts.Loops = n
+	}
+	if opts.Blocking || opts.OwnProcs {
+		return opts, nil
 	}
 	switch v := os.Getenv(WaitEnv); v {
 	case "", "netpoll":
