@@ -273,8 +273,9 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 		Shared: shared}
 	h, err := g.Add(es)
 	if err != nil {
-		// The loops are closed (the handler is shutting down) or failed:
-		// the backend's socket is closed; complete here.
+		// The loops are closed (the handler is shutting down) or failed,
+		// or the sockets could not be taken: the backend's socket is
+		// closed; complete here.
 		x.loop = nil
 		close(ls.done)
 		if ls.stopAt != nil {
@@ -282,17 +283,21 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 		}
 		ls.uncount()
 		ls.release()
-		if shared && errors.Is(err, evloop.ErrClosed) {
-			// The client's connection is still ours (Add leaves a shared
-			// stream's), its first bytes sent: the stream ends with the
-			// error event, not a silent cut (deferredSink writes what Add
-			// did not, the event and the last chunk, then closes it).
+		cause := addErr(err)
+		if es.Client != nil {
+			// The client's connection is ours again (Add leaves it when no
+			// loop takes streams), its first bytes sent: the stream ends
+			// with the error event, not a silent cut (deferredSink writes
+			// what Add did not, the event and the last chunk, then closes
+			// it).
 			ls.sink.out = es.Out
-			conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
-			x.sink = &deferredSink{conn: conn, ls: &ls.sink}
-			x.loopFailed(l, listen.ErrDraining)
+			es.Client.SetWriteDeadline(time.Now().Add(10 * time.Second))
+			x.sink = &deferredSink{conn: es.Client, ls: &ls.sink}
+			x.loopFailed(l, cause)
+		} else if !errors.Is(cause, listen.ErrDraining) {
+			x.logLoopFailed(cause) // the client is cut: at least the log says why
 		}
-		return true, listen.ErrDraining
+		return true, cause
 	}
 	ls.h = h
 	close(ls.done)
@@ -523,8 +528,23 @@ func loopErr(err error) error {
 		return context.Canceled
 	case errors.Is(err, evloop.ErrClosed):
 		return listen.ErrDraining
+	case errors.Is(err, evloop.ErrFailed): // Sluice's failure, not the backend's
+		return fmt.Errorf("%w: %w", errLoopFailed, err)
 	}
 	return err
+}
+
+// addErr maps an evloop.Group.Add refusal: closed loops are the drain
+// (listen.ErrDraining); failed loops, or sockets the loops could not
+// take, are Sluice's failure (errLoopFailed).
+func addErr(err error) error {
+	if errors.Is(err, evloop.ErrClosed) {
+		return listen.ErrDraining
+	}
+	if errors.Is(err, evloop.ErrFailed) {
+		return loopErr(err)
+	}
+	return fmt.Errorf("%w: %w", errLoopFailed, err)
 }
 
 // loopFailed is streamFailed for a loop stream, whose request context no
@@ -535,12 +555,21 @@ func (x *exchange) loopFailed(l *leg, err error) {
 	case errors.Is(err, context.Canceled):
 		x.clientGone = true
 		return
+	case errors.Is(err, errLoopFailed):
+		x.logLoopFailed(err) // not the backend's failure: its health is left alone
 	case !errors.Is(err, listen.ErrDraining):
 		x.logAttempt(x.backend, err)
 		l.outcome = routing.Failed // a mid-stream abort counts against the backend
 	}
 	e := ErrorOf(err)
 	x.sent(x.sink.Error(e.Status, x.streamErrorBody(e)))
+}
+
+// logLoopFailed logs a stream that the event loops failed or refused
+// (errLoopFailed), at error: Sluice's own failure.
+func (x *exchange) logLoopFailed(err error) {
+	x.h.log.Error("event loop failed under a stream", "request_id", x.id, "trace_id", x.traceID(), "route", x.route.Name,
+		"err", err)
 }
 
 // loopSink is the Sink of a stream on a loop: events are appended, chunk
