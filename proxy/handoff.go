@@ -210,8 +210,9 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	ls.keep = keepAlive(r) && listen.CanReadmit(conn)
 	ls.sink.hdr = hdr
 	ls.sink.trailer = wantsTrailer(r)
+	ls.sink.plain = !r.ProtoAtLeast(1, 1)
 	x.sink = &ls.sink
-	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), ls.keep)
+	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), ls.keep, ls.sink.plain)
 	headLen := len(ls.sink.out)
 	if done, _ := x.relayEvent(l, l.ev, l.first); done {
 		// The stream ended with its first event: no loop needed, and
@@ -422,8 +423,12 @@ func hasFD(conn net.Conn) bool {
 // appendHead appends the response head as net/http would write it for a
 // streamed answer: status line, the header (sorted), Date, chunked
 // coding, and Connection: close unless keep (the connection goes back to
-// the server after the stream).
-func appendHead(b []byte, h http.Header, now time.Time, keep bool) []byte {
+// the server after the stream). With plain (an HTTP/1.0 client, which has
+// no chunked coding) the body is not chunked: it ends with the
+// connection, which the head says (Connection: close, as nginx says it;
+// net/http sends no Connection header to a 1.0 client, which means the
+// same); keep must be false.
+func appendHead(b []byte, h http.Header, now time.Time, keep, plain bool) []byte {
 	b = append(b, "HTTP/1.1 200 OK\r\n"...)
 	var w headBuf
 	w.b = b
@@ -437,6 +442,9 @@ func appendHead(b []byte, h http.Header, now time.Time, keep bool) []byte {
 		b = now.UTC().AppendFormat(b, http.TimeFormat)
 		b = append(b, "\r\n"...)
 	}
+	if plain {
+		return append(b, "Connection: close\r\n\r\n"...)
+	}
 	if keep {
 		return append(b, "Transfer-Encoding: chunked\r\n\r\n"...)
 	}
@@ -445,7 +453,9 @@ func appendHead(b []byte, h http.Header, now time.Time, keep bool) []byte {
 
 // keepAlive reports whether the client's request lets its connection
 // serve another: HTTP/1.1 without Connection: close (net/http's r.Close).
-// HTTP/1.0 is not kept: the chunked head is HTTP/1.1's.
+// HTTP/1.0 is not kept, even with Connection: keep-alive: a stream's
+// length is unknown, and without chunked coding its end is the
+// connection's close (loopSink.plain).
 func keepAlive(r *http.Request) bool {
 	return r.ProtoMajor == 1 && r.ProtoMinor >= 1 && !r.Close
 }
@@ -582,6 +592,9 @@ type loopSink struct {
 	last    []byte // the last event, held for the trailer (see httpSink.Last)
 	tail    []byte
 	trailer bool // the client asked for trailers
+	// plain: an HTTP/1.0 client; events go out as they are, not
+	// chunked, and the stream ends with the connection's close.
+	plain bool
 }
 
 var _ Sink = (*loopSink)(nil)
@@ -598,7 +611,11 @@ func (s *loopSink) Header() http.Header {
 func (s *loopSink) Start(int, bool) {}
 
 func (s *loopSink) Event(ev, _ []byte) (int, error) {
-	s.out = chunked.AppendChunk(s.out, ev)
+	if s.plain {
+		s.out = append(s.out, ev...)
+	} else {
+		s.out = chunked.AppendChunk(s.out, ev)
+	}
 	return len(ev), nil
 }
 
@@ -614,6 +631,10 @@ func (s *loopSink) Last(ev, _ []byte) (int, error) {
 }
 
 func (s *loopSink) End(trailer http.Header) {
+	if s.plain {
+		s.tail, s.last = append([]byte(nil), s.last...), nil
+		return
+	}
 	tail := chunked.AppendChunk(nil, s.last)
 	if !s.trailer {
 		trailer = nil
