@@ -50,6 +50,10 @@ var (
 	ErrEventTooLarge = errors.New("evloop: event too large")
 	// ErrClosed: the loop was closed under the stream.
 	ErrClosed = errors.New("evloop: loop closed")
+	// ErrFailed: the loop failed under the stream (its epoll_wait failed,
+	// see Group.Err), or, from Add, every loop has failed. The errors
+	// carrying it also carry the wait's error.
+	ErrFailed = errors.New("evloop: loop failed")
 )
 
 // Relay is a stream's per-event work. The loop calls it from its own
@@ -199,6 +203,9 @@ type Group struct {
 	once  sync.Once
 	procs int                   // added to GOMAXPROCS by New (OwnProcs)
 	err   atomic.Pointer[error] // the first loop failure (loop.fail)
+	// closing is set by Close before it stops the loops: Add then
+	// refuses with ErrClosed, not with the failure of a loop.
+	closing atomic.Bool
 }
 
 // failed records a loop's failure (the first one is kept for Err).
@@ -206,7 +213,8 @@ func (g *Group) failed(err error) { g.err.CompareAndSwap(nil, &err) }
 
 // Err is the first error a loop failed with (its epoll_wait returned an
 // errno other than EINTR; its streams were ended with that error and it
-// takes no more), or nil while every loop runs.
+// takes no more), or nil while every loop runs. It wraps ErrFailed and the
+// wait's error.
 func (g *Group) Err() error {
 	if p := g.err.Load(); p != nil {
 		return *p
@@ -363,10 +371,13 @@ func (h *Handle) Finish(tail []byte) {
 // Add hands s to a loop. It takes the sockets out of Go's netpoller and
 // closes s.Client and s.Upstream whatever happens; on error the stream was
 // not taken (Relay is not called) and both connections are closed, with
-// one exception: a Shared stream refused because no loop takes streams
-// (ErrClosed: the group is closed or every loop failed) keeps its Client
-// open for the caller, who can still end the response (an error event),
-// and s.Out is left holding what Add did not write of it.
+// one exception: a stream refused because no loop takes streams (ErrClosed:
+// the group is closed; ErrFailed, with the first failure's cause: every
+// loop failed) leaves s.Client open for the caller, who can still end the
+// response (an error event), and s.Out holding what Add did not write of
+// it. For a Shared stream s.Client is the connection given; else the
+// duplicate Add made becomes a new net.Conn in s.Client (nil when it could
+// not). After any other error s.Client is nil.
 func (g *Group) Add(s *Stream) (*Handle, error) {
 	st := &stream{relay: s.Relay, keepIn: s.KeepInput, dec: s.Decoder, remaining: s.Remaining,
 		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse}
@@ -376,11 +387,13 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 		if err := errors.Join(cerr, uerr); err != nil {
 			s.Client.Close()
 			s.Upstream.Close()
+			s.Client = nil
 			return nil, err
 		}
 		st.cfd, st.ufd, st.cconn, st.uconn = cfd, ufd, s.Client, s.Upstream
 	} else {
 		cfd, err := detach(s.Client)
+		s.Client = nil
 		if err != nil {
 			s.Upstream.Close()
 			return nil, err
@@ -430,12 +443,27 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 		putBuf(st.pendp)
 		st.pendp, st.first = nil, nil
 	}
-	if s.Shared {
-		s.Out = out // the caller's again, with the client's connection
-		return nil, ErrClosed
+	s.Out = out // the caller's again, with the client's connection
+	if !s.Shared {
+		s.Client = fileConn(st.cfd) // closes st.cfd
+		st.cfd = -1
 	}
-	st.closeClient()
+	if err := g.Err(); err != nil && !g.closing.Load() {
+		return nil, err // every loop failed (loop.fail wraps ErrFailed)
+	}
 	return nil, ErrClosed
+}
+
+// fileConn is a net.Conn on a copy of the socket fd, which it closes;
+// nil when none can be made.
+func fileConn(fd int) net.Conn {
+	f := os.NewFile(uintptr(fd), "client")
+	nc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return nil
+	}
+	return nc
 }
 
 // EndAll ends every stream running now with err (for example the drain's
@@ -449,6 +477,7 @@ func (g *Group) EndAll(err error) {
 // Close ends every stream with ErrClosed and stops the loops; it returns
 // once they have exited.
 func (g *Group) Close() {
+	g.closing.Store(true)
 	g.once.Do(func() {
 		for _, l := range g.loops {
 			l.stop()
