@@ -1,7 +1,8 @@
 // Package evloop relays committed HTTP/1.1 event streams without a
-// goroutine per stream: a few loops (one per core), each one goroutine
-// blocked in epoll_wait, own the client's and the backend's sockets once
-// the response head and the first event have been sent. Per wake-up and
+// goroutine per stream: a few loops (one fewer than GOMAXPROCS, at least
+// one: DefaultLoops), each one goroutine blocked in epoll_wait, own the
+// client's and the backend's sockets once the response head and the
+// first event have been sent. Per wake-up and
 // stream a loop reads what the backend sent into a buffer shared by the
 // loop, decodes the chunked coding in place, splits the payload into SSE
 // events, hands each to the stream's Relay (which appends what the client
@@ -18,8 +19,10 @@ package evloop
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -147,7 +150,8 @@ type Keeper interface {
 
 // Options configures a Group.
 type Options struct {
-	// Loops is the number of loops (goroutines); 0 means GOMAXPROCS.
+	// Loops is the number of loops (goroutines); 0 means DefaultLoops
+	// (GOMAXPROCS - 1, at least one).
 	Loops int
 	// MaxPending bounds the bytes a stream may hold for a client that
 	// reads slowly; past it the stream is cut (ErrSlowClient). 0 means
@@ -231,10 +235,65 @@ func New(opts Options) (*Group, error) {
 	return g, nil
 }
 
+// DefaultLoops is the number of loops a group starts for procs Ps
+// (GOMAXPROCS) when Options.Loops is 0: one fewer than the Ps, at least
+// one. Fewer loops relay more tokens per wake-up, and fewer loop
+// goroutines ready at once wake fewer idle Ms (futex) to run them: on 2
+// Ps, one loop instead of two cut Sluice's futex calls per token by three
+// quarters and its CPU per token by 10-20 % on docs/benchmarks/run.sh
+// target 1's shape (docs/BENCHMARKS.md, "h1cpu4"). Only 2 Ps were
+// measured. The loops' own work (the backend's read, the client's write,
+// the events' pipeline) was 60 % of Sluice's CPU per token there, so
+// procs-1 loops can carry a node whose every P relays tokens from 3 Ps
+// up; on 2 Ps the one loop could limit a node that saturates both cores
+// with streaming (not reachable on the benchmark machine, whose
+// simulator and clients share the cores).
+func DefaultLoops(procs int) int { return max(1, procs-1) }
+
+// WaitEnv names the environment variable that selects how loops wait
+// when Options chooses no mode (neither Blocking nor OwnProcs): "netpoll"
+// (or unset: the default, Go's netpoller), "blocking" (Options.Blocking)
+// or "ownprocs" (Options.OwnProcs). It exists to measure the modes in a
+// running `sluice serve` (docs/BENCHMARKS.md, "h1cpu4"); neither other
+// mode is cheaper or faster there. Any other value makes New fail.
+const WaitEnv = "SLUICE_LOOP_WAIT"
+
+// LoopsEnv names the environment variable that sets Options.Loops when
+// it is 0 (for measuring it; docs/BENCHMARKS.md, "h1cpu4").
+const LoopsEnv = "SLUICE_LOOPS"
+
+// fromEnv applies WaitEnv and LoopsEnv to opts.
+func fromEnv(opts Options) (Options, error) {
+	if v := os.Getenv(LoopsEnv); v != "" && opts.Loops == 0 {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return opts, fmt.Errorf("evloop: %s=%q: want a number of loops", LoopsEnv, v)
+		}
+		opts.Loops = n
+	}
+	if opts.Blocking || opts.OwnProcs {
+		return opts, nil
+	}
+	switch v := os.Getenv(WaitEnv); v {
+	case "", "netpoll":
+	case "blocking":
+		opts.Blocking = true
+	case "ownprocs":
+		opts.OwnProcs = true
+	default:
+		return opts, fmt.Errorf("evloop: %s=%q: want netpoll, blocking or ownprocs", WaitEnv, v)
+	}
+	return opts, nil
+}
+
 // build makes a group whose loops' goroutines are not started.
 func build(opts Options) (*Group, error) {
+	opts, err := fromEnv(opts)
+	if err != nil {
+		return nil, err
+	}
 	if opts.Loops <= 0 {
-		opts.Loops = runtimeProcs()
+		opts.Loops = DefaultLoops(runtimeProcs())
 	}
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = 1 << 20
