@@ -160,26 +160,32 @@ func (q *exportQueue) run() {
 }
 
 // exportAll takes the queued spans (leaving spare as the new buffer),
-// posts them in batches and gives back the taken buffer as the next
-// spare.
+// posts them in batches (the bodies read from the taken buffer) and gives
+// back the taken buffer as the next spare, unless the transport may still
+// read it.
 func (q *exportQueue) exportAll(spare encoded) encoded {
 	q.mu.Lock()
 	taken := q.q
 	q.q = encoded{buf: spare.buf[:0], ends: spare.ends[:0]}
 	q.mu.Unlock()
-	from := 0
+	from, held := 0, false
 	for i := 0; i < len(taken.ends); i += q.batchSize {
 		last := taken.ends[min(i+q.batchSize, len(taken.ends))-1]
 		ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
-		if err := q.exp.exportEncoded(ctx, taken.buf[from:last], q.res, q.scope); err != nil {
+		h, err := q.exp.exportEncoded(ctx, taken.buf[from:last], q.res, q.scope)
+		if err != nil {
 			otel.Handle(err)
 		}
+		held = held || h
 		cancel()
 		from = last
 	}
 	if d := q.dropped.Load(); d != q.reported {
 		otel.Handle(fmt.Errorf("tracing: %d spans dropped: the export queue (%d spans) was full", d-q.reported, q.maxQueue))
 		q.reported = d
+	}
+	if held { // the transport may still read the buffer: not the next spare
+		return encoded{}
 	}
 	return taken
 }

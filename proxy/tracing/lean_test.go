@@ -291,3 +291,45 @@ func TestLeanOnlyWhenImplemented(t *testing.T) {
 		})
 	}
 }
+
+// TestLeanMatchesSDKLargeExport is TestLeanMatchesSDK for an export of
+// 400 spans (over 100 KB): a body the transport writes through
+// exportConn.ReadFrom, not from its 4 KiB buffer alone, and sent as the
+// request's head, the queue's bytes and the tail.
+func TestLeanMatchesSDKLargeExport(t *testing.T) {
+	one := 1.0
+	sdkEnd, leanEnd := startCapture(t), startCapture(t)
+	t.Setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "128")
+	sdk, err := New(context.Background(), Config{Enabled: true, Endpoint: sdkEnd.URL, SamplerRatio: &one}, "v1")
+	if err != nil || sdk.queue != nil {
+		t.Fatalf("New: %+v, %v; want the SDK", sdk, err)
+	}
+	defer sdk.Shutdown(context.Background())
+	t.Setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "")
+	lean, err := New(context.Background(), Config{Enabled: true, Endpoint: leanEnd.URL, SamplerRatio: &one}, "v1")
+	if err != nil || lean.queue == nil {
+		t.Fatalf("New: %+v, %v; want the lean recorder", lean, err)
+	}
+	defer lean.Shutdown(context.Background())
+	for _, tr := range []*Tracer{sdk, lean} {
+		for range 80 { // 5 spans each: one batch of 400 (the batch size is 512)
+			requestOps(t, tr)
+		}
+		if err := tr.ForceFlush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leanEnd.mu.Lock()
+	posts, size := len(leanEnd.bodies), len(leanEnd.bodies[len(leanEnd.bodies)-1])
+	leanEnd.mu.Unlock()
+	if posts != 1 || size < 64<<10 {
+		t.Fatalf("%d posts, the last of %d bytes; want one of over 64 KiB", posts, size)
+	}
+	want, got := normalized(t, sdkEnd), normalized(t, leanEnd)
+	if !proto.Equal(got, want) {
+		t.Fatal("lean export of 400 spans differs from the SDK's")
+	}
+	if n := len(got.ResourceSpans[0].ScopeSpans[0].Spans); n != 400 {
+		t.Errorf("%d spans exported; want 400", n)
+	}
+}
