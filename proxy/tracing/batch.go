@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/resource"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // exportQueue is the lean recorder's batch span processor. A span is
@@ -91,10 +92,9 @@ func newExportQueue(exp *wireExporter, res *resource.Resource, scope instrumenta
 // when the queue is full or shut down; the record goes back to the free
 // list either way (unless it holds maxFree).
 func (q *exportQueue) push(r *record) {
-	b, at := open(r.enc[:0], fSSSpans)
-	enc := closeAt(appendSpan(b, r), at)
+	enc, buf := encodeSpanField(r.enc, r)
 	r.reset() // before the lock: one critical section per span for the queue and the free list (handlers contend for it)
-	r.enc = enc
+	r.enc = buf
 	q.mu.Lock()
 	full := false
 	if q.closed || len(q.q.ends) >= q.maxQueue {
@@ -116,6 +116,27 @@ func (q *exportQueue) push(r *record) {
 		default:
 		}
 	}
+}
+
+// spanReserve is the room encodeSpanField leaves before a span's body for
+// the field's tag (one byte) and length (up to three bytes: 2 MiB).
+const spanReserve = 4
+
+// encodeSpanField encodes r as a ScopeSpans.spans field in buf's
+// storage, the body first, after room for the tag and the length, which
+// are then written just before it: the body is not moved (closeAt moves a
+// body of 128 bytes or more). It returns the field and the buffer to keep.
+func encodeSpanField(buf []byte, r *record) (enc, keep []byte) {
+	b := appendSpan(append(buf[:0], make([]byte, spanReserve)...), r)
+	n := len(b) - spanReserve
+	head := protowire.SizeTag(fSSSpans) + protowire.SizeVarint(uint64(n))
+	if head > spanReserve { // a span over 2 MiB
+		f, at := open(nil, fSSSpans)
+		return closeAt(append(f, b[spanReserve:]...), at), b
+	}
+	start := spanReserve - head
+	protowire.AppendVarint(protowire.AppendTag(b[start:start], fSSSpans, protowire.BytesType), uint64(n))
+	return b[start:], b
 }
 
 // get returns a record from the free list, else a new one. A free list

@@ -326,3 +326,22 @@ func TestExportConnWritesBody(t *testing.T) {
 		t.Fatalf("sent %d bytes, want %d: %.20q…", len(s), len(want), s)
 	}
 }
+
+// encodeSpanField makes the bytes open/appendSpan/closeAt make, for a small
+// span, one of over 128 bytes and one of over 2 MiB (the fallback).
+func TestEncodeSpanFieldMatchesCloseAt(t *testing.T) {
+	for _, size := range []int{1, 300, 3 << 20} {
+		r := newRecord()
+		r.name = "s"
+		r.setAttrs([]attribute.KeyValue{attribute.String("x", strings.Repeat("y", size))})
+		b, at := open(nil, fSSSpans)
+		want := closeAt(appendSpan(b, r), at)
+		got, keep := encodeSpanField(nil, r)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("attribute of %d bytes: %d bytes, want %d", size, len(got), len(want))
+		}
+		if size < 1<<20 && &got[len(got)-1] != &keep[len(keep)-1] {
+			t.Errorf("attribute of %d bytes: the field is not in the kept buffer", size)
+		}
+	}
+}
