@@ -12,7 +12,6 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/resource"
-	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // exportQueue is the lean recorder's batch span processor. A span is
@@ -92,9 +91,10 @@ func newExportQueue(exp *wireExporter, res *resource.Resource, scope instrumenta
 // when the queue is full or shut down; the record goes back to the free
 // list either way (unless it holds maxFree).
 func (q *exportQueue) push(r *record) {
-	enc, buf := encodeSpanField(r.enc, r)
+	b, at := open(r.enc[:0], fSSSpans)
+	enc := closeAt(appendSpan(b, r), at)
 	r.reset() // before the lock: one critical section per span for the queue and the free list (handlers contend for it)
-	r.enc = buf
+	r.enc = enc
 	q.mu.Lock()
 	full := false
 	if q.closed || len(q.q.ends) >= q.maxQueue {
@@ -116,27 +116,6 @@ func (q *exportQueue) push(r *record) {
 		default:
 		}
 	}
-}
-
-// spanReserve is the room encodeSpanField leaves before a span's body for
-// the field's tag (one byte) and length (up to three bytes: 2 MiB).
-const spanReserve = 4
-
-// encodeSpanField encodes r as a ScopeSpans.spans field in buf's
-// storage, the body first, after room for the tag and the length, which
-// are then written just before it: the body is not moved (closeAt moves a
-// body of 128 bytes or more). It returns the field and the buffer to keep.
-func encodeSpanField(buf []byte, r *record) (enc, keep []byte) {
-	b := appendSpan(append(buf[:0], make([]byte, spanReserve)...), r)
-	n := len(b) - spanReserve
-	head := protowire.SizeTag(fSSSpans) + protowire.SizeVarint(uint64(n))
-	if head > spanReserve { // a span over 2 MiB
-		f, at := open(nil, fSSSpans)
-		return closeAt(append(f, b[spanReserve:]...), at), b
-	}
-	start := spanReserve - head
-	protowire.AppendVarint(protowire.AppendTag(b[start:start], fSSSpans, protowire.BytesType), uint64(n))
-	return b[start:], b
 }
 
 // get returns a record from the free list, else a new one. A free list
@@ -181,32 +160,26 @@ func (q *exportQueue) run() {
 }
 
 // exportAll takes the queued spans (leaving spare as the new buffer),
-// posts them in batches (the bodies read from the taken buffer) and gives
-// back the taken buffer as the next spare, unless the transport may still
-// read it.
+// posts them in batches and gives back the taken buffer as the next
+// spare.
 func (q *exportQueue) exportAll(spare encoded) encoded {
 	q.mu.Lock()
 	taken := q.q
 	q.q = encoded{buf: spare.buf[:0], ends: spare.ends[:0]}
 	q.mu.Unlock()
-	from, held := 0, false
+	from := 0
 	for i := 0; i < len(taken.ends); i += q.batchSize {
 		last := taken.ends[min(i+q.batchSize, len(taken.ends))-1]
 		ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
-		h, err := q.exp.exportEncoded(ctx, taken.buf[from:last], q.res, q.scope)
-		if err != nil {
+		if err := q.exp.exportEncoded(ctx, taken.buf[from:last], q.res, q.scope); err != nil {
 			otel.Handle(err)
 		}
-		held = held || h
 		cancel()
 		from = last
 	}
 	if d := q.dropped.Load(); d != q.reported {
 		otel.Handle(fmt.Errorf("tracing: %d spans dropped: the export queue (%d spans) was full", d-q.reported, q.maxQueue))
 		q.reported = d
-	}
-	if held { // the transport may still read the buffer: not the next spare
-		return encoded{}
 	}
 	return taken
 }

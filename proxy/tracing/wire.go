@@ -1,11 +1,11 @@
 package tracing
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -101,14 +101,6 @@ func newWireExporter(c Config) *wireExporter {
 		}
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	dial := tr.DialContext
-	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return exportConn{c}, nil
-	}
 	return &wireExporter{url: target, headers: headers, client: &http.Client{Transport: tr, Timeout: timeout}}
 }
 
@@ -141,99 +133,34 @@ func (e *wireExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnl
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.buf = e.encode(e.buf[:0], spans)
-	_, err := e.post(ctx, [3][]byte{e.buf})
-	return err
+	return e.post(ctx, e.buf)
 }
 
-// wireBody is a request body of up to three byte slices read in turn (the
-// lean recorder's export sends the request's head, the queue's encoded
-// spans and the tail without copying them into one buffer). The transport
-// may still read a body after Do returns (a collector answering before it
-// read everything); post then gives the buffers up instead of reusing
-// them.
+// wireBody is a request body over the exporter's buffer. The transport may
+// still read a body after Do returns (a collector answering before it read
+// everything); post then gives the buffer up instead of reusing it.
 type wireBody struct {
-	bufs   [3][]byte // what is left to read
+	bytes.Reader
 	closed atomic.Bool
-}
-
-func (b *wireBody) Read(p []byte) (int, error) {
-	n := 0
-	for i := range b.bufs {
-		c := copy(p[n:], b.bufs[i])
-		b.bufs[i] = b.bufs[i][c:]
-		n += c
-	}
-	if n == 0 && len(p) > 0 {
-		return 0, io.EOF
-	}
-	return n, nil
 }
 
 func (b *wireBody) Close() error { b.closed.Store(true); return nil }
 
-// writeTo writes up to max bytes of what is left to w in one call
-// (net.Buffers: writev on a socket).
-func (b *wireBody) writeTo(w io.Writer, max int64) (int64, error) {
-	var arr [3][]byte
-	bufs := net.Buffers(arr[:0])
-	for _, p := range b.bufs {
-		if int64(len(p)) > max {
-			p = p[:max]
-		}
-		if len(p) > 0 {
-			bufs = append(bufs, p)
-		}
-		max -= int64(len(p))
-	}
-	n, err := bufs.WriteTo(w)
-	for i, left := 0, n; i < len(b.bufs) && left > 0; i++ {
-		c := min(left, int64(len(b.bufs[i])))
-		b.bufs[i] = b.bufs[i][c:]
-		left -= c
-	}
-	return n, err
-}
-
-// exportConn is an exporter's connection: it writes a wireBody straight
-// from its slices. net/http copies a request body with a length through an
-// io.LimitedReader, which hides the body's own WriterTo: io.Copy then
-// allocates a 32 KiB buffer per request and writes the body 32 KiB at a
-// time. The transport's copy reaches the connection's ReadFrom, which here
-// recognizes the body and writes it in one writev.
-type exportConn struct{ net.Conn }
-
-func (c exportConn) ReadFrom(r io.Reader) (int64, error) {
-	if lr, ok := r.(*io.LimitedReader); ok {
-		if b, ok := lr.R.(*wireBody); ok {
-			n, err := b.writeTo(c.Conn, lr.N)
-			lr.N -= n
-			return n, err
-		}
-	}
-	if rf, ok := c.Conn.(io.ReaderFrom); ok {
-		return rf.ReadFrom(r)
-	}
-	return io.Copy(struct{ io.Writer }{c.Conn}, r)
-}
-
-// post posts the body made of parts, retrying as the SDK does. held says
-// that the transport may still read the parts' buffers (their owners must
-// not reuse them).
-func (e *wireExporter) post(ctx context.Context, parts [3][]byte) (held bool, err error) {
+func (e *wireExporter) post(ctx context.Context, body []byte) error {
 	for attempt := 0; ; attempt++ {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url, nil)
 		if err != nil {
-			return held, err
+			return err
 		}
 		var bodies []*wireBody
-		body := parts
 		req.GetBody = func() (io.ReadCloser, error) { // also for the transport's retry on a stale connection
-			b := &wireBody{bufs: body}
+			b := &wireBody{}
+			b.Reset(body)
 			bodies = append(bodies, b)
 			return b, nil
 		}
 		req.Body, _ = req.GetBody()
-		req.ContentLength = int64(len(parts[0]) + len(parts[1]) + len(parts[2]))
+		req.ContentLength = int64(len(body))
 		req.Header.Set("Content-Type", "application/x-protobuf")
 		req.Header.Set("User-Agent", "sluice OTLP/HTTP exporter")
 		for k, v := range e.headers {
@@ -245,18 +172,17 @@ func (e *wireExporter) post(ctx context.Context, parts [3][]byte) (held bool, er
 			resp.Body.Close()
 		}
 		for _, b := range bodies {
-			if !b.closed.Load() { // still read: neither reuse nor change the buffers
-				held, e.buf = true, nil
-				parts = [3][]byte{slices.Concat(parts[0], parts[1], parts[2])}
+			if !b.closed.Load() {
+				e.buf, body = nil, slices.Clone(body) // still read: neither reuse nor change it
 				break
 			}
 		}
 		if err != nil {
-			return held, fmt.Errorf("otlp/http export: %w", err)
+			return fmt.Errorf("otlp/http export: %w", err)
 		}
 		switch sc := resp.StatusCode; {
 		case sc >= 200 && sc < 300:
-			return held, nil
+			return nil
 		case sc == 429 || sc == 502 || sc == 503 || sc == 504:
 			wait := time.Duration(100<<min(attempt, 6)) * time.Millisecond
 			var secs int
@@ -267,11 +193,11 @@ func (e *wireExporter) post(ctx context.Context, parts [3][]byte) (held bool, er
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return held, fmt.Errorf("otlp/http export: %s, retry: %w", resp.Status, ctx.Err())
+				return fmt.Errorf("otlp/http export: %s, retry: %w", resp.Status, ctx.Err())
 			case <-t.C:
 			}
 		default:
-			return held, fmt.Errorf("otlp/http export: %s", resp.Status)
+			return fmt.Errorf("otlp/http export: %s", resp.Status)
 		}
 	}
 }
@@ -515,37 +441,23 @@ type spanData interface {
 
 // exportEncoded posts spans, Span messages the lean recorder encoded (each
 // a ScopeSpans.spans field), all of the resource res and the scope scope.
-// The request's head (the ResourceSpans and ScopeSpans fields' tags and
-// lengths, the resource, the scope) and tail (the schema URLs) are
-// encoded in the exporter's buffer and the spans are sent from the
-// caller's, not copied: held says that the transport may still read it
-// (see post).
-func (e *wireExporter) exportEncoded(ctx context.Context, spans []byte, res *resource.Resource, scope instrumentation.Scope) (held bool, err error) {
+func (e *wireExporter) exportEncoded(ctx context.Context, spans []byte, res *resource.Resource, scope instrumentation.Scope) error {
 	if len(spans) == 0 {
-		return false, nil
+		return nil
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	// The pieces, in order: the resource, the scope, ScopeSpans.schema_url,
-	// ResourceSpans.schema_url; then the head made from them.
-	b := e.appendResource(e.buf[:0], res)
-	nres := len(b)
+	b, at := open(e.buf[:0], fReqResourceSpans)
+	b = e.appendResource(b, res)
+	var sat int
+	b, sat = open(b, fRSScopeSpans)
 	b = appendScope(b, scope)
-	nscope := len(b) - nres
+	b = append(b, spans...)
 	b = appendString(b, fSSSchemaURL, scope.SchemaURL)
-	ssTail := len(b) - nres - nscope
+	b = closeAt(b, sat)
 	b = appendString(b, fRSSchemaURL, schemaURL(res))
-	pieces := len(b)
-	ssLen := nscope + len(spans) + ssTail
-	rsLen := nres + protowire.SizeTag(fRSScopeSpans) + protowire.SizeBytes(ssLen) + pieces - nres - nscope - ssTail
-	b = protowire.AppendTag(b, fReqResourceSpans, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(rsLen))
-	b = append(b, b[:nres]...)
-	b = protowire.AppendTag(b, fRSScopeSpans, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(ssLen))
-	b = append(b, b[nres:nres+nscope]...)
-	e.buf = b
-	return e.post(ctx, [3][]byte{b[pieces:], spans, b[nres+nscope : pieces]})
+	e.buf = closeAt(b, at)
+	return e.post(ctx, e.buf)
 }
 
 func appendSpan(b []byte, s spanData) []byte {

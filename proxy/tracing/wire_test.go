@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -279,69 +278,5 @@ func TestStringSliceEncodingCached(t *testing.T) {
 	buf := make([]byte, 0, 64)
 	if n := testing.AllocsPerRun(100, func() { buf = appendStringSlice(buf[:0], vals[0]) }); n != 0 {
 		t.Errorf("%v allocations per encoding of a seen value; want 0", n)
-	}
-}
-
-// exportConn writes a wireBody's slices under the transport's
-// io.LimitedReader in one call, up to the limit, leaving the rest to Read;
-// other readers are copied as usual.
-func TestExportConnWritesBody(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	got := make(chan []byte, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- nil
-			return
-		}
-		defer c.Close()
-		b, _ := io.ReadAll(c)
-		got <- b
-	}()
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := exportConn{nc}
-	a, b, z := bytes.Repeat([]byte("a"), 5000), bytes.Repeat([]byte("b"), 70000), []byte("zz")
-	body := &wireBody{bufs: [3][]byte{a, b, z}}
-	lr := &io.LimitedReader{R: body, N: 75001}
-	if n, err := c.ReadFrom(lr); n != 75001 || err != nil || lr.N != 0 {
-		t.Fatalf("ReadFrom: %d, %v, %d left; want 75001, nil, 0", n, err, lr.N)
-	}
-	rest, _ := io.ReadAll(body)
-	if string(rest) != "z" {
-		t.Fatalf("the body's rest %q; want %q", rest, "z")
-	}
-	if n, err := c.ReadFrom(strings.NewReader("tail")); n != 4 || err != nil {
-		t.Fatalf("ReadFrom of another reader: %d, %v", n, err)
-	}
-	nc.Close()
-	want := string(a) + string(b) + "z" + "tail"
-	if s := string(<-got); s != want {
-		t.Fatalf("sent %d bytes, want %d: %.20q…", len(s), len(want), s)
-	}
-}
-
-// encodeSpanField makes the bytes open/appendSpan/closeAt make, for a small
-// span, one of over 128 bytes and one of over 2 MiB (the fallback).
-func TestEncodeSpanFieldMatchesCloseAt(t *testing.T) {
-	for _, size := range []int{1, 300, 3 << 20} {
-		r := newRecord()
-		r.name = "s"
-		r.setAttrs([]attribute.KeyValue{attribute.String("x", strings.Repeat("y", size))})
-		b, at := open(nil, fSSSpans)
-		want := closeAt(appendSpan(b, r), at)
-		got, keep := encodeSpanField(nil, r)
-		if !bytes.Equal(got, want) {
-			t.Fatalf("attribute of %d bytes: %d bytes, want %d", size, len(got), len(want))
-		}
-		if size < 1<<20 && &got[len(got)-1] != &keep[len(keep)-1] {
-			t.Errorf("attribute of %d bytes: the field is not in the kept buffer", size)
-		}
 	}
 }
