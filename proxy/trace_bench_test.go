@@ -167,6 +167,8 @@ func benchTracingCPU(b *testing.B, mode string) {
 		cpu       []float64 // µs per request, per block
 		allocs    uint64
 		bytes     uint64
+		gcs       uint32    // GC cycles ended in its blocks
+		goal      []float64 // the heap goal (MemStats.NextGC) at each block's end, MB
 		requests  int
 	}
 	off, on := &kase{name: "off", url: edge(false).http}, &kase{name: "traced", url: edge(true).http}
@@ -183,7 +185,7 @@ func benchTracingCPU(b *testing.B, mode string) {
 	measured := func(c *kase) {
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
-		m0, b0 := ms.Mallocs, ms.TotalAlloc
+		m0, b0, g0 := ms.Mallocs, ms.TotalAlloc, ms.NumGC
 		cpu0 := cpuTime(b)
 		block(c)
 		if c == on {
@@ -193,6 +195,8 @@ func benchTracingCPU(b *testing.B, mode string) {
 		runtime.ReadMemStats(&ms)
 		c.allocs += ms.Mallocs - m0
 		c.bytes += ms.TotalAlloc - b0
+		c.gcs += ms.NumGC - g0
+		c.goal = append(c.goal, float64(ms.NextGC)/(1<<20))
 		c.requests += perBlock
 		c.cpu = append(c.cpu, float64(cpu.Nanoseconds())/1e3/perBlock)
 	}
@@ -265,6 +269,8 @@ func benchTracingCPU(b *testing.B, mode string) {
 		b.ReportMetric(q(c.cpu, 0.5), c.name+"-cpu-µs/req")
 		b.ReportMetric(float64(c.allocs)/float64(c.requests), c.name+"-allocs/req")
 		b.ReportMetric(float64(c.bytes)/float64(c.requests), c.name+"-B/req")
+		b.ReportMetric(1000*float64(c.gcs)/float64(c.requests), c.name+"-gc/kreq")
+		b.ReportMetric(q(c.goal, 0.5), c.name+"-heapgoal-MB")
 	}
 	b.ReportMetric(float64(spans()-spans0)/float64(on.requests), "spans/req")
 	b.ReportMetric(0, "ns/op")
