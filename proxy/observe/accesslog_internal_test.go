@@ -3,8 +3,11 @@ package observe
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -106,4 +109,128 @@ func replaceEach(s string) string {
 		i += n
 	}
 	return b.String()
+}
+
+// gateWriter records Write calls; while gate is set the first Write waits
+// for it to close, and a Write that overlaps another fails the test.
+type gateWriter struct {
+	t       *testing.T
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	writes  int
+	busy    atomic.Bool
+	gate    chan struct{}
+	entered chan struct{}
+}
+
+func (w *gateWriter) Write(p []byte) (int, error) {
+	if !w.busy.CompareAndSwap(false, true) {
+		w.t.Error("two Writes at once")
+	}
+	defer w.busy.Store(false)
+	w.mu.Lock()
+	first := w.writes == 0
+	w.writes++
+	w.mu.Unlock()
+	if first && w.gate != nil {
+		close(w.entered)
+		<-w.gate
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(p)
+}
+
+// TestAccessLogBatches: lines ended while a write is under way are
+// written by that request, in one Write, before it returns; every line
+// arrives whole and once, Writes never overlap, and requests wait only
+// when maxPending is full.
+func TestAccessLogBatches(t *testing.T) {
+	w := &gateWriter{t: t, gate: make(chan struct{}), entered: make(chan struct{})}
+	var open sync.Once
+	release := func() { open.Do(func() { close(w.gate) }) }
+	t.Cleanup(release) // a failed test does not leave its requests blocked
+	a := NewAccessLog(w, "json")
+	write := func(id string) {
+		l := a.begin(time.Unix(0, 0))
+		l.str("request_id", id)
+		a.end(&l)
+	}
+	firstDone := make(chan struct{})
+	go func() { defer close(firstDone); write("first") }()
+	<-w.entered // the first request is inside its Write
+
+	// Lines ended now are batched and their requests return at once.
+	const n = 50
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); write(fmt.Sprintf("b%03d", i)) }()
+	}
+	batched := make(chan struct{})
+	go func() { wg.Wait(); close(batched) }()
+	select {
+	case <-batched:
+	case <-time.After(5 * time.Second):
+		t.Fatal("requests waited for another request's write")
+	}
+	select {
+	case <-firstDone:
+		t.Fatal("the writing request returned while its Write was blocked")
+	default:
+	}
+
+	// Past maxPending a request waits for the write under way.
+	a.mu.Lock()
+	fill := maxPending - len(a.pending)
+	a.mu.Unlock()
+	long := strings.Repeat("x", fill)
+	write(long) // fills pending to at least maxPending; returns at once
+	blocked := make(chan struct{})
+	go func() { defer close(blocked); write("after") }()
+	select {
+	case <-blocked:
+		t.Fatal("a request did not wait with pending full")
+	case <-time.After(50 * time.Millisecond):
+	}
+	release()
+	<-firstDone
+	<-blocked
+	// "after" may have been written by its own request after the batch:
+	// wait for every Write to end.
+	for w.busy.Load() {
+		time.Sleep(time.Millisecond)
+	}
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	lines := strings.Split(strings.TrimSuffix(w.buf.String(), "\n"), "\n")
+	if len(lines) != n+3 {
+		t.Fatalf("%d lines; want %d", len(lines), n+3)
+	}
+	seen := map[string]int{}
+	for _, ln := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(ln), &m); err != nil {
+			t.Fatalf("line %.80q: %v", ln, err)
+		}
+		id, _ := m["request_id"].(string)
+		seen[id]++
+	}
+	if seen["first"] != 1 || seen["after"] != 1 || seen[long] != 1 {
+		t.Fatalf("first/after/long seen %d/%d/%d times", seen["first"], seen["after"], seen[long])
+	}
+	for i := range n {
+		if id := fmt.Sprintf("b%03d", i); seen[id] != 1 {
+			t.Fatalf("%s seen %d times", id, seen[id])
+		}
+	}
+	if !strings.Contains(lines[0], `"first"`) {
+		t.Fatalf("first line %.80q is not the first request's", lines[0])
+	}
+	// first, one batch of the 50 and the long line, then "after" alone
+	// or with them: at most 3 Writes, not 53.
+	if w.writes > 3 {
+		t.Fatalf("%d Writes for %d lines; want at most 3", w.writes, len(lines))
+	}
 }
