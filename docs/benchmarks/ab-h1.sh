@@ -4,7 +4,8 @@
 # binary, and its ratio to nginx's of the same round. SHAPE=small runs
 # target 3's instead (16 clients of small non-streamed requests, no warm-up),
 # each side interleaved with the direct simulator (`-compare`, 2 rounds of
-# DUR each): CPU per request (µs) and requests/s ÷ direct. In each round every
+# DUR each): CPU per request (µs), requests/s ÷ direct, and the side's peak
+# RSS (VmHWM, all its pids) in the log. In each round every
 # binary gets a fresh `sluice serve` (and nginx a fresh master), the order
 # rotating round by round (A B N, B N A, N A B, ...), against one simulator
 # started once.
@@ -120,7 +121,9 @@ for r in $(seq "$ROUNDS"); do
 			"${BIN[${names[0]}]}" bench -target "http://127.0.0.1:$port" -pid "$pids" -compare "http://127.0.0.1:$SIM" \
 				-model sim-stream -no-stream -concurrency 16 -prompt-tokens 16 -output-tokens 1 -duration "$DUR" -rounds 2 \
 				-api-key sk-bench-suite -progress never -json "$OUT/raw/$r-$name.json" >"$OUT/logs/bench-$r-$name.log" 2>&1
-			log "round $r, $name: $(cpu "$OUT/raw/$r-$name.json") µs per request; requests/s ÷ direct $(delay "$OUT/raw/$r-$name.json")"
+			hwm=0
+			for p in ${pids//,/ }; do hwm=$((hwm + $(awk '/^VmHWM:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0))); done
+			log "round $r, $name: $(cpu "$OUT/raw/$r-$name.json") µs per request; requests/s ÷ direct $(delay "$OUT/raw/$r-$name.json"); peak RSS $hwm KiB"
 		else
 			"${BIN[${names[0]}]}" bench -target "http://127.0.0.1:$port" -pid "$pids" -model sim-stream -concurrency 64 \
 				-prompt-tokens 16 -output-tokens 200 -duration "$DUR" -ramp 1s -api-key sk-bench-suite -progress never \
