@@ -14,38 +14,19 @@ import (
 // line share one stream and one parser.
 //
 // It formats the line itself into a pooled buffer and writes it with one
-// Write, or with the lines of other requests that ended during a write
-// (see mu). slog's handlers cost ~10 µs and ~30 allocations per line here
+// Write. slog's handlers cost ~10 µs and ~30 allocations per line here
 // (they format every float through encoding/json); this costs ~1 µs and
 // none. Durations are milliseconds with microsecond resolution.
 type AccessLog struct {
 	text bool
+	mu   sync.Mutex // serialises writes: a line is never interleaved
 	w    io.Writer
-	// mu guards the batch. Lines are written in batches ("group commit"):
-	// the line that finds no write under way is written by its own
-	// request, and lines ended while that write runs are appended to
-	// pending and written, all in one call, by the same request before it
-	// returns. A request never waits for another's write unless pending is
-	// full (maxPending), and a line never waits for a later request.
-	mu      sync.Mutex
-	writing bool       // a request is writing: it also writes pending
-	pending []byte     // whole lines ended while writing
-	spare   []byte     // the previous batch's buffer, reused
-	room    *sync.Cond // on mu: pending has room again
 }
 
-// maxPending bounds the lines waiting for the write under way; past it a
-// request waits for that write, as every request did before batching (a
-// slow log slows requests down rather than holding unbounded memory).
-const maxPending = 256 << 10
-
 // NewAccessLog returns an access log writing to w in format "json" or
-// "text" (anything else is JSON). w's Write is called by one goroutine at
-// a time, with whole lines.
+// "text" (anything else is JSON).
 func NewAccessLog(w io.Writer, format string) *AccessLog {
-	a := &AccessLog{w: w, text: format == "text"}
-	a.room = sync.NewCond(&a.mu)
-	return a
+	return &AccessLog{w: w, text: format == "text"}
 }
 
 var lineBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
@@ -77,37 +58,8 @@ func (a *AccessLog) end(l *line) {
 	}
 	l.b = append(l.b, '\n')
 	a.mu.Lock()
-	for a.writing && len(a.pending) >= maxPending {
-		a.room.Wait()
-	}
-	if a.writing {
-		a.pending = append(a.pending, l.b...)
-		a.mu.Unlock()
-		l.recycle()
-		return
-	}
-	a.writing = true
-	a.mu.Unlock()
 	a.w.Write(l.b) // a log that cannot be written must not fail the request
-	l.recycle()
-	a.mu.Lock()
-	for len(a.pending) > 0 {
-		batch := a.pending
-		a.pending = a.spare[:0]
-		a.room.Broadcast()
-		a.mu.Unlock()
-		a.w.Write(batch)
-		a.mu.Lock()
-		if cap(batch) <= 2*maxPending {
-			a.spare = batch[:0]
-		}
-	}
-	a.writing = false
 	a.mu.Unlock()
-}
-
-// recycle returns the line's buffer to the pool.
-func (l *line) recycle() {
 	if cap(l.b) <= 64<<10 { // an outsized line's buffer is not kept
 		*l.bp = l.b[:0]
 		lineBufs.Put(l.bp)
