@@ -20,16 +20,33 @@ import (
 // fragmentation) and for a burst while the collector catches up.
 const memLimitShare = 0.9
 
+// defaultGOGC is the collector's target, in percent of the live heap
+// allocated between collections, that Sluice sets when the environment
+// does not set GOGC (Go's own default is 100). A small non-streamed
+// request allocates a few kilobytes that die with it, mostly in net/http's
+// two hops; at 100 the collector runs so often that its work, and the
+// scheduling around it, is a large share of such a request's CPU. A higher
+// target collects less often for the same garbage; what it costs is a
+// higher peak heap between collections (up to 3 times the live heap,
+// against 2 times), which the soft memory limit bounds in a container:
+// near the limit the collector runs as often as it must, whatever GOGC
+// says. Without any limit (no cgroup limit, no GOMEMLIMIT) nothing bounds
+// the extra heap but the live heap itself. 200 rather than 400: on target
+// 3, 400 cut no more CPU than 200 (docs/BENCHMARKS.md, "smallreq3") and
+// its peak is 5 times the live heap (docs/OPERATIONS.md, "Runtime
+// settings").
+const defaultGOGC = 200
+
 // applyRuntimeDefaults sets Go's soft memory limit from the container's
-// memory limit when the environment does not set GOMEMLIMIT, and logs the
-// runtime settings in force. Without a soft limit the heap grows to twice
-// the live heap (GOGC=100) before a collection, whatever the container's
-// limit: a node holding many streams can be killed for memory it would
-// have freed. With it, the collector runs harder only when the heap nears
-// the limit, so it costs nothing until memory is short, and GOGC can be
-// raised to cut CPU (docs/OPERATIONS.md, "Runtime settings"). GOMAXPROCS
-// needs nothing: since Go 1.25 the runtime reads the container's CPU limit
-// itself.
+// memory limit when the environment does not set GOMEMLIMIT, raises the
+// collector's target to defaultGOGC when it does not set GOGC, and logs
+// the runtime settings in force. Without a soft limit the heap grows to
+// (1+GOGC/100) times the live heap before a collection, whatever the
+// container's limit: a node holding many streams can be killed for memory
+// it would have freed. With it, the collector runs harder only when the
+// heap nears the limit, so it costs nothing until memory is short.
+// GOMAXPROCS needs nothing: since Go 1.25 the runtime reads the
+// container's CPU limit itself.
 func applyRuntimeDefaults(log *slog.Logger) {
 	source := "GOMEMLIMIT"
 	if os.Getenv("GOMEMLIMIT") == "" {
@@ -39,12 +56,14 @@ func applyRuntimeDefaults(log *slog.Logger) {
 			source = file
 		}
 	}
-	gogc := os.Getenv("GOGC")
+	gogc, gogcSource := os.Getenv("GOGC"), "GOGC"
 	if gogc == "" {
-		gogc = "100"
+		debug.SetGCPercent(defaultGOGC)
+		gogc, gogcSource = strconv.Itoa(defaultGOGC), "sluice"
 	}
 	memLimit := debug.SetMemoryLimit(-1) // -1 reads the limit without changing it
-	attrs := []any{"gomaxprocs", runtime.GOMAXPROCS(0), "gogc", gogc, "memory_limit_source", source}
+	attrs := []any{"gomaxprocs", runtime.GOMAXPROCS(0), "gogc", gogc, "gogc_source", gogcSource,
+		"memory_limit_source", source}
 	if memLimit < 1<<62 { // math.MaxInt64 means none
 		attrs = append(attrs, "memory_limit_bytes", memLimit)
 	}

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"strconv"
 	"testing"
 )
 
@@ -60,6 +65,42 @@ func TestCgroupMemoryLimit(t *testing.T) {
 			got, file := cgroupMemoryLimit(root)
 			if got != tc.want || file != tc.file {
 				t.Fatalf("cgroupMemoryLimit = %d, %q; want %d, %q", got, file, tc.want, tc.file)
+			}
+		})
+	}
+}
+
+// TestRuntimeDefaultsGOGC: with GOGC unset Sluice sets the collector's
+// target to defaultGOGC and logs it as its own; with GOGC set it leaves the
+// runtime's value (read from the environment at start) alone and logs the
+// environment's. GOMEMLIMIT=off keeps the test process's memory limit as
+// it is.
+func TestRuntimeDefaultsGOGC(t *testing.T) {
+	cases := []struct {
+		env, wantLog, wantSource string
+		wantPercent              int
+	}{
+		{"", strconv.Itoa(defaultGOGC), "sluice", defaultGOGC},
+		{"150", "150", "GOGC", 100}, // the runtime read GOGC at start; 100 is what the test set
+	}
+	for _, tc := range cases {
+		t.Run("GOGC="+tc.env, func(t *testing.T) {
+			t.Setenv("GOGC", tc.env)
+			t.Setenv("GOMEMLIMIT", "off")
+			prev := debug.SetGCPercent(100)
+			t.Cleanup(func() { debug.SetGCPercent(prev) })
+			var buf bytes.Buffer
+			applyRuntimeDefaults(slog.New(slog.NewJSONHandler(&buf, nil)))
+			if got := debug.SetGCPercent(100); got != tc.wantPercent {
+				t.Errorf("GC percent = %d, want %d", got, tc.wantPercent)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
+				t.Fatalf("log line %q: %v", buf.String(), err)
+			}
+			if m["msg"] != "go runtime" || m["gogc"] != tc.wantLog || m["gogc_source"] != tc.wantSource ||
+				m["memory_limit_source"] != "GOMEMLIMIT" {
+				t.Fatalf("log line %q: want gogc %q from %q", buf.String(), tc.wantLog, tc.wantSource)
 			}
 		})
 	}
