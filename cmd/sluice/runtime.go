@@ -20,16 +20,33 @@ import (
 // fragmentation) and for a burst while the collector catches up.
 const memLimitShare = 0.9
 
+// limitedGOGC is the collector's target, in percent of the live heap
+// allocated between collections, that Sluice sets when the environment
+// does not set GOGC and a soft memory limit is in force (from the
+// container's or GOMEMLIMIT); Go's own default, 100, stays otherwise. A
+// small non-streamed request allocates a few kilobytes that die with it,
+// mostly in net/http's two hops; at 100 the collector runs so often that
+// its work, and the scheduling around it, is a large share of such a
+// request's CPU (200 cut it by 14 % on target 3: docs/BENCHMARKS.md,
+// "smallreq3"). What it costs is a higher heap between collections (up to
+// 3 times the live heap, against 2): with a limit in force the collector
+// runs as often as it must near the limit, whatever GOGC says, so the
+// extra heap is memory the container has to spare; without one nothing
+// would bound it but the live heap, and held streams' RSS grew with GOGC
+// (target 4), so Sluice leaves GOGC alone there. 200 rather than 400: 400
+// cut no more CPU and its heap may reach 5 times the live heap.
+const limitedGOGC = 200
+
 // applyRuntimeDefaults sets Go's soft memory limit from the container's
-// memory limit when the environment does not set GOMEMLIMIT, and logs the
-// runtime settings in force. Without a soft limit the heap grows to twice
-// the live heap (GOGC=100) before a collection, whatever the container's
-// limit: a node holding many streams can be killed for memory it would
-// have freed. With it, the collector runs harder only when the heap nears
-// the limit, so it costs nothing until memory is short, and GOGC can be
-// raised to cut CPU (docs/OPERATIONS.md, "Runtime settings"). GOMAXPROCS
-// needs nothing: since Go 1.25 the runtime reads the container's CPU limit
-// itself.
+// memory limit when the environment does not set GOMEMLIMIT, raises the
+// collector's target to limitedGOGC when the environment does not set
+// GOGC and a memory limit is in force, and logs the runtime settings in
+// force. Without a soft limit the heap grows to (1+GOGC/100) times the
+// live heap before a collection, whatever the container's limit: a node
+// holding many streams can be killed for memory it would have freed. With
+// it, the collector runs harder only when the heap nears the limit, so it
+// costs nothing until memory is short. GOMAXPROCS needs nothing: since Go
+// 1.25 the runtime reads the container's CPU limit itself.
 func applyRuntimeDefaults(log *slog.Logger) {
 	source := "GOMEMLIMIT"
 	if os.Getenv("GOMEMLIMIT") == "" {
@@ -39,13 +56,20 @@ func applyRuntimeDefaults(log *slog.Logger) {
 			source = file
 		}
 	}
-	gogc := os.Getenv("GOGC")
-	if gogc == "" {
-		gogc = "100"
-	}
 	memLimit := debug.SetMemoryLimit(-1) // -1 reads the limit without changing it
-	attrs := []any{"gomaxprocs", runtime.GOMAXPROCS(0), "gogc", gogc, "memory_limit_source", source}
-	if memLimit < 1<<62 { // math.MaxInt64 means none
+	limited := memLimit < 1<<62          // math.MaxInt64 means none
+	gogc, gogcSource := os.Getenv("GOGC"), "GOGC"
+	switch {
+	case gogc != "":
+	case limited:
+		debug.SetGCPercent(limitedGOGC)
+		gogc, gogcSource = strconv.Itoa(limitedGOGC), "sluice"
+	default:
+		gogc, gogcSource = "100", "go" // no limit to bound a higher target
+	}
+	attrs := []any{"gomaxprocs", runtime.GOMAXPROCS(0), "gogc", gogc, "gogc_source", gogcSource,
+		"memory_limit_source", source}
+	if limited {
 		attrs = append(attrs, "memory_limit_bytes", memLimit)
 	}
 	log.Info("go runtime", attrs...)

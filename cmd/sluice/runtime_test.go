@@ -1,8 +1,14 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"strconv"
 	"testing"
 )
 
@@ -60,6 +66,50 @@ func TestCgroupMemoryLimit(t *testing.T) {
 			got, file := cgroupMemoryLimit(root)
 			if got != tc.want || file != tc.file {
 				t.Fatalf("cgroupMemoryLimit = %d, %q; want %d, %q", got, file, tc.want, tc.file)
+			}
+		})
+	}
+}
+
+// TestRuntimeDefaultsGOGC: with GOGC unset and a memory limit in force
+// Sluice sets the collector's target to limitedGOGC and logs it as its
+// own; with no limit it leaves Go's 100; with GOGC set it leaves the
+// runtime's value (read from the environment at start) alone and logs the
+// environment's. GOMEMLIMIT in the environment keeps applyRuntimeDefaults
+// from reading the test machine's cgroup; the limit itself is set (and
+// restored) by the test.
+func TestRuntimeDefaultsGOGC(t *testing.T) {
+	cases := []struct {
+		name, env, wantLog, wantSource string
+		limit                          int64
+		wantPercent                    int
+	}{
+		{"unset, limit", "", strconv.Itoa(limitedGOGC), "sluice", 1 << 30, limitedGOGC},
+		{"unset, no limit", "", "100", "go", math.MaxInt64, 100},
+		{"set, limit", "150", "150", "GOGC", 1 << 30, 100}, // the runtime read GOGC at start; 100 is what the test set
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("GOGC", tc.env)
+			t.Setenv("GOMEMLIMIT", "test")
+			prev := debug.SetGCPercent(100)
+			prevLimit := debug.SetMemoryLimit(tc.limit)
+			t.Cleanup(func() { debug.SetGCPercent(prev); debug.SetMemoryLimit(prevLimit) })
+			var buf bytes.Buffer
+			applyRuntimeDefaults(slog.New(slog.NewJSONHandler(&buf, nil)))
+			if got := debug.SetGCPercent(100); got != tc.wantPercent {
+				t.Errorf("GC percent = %d, want %d", got, tc.wantPercent)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
+				t.Fatalf("log line %q: %v", buf.String(), err)
+			}
+			if m["msg"] != "go runtime" || m["gogc"] != tc.wantLog || m["gogc_source"] != tc.wantSource ||
+				m["memory_limit_source"] != "GOMEMLIMIT" {
+				t.Fatalf("log line %q: want gogc %q from %q", buf.String(), tc.wantLog, tc.wantSource)
+			}
+			if _, ok := m["memory_limit_bytes"]; ok != (tc.limit < math.MaxInt64) {
+				t.Fatalf("log line %q: memory_limit_bytes present %v with limit %d", buf.String(), ok, tc.limit)
 			}
 		})
 	}
