@@ -213,6 +213,10 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	x.sink = &ls.sink
 	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), ls.keep)
 	headLen := len(ls.sink.out)
+	pEmit := int64(0)
+	if probeOn {
+		pEmit = emitNs(l.ev)
+	}
 	if done, _ := x.relayEvent(l, l.ev, l.first); done {
 		// The stream ended with its first event: no loop needed, and
 		// loopAbort closes the connection, which the head must say.
@@ -226,6 +230,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	// Go's netpoller: a dozen system calls); what the socket does not
 	// take goes to Add, and from there to the loop.
 	ls.sink.out = ls.sink.out[writeNow(conn, ls.sink.out):]
+	probeRecord(x, l, l.probeRT, pEmit, time.Now())
 	var pending []byte
 	if n := l.br.Buffered(); n > 0 {
 		p, _ := l.br.Peek(n)
