@@ -58,7 +58,7 @@ func probeRecord(x *exchange, l *leg, rt time.Time, emit int64, wrote time.Time)
 	probe.mu.Lock()
 	probe.s = append(probe.s, s)
 	var out []probeSample
-	if len(probe.s) >= 2000 {
+	if len(probe.s) >= probeEvery {
 		out, probe.s = probe.s, nil
 	}
 	probe.mu.Unlock()
@@ -110,3 +110,11 @@ func probeDump(s []probeSample) {
 	fmt.Fprintf(&b, " | sched-lat(n=%d) P50 %.0f P90 %.0f P99 %.0f P99.9 %.0f µs\n", tot, q(.5), q(.9), q(.99), q(.999))
 	os.Stderr.Write(b.Bytes())
 }
+
+var probeEvery = func() int {
+	n, _ := strconv.Atoi(os.Getenv("SLUICE_FIRSTPROBE"))
+	if n <= 0 {
+		n = 2000
+	}
+	return n
+}()
