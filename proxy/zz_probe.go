@@ -15,9 +15,9 @@ import (
 
 var probeOn = os.Getenv("SLUICE_FIRSTPROBE") != ""
 
-type probeSample struct{ d [6]time.Duration }
+type probeSample struct{ d [7]time.Duration }
 
-var probeNames = [6]string{"start→RT", "RT→head", "head→first", "emit→first", "first→wrote", "start→wrote"}
+var probeNames = [7]string{"start→RT", "RT→head", "head→first", "emit→first", "first→wrote", "start→wrote", "sent→start"}
 
 var probe struct {
 	mu   sync.Mutex
@@ -55,6 +55,9 @@ func probeRecord(x *exchange, l *leg, rt time.Time, emit int64, wrote time.Time)
 	}
 	s.d[4] = wrote.Sub(l.first)
 	s.d[5] = wrote.Sub(x.start)
+	if v, _ := strconv.ParseInt(x.r.Header.Get("X-Probe-Sent"), 10, 64); v > 0 {
+		s.d[6] = time.Duration(x.start.UnixNano() - v)
+	}
 	probe.mu.Lock()
 	probe.s = append(probe.s, s)
 	var out []probeSample

@@ -8,6 +8,8 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"os"
+	"strconv"
 	"time"
 )
 
@@ -40,6 +42,9 @@ func (h *httpRequester) do(ctx context.Context, j *job, res *Result) {
 		return
 	}
 	req.Header = h.header.Clone()
+	if probeSent {
+		req.Header.Set("X-Probe-Sent", strconv.FormatInt(time.Now().UnixNano(), 10))
+	}
 	start := time.Now()
 	resp, err := h.rt.RoundTrip(req)
 	if err != nil {
@@ -233,3 +238,5 @@ func readWhole(ctx context.Context, body io.Reader, start time.Time, res *Result
 		res.TokensOut = n
 	}
 }
+
+var probeSent = os.Getenv("PROBE_SENT") != "" // TEMPORARY (first5)
