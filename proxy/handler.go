@@ -140,7 +140,9 @@ func (h *Handler) Region() string { return h.region }
 // Serve). It does not serve the WebSocket bridge's endpoint: package
 // proxy/bridge wraps the handler to do that.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h.helpLoops()
+	if !probeNoStartHelp {
+		h.helpLoops()
+	}
 	conn, _ := listen.ConnInfoFrom(r.Context())
 	abortIfCut(h.serve(h.acquire(), r, newHTTPSink(w), conn, false))
 }

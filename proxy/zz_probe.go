@@ -121,3 +121,5 @@ var probeEvery = func() int {
 	}
 	return n
 }()
+
+var probeNoStartHelp = os.Getenv("SLUICE_NOSTARTHELP") != "" // TEMPORARY
