@@ -15,9 +15,9 @@ import (
 
 var probeOn = os.Getenv("SLUICE_FIRSTPROBE") != ""
 
-type probeSample struct{ d [7]time.Duration }
+type probeSample struct{ d [9]time.Duration }
 
-var probeNames = [7]string{"start→RT", "RT→head", "head→first", "emit→first", "first→wrote", "start→wrote", "sent→start"}
+var probeNames = [9]string{"start→RT", "RT→head", "head→first", "emit→first", "first→wrote", "start→wrote", "sent→start", "sent→entry", "entry→start"}
 
 var probe struct {
 	mu   sync.Mutex
@@ -57,6 +57,10 @@ func probeRecord(x *exchange, l *leg, rt time.Time, emit int64, wrote time.Time)
 	s.d[5] = wrote.Sub(x.start)
 	if v, _ := strconv.ParseInt(x.r.Header.Get("X-Probe-Sent"), 10, 64); v > 0 {
 		s.d[6] = time.Duration(x.start.UnixNano() - v)
+		if e, _ := strconv.ParseInt(x.r.Header.Get("X-Probe-Entry"), 10, 64); e > 0 {
+			s.d[7] = time.Duration(e - v)
+			s.d[8] = time.Duration(x.start.UnixNano() - e)
+		}
 	}
 	probe.mu.Lock()
 	probe.s = append(probe.s, s)
