@@ -140,12 +140,7 @@ func (h *Handler) Region() string { return h.region }
 // Serve). It does not serve the WebSocket bridge's endpoint: package
 // proxy/bridge wraps the handler to do that.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if probeOn {
-		r.Header["X-Probe-Entry"] = []string{strconv.FormatInt(time.Now().UnixNano(), 10)}
-	}
-	if !probeNoStartHelp {
-		h.helpLoops()
-	}
+	h.helpLoops()
 	conn, _ := listen.ConnInfoFrom(r.Context())
 	abortIfCut(h.serve(h.acquire(), r, newHTTPSink(w), conn, false))
 }

@@ -210,10 +210,6 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	x.sink = &ls.sink
 	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), ls.keep)
 	headLen := len(ls.sink.out)
-	pEmit := int64(0)
-	if probeOn {
-		pEmit = emitNs(l.ev)
-	}
 	done, _ := x.relayEvent(l, l.ev, l.first)
 	if done && ls.keep {
 		// The stream ended with its first event: no loop needed, and
@@ -221,7 +217,6 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 		ls.sink.out = slices.Insert(ls.sink.out, headLen-2, []byte("Connection: close\r\n")...)
 	}
 	ls.sink.out = ls.sink.out[writeRaw(early, ls.sink.out):]
-	probeRecord(x, l, l.probeRT, pEmit, time.Now())
 	conn, brw, err := s.rc.Hijack()
 	if err != nil {
 		// Not hijackable after all, with the first bytes sent (net/http

@@ -56,9 +56,8 @@ type leg struct {
 	hedge  bool  // the second leg of a race
 	winner bool  // relayed to the client
 
-	sent    *atomic.Bool // the whole request body was written (see accepted, watchSent)
-	span    trace.Span   // the attempt's CLIENT span; nil when tracing is off
-	probeRT time.Time
+	sent *atomic.Bool // the whole request body was written (see accepted, watchSent)
+	span trace.Span   // the attempt's CLIENT span; nil when tracing is off
 }
 
 // newLeg starts a leg on attempt a in l's storage and arms the
@@ -90,7 +89,6 @@ func (l *leg) open() {
 		x.h.tracer.Inject(l.span, req.Header) // the backend continues the trace under this attempt
 	}
 	l.watchSent(req)
-	l.probeRT = time.Now()
 	resp, err := x.transport().RoundTrip(req)
 	if err != nil {
 		l.fail(causeOf(l.ctx, err), true)

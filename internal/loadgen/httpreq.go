@@ -8,8 +8,6 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"os"
-	"strconv"
 	"time"
 )
 
@@ -42,9 +40,6 @@ func (h *httpRequester) do(ctx context.Context, j *job, res *Result) {
 		return
 	}
 	req.Header = h.header.Clone()
-	if probeSent {
-		req.Header.Set("X-Probe-Sent", strconv.FormatInt(time.Now().UnixNano(), 10))
-	}
 	start := time.Now()
 	resp, err := h.rt.RoundTrip(req)
 	if err != nil {
@@ -238,5 +233,3 @@ func readWhole(ctx context.Context, body io.Reader, start time.Time, res *Result
 		res.TokensOut = n
 	}
 }
-
-var probeSent = os.Getenv("PROBE_SENT") != "" // TEMPORARY (first5)
