@@ -201,9 +201,11 @@ func ValidatePolicy(p string) error {
 }
 
 // NewFromConfig connects to Redis as cfg says and returns the Shared
-// limiter: run its Run(ctx) for the heartbeat and Close it at exit. Redis
+// limiter: run its Run(ctx) for the heartbeat and Close it at exit. Before
+// it returns it warms the client up (warmUp: a few connections per server
+// open, every script loaded), within dial_timeout + read_timeout. Redis
 // being unreachable at start is not an error (the store-failure policies
-// apply until it answers); it is logged. reg and log may be nil.
+// apply until it answers); it is logged, and Warm reports false. reg and log may be nil.
 func NewFromConfig(cfg RedisConfig, reg prometheus.Registerer, log *slog.Logger) (*Shared, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -224,9 +226,20 @@ func NewFromConfig(cfg RedisConfig, reg prometheus.Registerer, log *slog.Logger)
 		SharedOptions{AdmissionTimeout: cfg.AdmissionTimeout, SettleTimeout: cfg.SettleTimeout, FailureThreshold: cfg.BreakerFailures,
 			Cooldown: cfg.BreakerCooldown, Nodes: cfg.Nodes, Registerer: reg, Logger: log})
 	s.closer = client.Close
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout)
+	// The warm-up (warmup.go): connections and scripts ready before the
+	// first admissions, bounded by one dial and one read, as the Ping it
+	// replaces was by the dial: Redis being down does not hold the start.
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout+cfg.ReadTimeout)
 	defer cancel()
-	if err := client.Ping(ctx).Err(); err != nil {
+	var se *scriptsError
+	switch err := warmUp(ctx, client, warmConns(cfg.PoolSize)); {
+	case err == nil:
+		s.warm.Store(true)
+	case errors.As(err, &se):
+		s.warm.Store(true) // reachable; the scripts load on first use
+		log.Warn("limiter: scripts not loaded at start (does the ACL user have +script|load?); they load on first use",
+			"err", err)
+	default:
 		log.Warn("limiter: redis not reachable at start; store-failure policies apply until it is",
 			"addrs", cfg.Addrs, "sentinels", cfg.Sentinel.Addrs, "err", err)
 	}

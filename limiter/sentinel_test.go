@@ -366,13 +366,14 @@ func TestRedisTLSWithCAAndClientCert(t *testing.T) {
 }
 
 // sluiceACL is the least a Redis 6+ ACL user needs for Sluice: the
-// commands the client sends (EVALSHA, EVAL, TIME, GET, ZREM, PING, HELLO;
+// commands the client sends (EVALSHA, EVAL, SCRIPT LOAD at start, TIME,
+// GET, ZREM, PING, HELLO;
 // CLIENT SETINFO on Redis 7.2+, optional: go-redis ignores its refusal)
 // and those the Lua scripts call (INFO among them: admit.lua's restart
 // window, resettle.go's run_id), on the tenant keys
 // ({t:...}) and the node set. docs/OPERATIONS.md shows it.
 var sluiceACL = []string{"on", ">s3cret-acl", "resetkeys", "~{t:*", "~sluice:nodes", "resetchannels", "-@all",
-	"+evalsha", "+eval", "+time", "+ping", "+hello", "+info",
+	"+evalsha", "+eval", "+script|load", "+time", "+ping", "+hello", "+info",
 	"+get", "+set", "+del", "+pexpire", "+pttl", "+zadd", "+zcard", "+zcount", "+zrem", "+zremrangebyscore"}
 
 func TestRedisACLUserLeastPrivilege(t *testing.T) {

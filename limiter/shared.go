@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -86,6 +87,7 @@ type Shared struct {
 	m        *metrics
 	closer   func() error
 	now      func() time.Time
+	warm     atomic.Bool // NewFromConfig's warm-up reached Redis
 }
 
 // sharedTicket is the state of a Ticket issued by Shared.
@@ -115,6 +117,12 @@ func (s *Shared) breakerChanged(open bool) {
 	s.m.breakerOpen.Set(0)
 	s.opt.Logger.Info("limiter: shared store back")
 }
+
+// Warm reports whether the warm-up at start (NewFromConfig) reached Redis:
+// its connections were opened and its scripts loaded. False when Redis
+// was down then (the node started anyway, under the store-failure
+// policies), or for a Shared not made by NewFromConfig.
+func (s *Shared) Warm() bool { return s.warm.Load() }
 
 // Store returns the Redis limiter behind s.
 func (s *Shared) Store() *Redis { return s.store }

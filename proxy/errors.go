@@ -21,6 +21,10 @@ var (
 	errStreamCut         = errors.New("backend closed the stream before [DONE]")
 	errResponseTooLarge  = errors.New("backend response too large")
 	errResponseMemory    = errors.New("node's response memory exhausted")
+	// errLoopFailed is Sluice's own failure, not the backend's: the
+	// event loops failed (proxy/evloop.ErrFailed) under a stream or
+	// refused it. It wraps the loop's error.
+	errLoopFailed = errors.New("event loop failed")
 )
 
 // ErrEventTooLarge fails a stream with an event over MaxEventBytes;
@@ -96,6 +100,9 @@ func ErrorOf(err error) *APIError {
 	case errors.Is(err, listen.ErrDraining):
 		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "shutting_down",
 			Message: "this edge node is shutting down; retry", RetryAfter: 1}
+	case errors.Is(err, errLoopFailed):
+		return &APIError{Status: http.StatusInternalServerError, Type: "server_error", Code: "internal_error",
+			Message: "this edge node failed while relaying the stream; retry", RetryAfter: 1}
 	case errors.Is(err, context.Canceled):
 		return &APIError{Status: 499, Type: "invalid_request_error", Code: "client_closed_request",
 			Message: "the client closed the request"}

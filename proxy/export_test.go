@@ -7,3 +7,11 @@ func SetSharedConns(on bool) { sharedConns.Store(on) }
 // SetLoopHelp turns the request path's help to the event loops
 // (Handler.helpLoops) on or off.
 func SetLoopHelp(on bool) { noHelp.Store(!on) }
+
+// BreakLoops makes every event loop of h fail as a broken epoll set would
+// (evloop.Group.BreakWaits) and returns once they have stopped.
+func BreakLoops(h *Handler) {
+	if g := h.loops.g.Load(); g != nil {
+		g.BreakWaits()
+	}
+}

@@ -207,8 +207,9 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	ls.keep = keepAlive(r) && earlyKeep
 	ls.sink.hdr = hdr
 	ls.sink.trailer = wantsTrailer(r)
+	ls.sink.plain = !r.ProtoAtLeast(1, 1)
 	x.sink = &ls.sink
-	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), ls.keep)
+	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), ls.keep, ls.sink.plain)
 	headLen := len(ls.sink.out)
 	done, _ := x.relayEvent(l, l.ev, l.first)
 	if done && ls.keep {
@@ -264,8 +265,9 @@ func (x *exchange) handOffHijacked(l *leg, s *httpSink, g *evloop.Group, up net.
 	ls.keep = keepAlive(r) && listen.CanReadmit(conn)
 	ls.sink.hdr = hdr
 	ls.sink.trailer = wantsTrailer(r)
+	ls.sink.plain = !r.ProtoAtLeast(1, 1)
 	x.sink = &ls.sink
-	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), ls.keep)
+	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), ls.keep, ls.sink.plain)
 	headLen := len(ls.sink.out)
 	if done, _ := x.relayEvent(l, l.ev, l.first); done {
 		// The stream ended with its first event: no loop needed, and
@@ -338,8 +340,9 @@ func (x *exchange) handOffRest(l *leg, ls *loopStream, g *evloop.Group, conn net
 		Shared: shared}
 	h, err := g.Add(es)
 	if err != nil {
-		// The loops are closed (the handler is shutting down) or failed:
-		// the backend's socket is closed; complete here.
+		// The loops are closed (the handler is shutting down) or failed,
+		// or the sockets could not be taken: the backend's socket is
+		// closed; complete here.
 		x.loop = nil
 		close(ls.done)
 		if ls.stopAt != nil {
@@ -347,17 +350,21 @@ func (x *exchange) handOffRest(l *leg, ls *loopStream, g *evloop.Group, conn net
 		}
 		ls.uncount()
 		ls.release()
-		if shared && errors.Is(err, evloop.ErrClosed) {
-			// The client's connection is still ours (Add leaves a shared
-			// stream's), its first bytes sent: the stream ends with the
-			// error event, not a silent cut (deferredSink writes what Add
-			// did not, the event and the last chunk, then closes it).
+		cause := addErr(err)
+		if es.Client != nil {
+			// The client's connection is ours again (Add leaves it when no
+			// loop takes streams), its first bytes sent: the stream ends
+			// with the error event, not a silent cut (deferredSink writes
+			// what Add did not, the event and the last chunk, then closes
+			// it).
 			ls.sink.out = es.Out
-			conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
-			x.sink = &deferredSink{conn: conn, ls: &ls.sink}
-			x.loopFailed(l, listen.ErrDraining)
+			es.Client.SetWriteDeadline(time.Now().Add(10 * time.Second))
+			x.sink = &deferredSink{conn: es.Client, ls: &ls.sink}
+			x.loopFailed(l, cause)
+		} else if !errors.Is(cause, listen.ErrDraining) {
+			x.logLoopFailed(cause) // the client is cut: at least the log says why
 		}
-		return true, listen.ErrDraining
+		return true, cause
 	}
 	ls.h = h
 	close(ls.done)
@@ -493,8 +500,12 @@ func hasFD(conn net.Conn) bool {
 // appendHead appends the response head as net/http would write it for a
 // streamed answer: status line, the header (sorted), Date, chunked
 // coding, and Connection: close unless keep (the connection goes back to
-// the server after the stream).
-func appendHead(b []byte, h http.Header, now time.Time, keep bool) []byte {
+// the server after the stream). With plain (an HTTP/1.0 client, which has
+// no chunked coding) the body is not chunked: it ends with the
+// connection, which the head says (Connection: close, as nginx says it;
+// net/http sends no Connection header to a 1.0 client, which means the
+// same); keep must be false.
+func appendHead(b []byte, h http.Header, now time.Time, keep, plain bool) []byte {
 	b = append(b, "HTTP/1.1 200 OK\r\n"...)
 	var w headBuf
 	w.b = b
@@ -508,6 +519,9 @@ func appendHead(b []byte, h http.Header, now time.Time, keep bool) []byte {
 		b = now.UTC().AppendFormat(b, http.TimeFormat)
 		b = append(b, "\r\n"...)
 	}
+	if plain {
+		return append(b, "Connection: close\r\n\r\n"...)
+	}
 	if keep {
 		return append(b, "Transfer-Encoding: chunked\r\n\r\n"...)
 	}
@@ -516,7 +530,9 @@ func appendHead(b []byte, h http.Header, now time.Time, keep bool) []byte {
 
 // keepAlive reports whether the client's request lets its connection
 // serve another: HTTP/1.1 without Connection: close (net/http's r.Close).
-// HTTP/1.0 is not kept: the chunked head is HTTP/1.1's.
+// HTTP/1.0 is not kept, even with Connection: keep-alive: a stream's
+// length is unknown, and without chunked coding its end is the
+// connection's close (loopSink.plain).
 func keepAlive(r *http.Request) bool {
 	return r.ProtoMajor == 1 && r.ProtoMinor >= 1 && !r.Close
 }
@@ -599,8 +615,23 @@ func loopErr(err error) error {
 		return context.Canceled
 	case errors.Is(err, evloop.ErrClosed):
 		return listen.ErrDraining
+	case errors.Is(err, evloop.ErrFailed): // Sluice's failure, not the backend's
+		return fmt.Errorf("%w: %w", errLoopFailed, err)
 	}
 	return err
+}
+
+// addErr maps an evloop.Group.Add refusal: closed loops are the drain
+// (listen.ErrDraining); failed loops, or sockets the loops could not
+// take, are Sluice's failure (errLoopFailed).
+func addErr(err error) error {
+	if errors.Is(err, evloop.ErrClosed) {
+		return listen.ErrDraining
+	}
+	if errors.Is(err, evloop.ErrFailed) {
+		return loopErr(err)
+	}
+	return fmt.Errorf("%w: %w", errLoopFailed, err)
 }
 
 // loopFailed is streamFailed for a loop stream, whose request context no
@@ -611,12 +642,21 @@ func (x *exchange) loopFailed(l *leg, err error) {
 	case errors.Is(err, context.Canceled):
 		x.clientGone = true
 		return
+	case errors.Is(err, errLoopFailed):
+		x.logLoopFailed(err) // not the backend's failure: its health is left alone
 	case !errors.Is(err, listen.ErrDraining):
 		x.logAttempt(x.backend, err)
 		l.outcome = routing.Failed // a mid-stream abort counts against the backend
 	}
 	e := ErrorOf(err)
 	x.sent(x.sink.Error(e.Status, x.streamErrorBody(e)))
+}
+
+// logLoopFailed logs a stream that the event loops failed or refused
+// (errLoopFailed), at error: Sluice's own failure.
+func (x *exchange) logLoopFailed(err error) {
+	x.h.log.Error("event loop failed under a stream", "request_id", x.id, "trace_id", x.traceID(), "route", x.route.Name,
+		"err", err)
 }
 
 // loopSink is the Sink of a stream on a loop: events are appended, chunk
@@ -629,6 +669,9 @@ type loopSink struct {
 	last    []byte // the last event, held for the trailer (see httpSink.Last)
 	tail    []byte
 	trailer bool // the client asked for trailers
+	// plain: an HTTP/1.0 client; events go out as they are, not
+	// chunked, and the stream ends with the connection's close.
+	plain bool
 }
 
 var _ Sink = (*loopSink)(nil)
@@ -645,7 +688,11 @@ func (s *loopSink) Header() http.Header {
 func (s *loopSink) Start(int, bool) {}
 
 func (s *loopSink) Event(ev, _ []byte) (int, error) {
-	s.out = chunked.AppendChunk(s.out, ev)
+	if s.plain {
+		s.out = append(s.out, ev...)
+	} else {
+		s.out = chunked.AppendChunk(s.out, ev)
+	}
 	return len(ev), nil
 }
 
@@ -661,6 +708,10 @@ func (s *loopSink) Last(ev, _ []byte) (int, error) {
 }
 
 func (s *loopSink) End(trailer http.Header) {
+	if s.plain {
+		s.tail, s.last = append([]byte(nil), s.last...), nil
+		return
+	}
 	tail := chunked.AppendChunk(nil, s.last)
 	if !s.trailer {
 		trailer = nil

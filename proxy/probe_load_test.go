@@ -140,14 +140,21 @@ func holdBusyStreams(t *testing.T, url string, k int) (wait func() int) {
 // requests), health probes still go over connections of their own: the
 // backend is never taken out and new requests get through. (Whether each
 // probe answers within its timeout depends on the machine's load, so the
-// test does not count failed probes.)
+// test does not count failed probes.) The probe timeout is 1s, not the
+// 100ms it was: a timed-out probe is excused only with backend progress
+// since one interval (100ms) before it, and the backend, the edge and the
+// probes share this process, so ~300ms of CPU starvation (three probes)
+// could take the backend out. What the test is about does not need a short
+// timeout: a probe queued behind the held streams would not reach the
+// backend at all (the probe count below), and mixed() sees the
+// connections themselves.
 func TestProbesUseOwnConnectionsUnderHeldStreams(t *testing.T) {
 	be := newBusyBackend()
 	srv, _ := countingServer(t, be, true)
 	pc := poolOf(srv.URL)
 	pc.H2C = true
 	pc.Dialect = routing.DialectNone
-	pc.Health = routing.HealthConfig{Interval: 100 * time.Millisecond, Timeout: 100 * time.Millisecond, FailAfter: 3}
+	pc.Health = routing.HealthConfig{Interval: 100 * time.Millisecond, Timeout: time.Second, FailAfter: 3}
 	e := startEdge(t, edgeOpts{pool: pc, promMetrics: true})
 	b := e.pools["p"].Backends()[0]
 	wait := holdBusyStreams(t, e.http, 300)

@@ -1,7 +1,8 @@
 // Package evloop relays committed HTTP/1.1 event streams without a
-// goroutine per stream: a few loops (one per core), each one goroutine
-// blocked in epoll_wait, own the client's and the backend's sockets once
-// the response head and the first event have been sent. Per wake-up and
+// goroutine per stream: a few loops (one fewer than GOMAXPROCS, at least
+// one: DefaultLoops), each one goroutine blocked in epoll_wait, own the
+// client's and the backend's sockets once the response head and the
+// first event have been sent. Per wake-up and
 // stream a loop reads what the backend sent into a buffer shared by the
 // loop, decodes the chunked coding in place, splits the payload into SSE
 // events, hands each to the stream's Relay (which appends what the client
@@ -18,7 +19,10 @@ package evloop
 
 import (
 	"errors"
+	"fmt"
 	"net"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -46,6 +50,10 @@ var (
 	ErrEventTooLarge = errors.New("evloop: event too large")
 	// ErrClosed: the loop was closed under the stream.
 	ErrClosed = errors.New("evloop: loop closed")
+	// ErrFailed: the loop failed under the stream (its epoll_wait failed,
+	// see Group.Err), or, from Add, every loop has failed. The errors
+	// carrying it also carry the wait's error.
+	ErrFailed = errors.New("evloop: loop failed")
 )
 
 // Relay is a stream's per-event work. The loop calls it from its own
@@ -142,7 +150,8 @@ type Keeper interface {
 
 // Options configures a Group.
 type Options struct {
-	// Loops is the number of loops (goroutines); 0 means GOMAXPROCS.
+	// Loops is the number of loops (goroutines); 0 means DefaultLoops
+	// (GOMAXPROCS - 1, at least one).
 	Loops int
 	// MaxPending bounds the bytes a stream may hold for a client that
 	// reads slowly; past it the stream is cut (ErrSlowClient). 0 means
@@ -194,6 +203,9 @@ type Group struct {
 	once  sync.Once
 	procs int                   // added to GOMAXPROCS by New (OwnProcs)
 	err   atomic.Pointer[error] // the first loop failure (loop.fail)
+	// closing is set by Close before it stops the loops: Add then
+	// refuses with ErrClosed, not with the failure of a loop.
+	closing atomic.Bool
 }
 
 // failed records a loop's failure (the first one is kept for Err).
@@ -201,7 +213,8 @@ func (g *Group) failed(err error) { g.err.CompareAndSwap(nil, &err) }
 
 // Err is the first error a loop failed with (its epoll_wait returned an
 // errno other than EINTR; its streams were ended with that error and it
-// takes no more), or nil while every loop runs.
+// takes no more), or nil while every loop runs. It wraps ErrFailed and the
+// wait's error.
 func (g *Group) Err() error {
 	if p := g.err.Load(); p != nil {
 		return *p
@@ -222,10 +235,65 @@ func New(opts Options) (*Group, error) {
 	return g, nil
 }
 
+// DefaultLoops is the number of loops a group starts for procs Ps
+// (GOMAXPROCS) when Options.Loops is 0: one fewer than the Ps, at least
+// one. Fewer loops relay more tokens per wake-up, and fewer loop
+// goroutines ready at once wake fewer idle Ms (futex) to run them: on 2
+// Ps, one loop instead of two cut Sluice's futex calls per token by three
+// quarters and its CPU per token by 10-20 % on docs/benchmarks/run.sh
+// target 1's shape (docs/BENCHMARKS.md, "h1cpu4"). Only 2 Ps were
+// measured. The loops' own work (the backend's read, the client's write,
+// the events' pipeline) was 60 % of Sluice's CPU per token there, so
+// procs-1 loops can carry a node whose every P relays tokens from 3 Ps
+// up; on 2 Ps the one loop could limit a node that saturates both cores
+// with streaming (not reachable on the benchmark machine, whose
+// simulator and clients share the cores).
+func DefaultLoops(procs int) int { return max(1, procs-1) }
+
+// WaitEnv names the environment variable that selects how loops wait
+// when Options chooses no mode (neither Blocking nor OwnProcs): "netpoll"
+// (or unset: the default, Go's netpoller), "blocking" (Options.Blocking)
+// or "ownprocs" (Options.OwnProcs). It exists to measure the modes in a
+// running `sluice serve` (docs/BENCHMARKS.md, "h1cpu4"); neither other
+// mode is cheaper or faster there. Any other value makes New fail.
+const WaitEnv = "SLUICE_LOOP_WAIT"
+
+// LoopsEnv names the environment variable that sets Options.Loops when
+// it is 0 (for measuring it; docs/BENCHMARKS.md, "h1cpu4").
+const LoopsEnv = "SLUICE_LOOPS"
+
+// fromEnv applies WaitEnv and LoopsEnv to opts.
+func fromEnv(opts Options) (Options, error) {
+	if v := os.Getenv(LoopsEnv); v != "" && opts.Loops == 0 {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return opts, fmt.Errorf("evloop: %s=%q: want a number of loops", LoopsEnv, v)
+		}
+		opts.Loops = n
+	}
+	if opts.Blocking || opts.OwnProcs {
+		return opts, nil
+	}
+	switch v := os.Getenv(WaitEnv); v {
+	case "", "netpoll":
+	case "blocking":
+		opts.Blocking = true
+	case "ownprocs":
+		opts.OwnProcs = true
+	default:
+		return opts, fmt.Errorf("evloop: %s=%q: want netpoll, blocking or ownprocs", WaitEnv, v)
+	}
+	return opts, nil
+}
+
 // build makes a group whose loops' goroutines are not started.
 func build(opts Options) (*Group, error) {
+	opts, err := fromEnv(opts)
+	if err != nil {
+		return nil, err
+	}
 	if opts.Loops <= 0 {
-		opts.Loops = runtimeProcs()
+		opts.Loops = DefaultLoops(runtimeProcs())
 	}
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = 1 << 20
@@ -303,10 +371,13 @@ func (h *Handle) Finish(tail []byte) {
 // Add hands s to a loop. It takes the sockets out of Go's netpoller and
 // closes s.Client and s.Upstream whatever happens; on error the stream was
 // not taken (Relay is not called) and both connections are closed, with
-// one exception: a Shared stream refused because no loop takes streams
-// (ErrClosed: the group is closed or every loop failed) keeps its Client
-// open for the caller, who can still end the response (an error event),
-// and s.Out is left holding what Add did not write of it.
+// one exception: a stream refused because no loop takes streams (ErrClosed:
+// the group is closed; ErrFailed, with the first failure's cause: every
+// loop failed) leaves s.Client open for the caller, who can still end the
+// response (an error event), and s.Out holding what Add did not write of
+// it. For a Shared stream s.Client is the connection given; else the
+// duplicate Add made becomes a new net.Conn in s.Client (nil when it could
+// not). After any other error s.Client is nil.
 func (g *Group) Add(s *Stream) (*Handle, error) {
 	st := &stream{relay: s.Relay, keepIn: s.KeepInput, dec: s.Decoder, remaining: s.Remaining,
 		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse}
@@ -316,11 +387,13 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 		if err := errors.Join(cerr, uerr); err != nil {
 			s.Client.Close()
 			s.Upstream.Close()
+			s.Client = nil
 			return nil, err
 		}
 		st.cfd, st.ufd, st.cconn, st.uconn = cfd, ufd, s.Client, s.Upstream
 	} else {
 		cfd, err := detach(s.Client)
+		s.Client = nil
 		if err != nil {
 			s.Upstream.Close()
 			return nil, err
@@ -370,12 +443,27 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 		putBuf(st.pendp)
 		st.pendp, st.first = nil, nil
 	}
-	if s.Shared {
-		s.Out = out // the caller's again, with the client's connection
-		return nil, ErrClosed
+	s.Out = out // the caller's again, with the client's connection
+	if !s.Shared {
+		s.Client = fileConn(st.cfd) // closes st.cfd
+		st.cfd = -1
 	}
-	st.closeClient()
+	if err := g.Err(); err != nil && !g.closing.Load() {
+		return nil, err // every loop failed (loop.fail wraps ErrFailed)
+	}
 	return nil, ErrClosed
+}
+
+// fileConn is a net.Conn on a copy of the socket fd, which it closes;
+// nil when none can be made.
+func fileConn(fd int) net.Conn {
+	f := os.NewFile(uintptr(fd), "client")
+	nc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return nil
+	}
+	return nc
 }
 
 // EndAll ends every stream running now with err (for example the drain's
@@ -389,6 +477,7 @@ func (g *Group) EndAll(err error) {
 // Close ends every stream with ErrClosed and stops the loops; it returns
 // once they have exited.
 func (g *Group) Close() {
+	g.closing.Store(true)
 	g.once.Do(func() {
 		for _, l := range g.loops {
 			l.stop()

@@ -305,12 +305,13 @@ func (l *loop) waitBlocking(timeout time.Duration) (int, error) {
 }
 
 // fail ends a loop whose wait failed (its epoll descriptor is unusable;
-// err wraps the errno): no more streams are taken, the queued ones and
+// err wraps the errno; the streams' error wraps ErrFailed too): no more streams are taken, the queued ones and
 // commands are run, and every stream is ended with err and closed, as
 // Close would with ErrClosed. Group.Err has err before the first stream
 // ends. Group.Add then gives this loop's turns to
 // the other loops (ErrClosed when none is left).
 func (l *loop) fail(err error, now time.Time) {
+	err = fmt.Errorf("%w: %w", ErrFailed, err)
 	l.g.failed(err) // before the streams' ends: Err tells why they ended
 	l.mu.Lock()
 	l.closed, l.dead = true, true

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"golang.org/x/net/http2"
 
 	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/tls/certs"
@@ -144,6 +145,12 @@ func TestAttackSlowH2BeforeFirstRequest(t *testing.T) {
 // and then idles, or sends only PINGs, is closed after IdleTimeout (the
 // listeners.idle_timeout key; net/http then sends GOAWAY and closes 1s
 // later), not by the first-request timeout, and not after net/http's 2m.
+// The GOAWAY is what is timed: PINGs go on (one every 100ms) until it
+// comes, so a PING that kept the connection alive fails the test (no
+// GOAWAY within 5s), and they stop at it, a second before the close: a
+// PING still unread when the server closes would turn its close into a
+// reset (the flake this layout removed: PINGs trickled a byte at a time
+// for a fixed second could still be arriving at the close under load).
 func TestIdleTimeoutAfterRequests(t *testing.T) {
 	s := startTLS(t, func(s *listen.Server) {
 		s.FirstRequestTimeout = 200 * time.Millisecond
@@ -156,37 +163,62 @@ func TestIdleTimeoutAfterRequests(t *testing.T) {
 				t.Fatal(err)
 			}
 			start := time.Now()
-			stop := make(chan struct{})
+			goaway := make(chan struct{})
 			var wg sync.WaitGroup
-			defer func() { close(stop); wg.Wait() }()
+			defer wg.Wait()
 			if pings {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					ping := []byte{0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8}
-					trickle(c, bytes.Repeat(ping, 3), 20*time.Millisecond, stop) // a PING every ~340ms, for ~1s
+					for range 50 { // 5s at most: the read deadline
+						select {
+						case <-goaway:
+							return
+						case <-time.After(100 * time.Millisecond):
+						}
+						if _, err := c.Write(ping); err != nil {
+							return
+						}
+					}
 				}()
 			}
-			var got []byte
 			c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			buf := make([]byte, 4096)
+			fr := http2.NewFramer(nil, c)
+			served := false
+			var goawayAt time.Duration
+			var err error
 			for {
-				n, err := c.Read(buf)
-				got = append(got, buf[:n]...)
-				if err != nil {
-					if !errors.Is(err, io.EOF) {
-						t.Fatalf("connection still open %v after its request (idle timeout 800ms): %v", time.Since(start), err)
-					}
+				var f http2.Frame
+				if f, err = fr.ReadFrame(); err != nil {
 					break
 				}
+				switch f := f.(type) {
+				case *http2.DataFrame:
+					served = served || bytes.Contains(f.Data(), []byte("ok"))
+				case *http2.GoAwayFrame:
+					if goawayAt == 0 {
+						goawayAt = time.Since(start)
+						close(goaway)
+					}
+				}
+			}
+			if goawayAt == 0 {
+				close(goaway)
 			}
 			took := time.Since(start)
-			if !bytes.Contains(got, []byte("ok")) {
-				t.Fatalf("the request was not served: % x", got)
+			if !served {
+				t.Fatal("the request was not served")
 			}
-			t.Logf("closed %v after its request", took)
-			if took < 700*time.Millisecond || took > 3*time.Second {
-				t.Errorf("closed %v after its request; want 800ms + 1s GOAWAY grace (the first-request timeout must not apply)", took)
+			if goawayAt == 0 {
+				t.Fatalf("no GOAWAY %v after the request (idle timeout 800ms); read: %v", took, err)
+			}
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("connection not closed %v after its request, GOAWAY at %v: %v", took, goawayAt, err)
+			}
+			t.Logf("GOAWAY %v, closed %v after its request", goawayAt, took)
+			if goawayAt < 700*time.Millisecond {
+				t.Errorf("GOAWAY %v after its request; want the 800ms idle timeout (the first-request timeout must not apply)", goawayAt)
 			}
 		})
 	}
