@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -187,6 +188,60 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	}
 	shared := sharedConns.Load()
 	reuse := reuseFunc(l.resp.Body, up, shared)
+	early, earlyKeep := listen.EarlySocket(r.Context())
+	if early == nil {
+		return x.handOffHijacked(l, s, g, up, raw, dec, remaining, reuse, shared)
+	}
+	// The head and the first token are built and written before the
+	// Hijack, through the socket under net/http's connection (nothing
+	// was written on it for this request, and net/http's background read
+	// does not write): the Hijack (which waits for that read to stop),
+	// the rest of the hand-off and the loop's start come after the first
+	// token left.
+	x.firstToken = l.first
+	hdr := s.w.Header()
+	x.announceTrailer(hdr)
+	x.commitHeader(l.resp.Header, true)
+	l.wd.stop() // the loop watches idleness
+	ls := &loopStream{x: x, l: l, done: make(chan struct{}), shared: shared}
+	ls.keep = keepAlive(r) && earlyKeep
+	ls.sink.hdr = hdr
+	ls.sink.trailer = wantsTrailer(r)
+	ls.sink.plain = !r.ProtoAtLeast(1, 1)
+	x.sink = &ls.sink
+	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), ls.keep, ls.sink.plain)
+	headLen := len(ls.sink.out)
+	done, _ := x.relayEvent(l, l.ev, l.first)
+	if done && ls.keep {
+		// The stream ended with its first event: no loop needed, and
+		// loopAbort closes the connection, which the head must say.
+		ls.sink.out = slices.Insert(ls.sink.out, headLen-2, []byte("Connection: close\r\n")...)
+	}
+	ls.sink.out = ls.sink.out[writeRaw(early, ls.sink.out):]
+	conn, brw, err := s.rc.Hijack()
+	if err != nil {
+		// Not hijackable after all, with the first bytes sent (net/http
+		// refuses a Hijack only of a connection hijacked before or not
+		// HTTP/1): the client's connection is shut down, the stream fails.
+		early.Control(func(fd uintptr) { syscall.Shutdown(int(fd), syscall.SHUT_RDWR) })
+		up.Close()
+		l.outcome = routing.Failed
+		x.sink = discardSink{}
+		return true, fmt.Errorf("hand-off to the event loop: %w", err)
+	}
+	ls.conn = conn
+	if done {
+		return true, x.loopAbort(conn, up, nil)
+	}
+	return x.handOffRest(l, ls, g, conn, brw, up, raw, dec, remaining, reuse)
+}
+
+// handOffHijacked is handOff for a connection whose socket is not known
+// before the Hijack (not from a listener of package listen): the head and
+// first token are written after it.
+func (x *exchange) handOffHijacked(l *leg, s *httpSink, g *evloop.Group, up net.Conn, raw []byte, dec *chunked.Decoder,
+	remaining int64, reuse func(int), shared bool) (bool, error) {
+	r := x.r
 	conn, brw, err := s.rc.Hijack()
 	if err != nil {
 		// Not hijackable after all: nothing was sent, the client gets a 502.
@@ -227,6 +282,17 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	// Go's netpoller: a dozen system calls); what the socket does not
 	// take goes to Add, and from there to the loop.
 	ls.sink.out = ls.sink.out[writeNow(conn, ls.sink.out):]
+	return x.handOffRest(l, ls, g, conn, brw, up, raw, dec, remaining, reuse)
+}
+
+// handOffRest is the hand-off after the first bytes were written (what
+// the socket did not take is in ls.sink.out): the leg's buffers go, the
+// exchange sheds what a loop stream does not need, and the loop takes the
+// stream.
+func (x *exchange) handOffRest(l *leg, ls *loopStream, g *evloop.Group, conn net.Conn, brw *bufio.ReadWriter, up net.Conn,
+	raw []byte, dec *chunked.Decoder, remaining int64, reuse func(int)) (bool, error) {
+	r := x.r
+	shared := ls.shared
 	var pending []byte
 	if n := l.br.Buffered(); n > 0 {
 		p, _ := l.br.Peek(n)
@@ -386,6 +452,17 @@ func writeNow(c net.Conn, b []byte) int {
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
+		return 0
+	}
+	w := nowWriter{b: b}
+	rc.Write(w.write)
+	return w.n
+}
+
+// writeRaw is writeNow on a socket: it writes as much of b as rc takes
+// at once, without waiting, and returns how much that was.
+func writeRaw(rc syscall.RawConn, b []byte) int {
+	if len(b) == 0 {
 		return 0
 	}
 	w := nowWriter{b: b}

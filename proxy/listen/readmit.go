@@ -1,6 +1,7 @@
 package listen
 
 import (
+	"context"
 	"net"
 	"os"
 	"sync"
@@ -251,4 +252,24 @@ func (c *keptConn) SyscallConn() (syscall.RawConn, error) {
 		return sc.SyscallConn()
 	}
 	return nil, syscall.EINVAL
+}
+
+// EarlySocket returns the socket of the cleartext TCP connection ctx's
+// request arrived on (ctx is the request's context), so that a handler
+// about to hijack it can write its response's first bytes before
+// Hijack, and whether CanReadmit will hold for the hijacked connection
+// (it may still be refused later: the server may start draining). Nil
+// when the request came through no TCP listener of this package (the
+// caller then writes after Hijack). The caller must not use it on TLS
+// connections: it is the TCP socket under them.
+func EarlySocket(ctx context.Context) (syscall.RawConn, bool) {
+	cs, _ := ctx.Value(connKey{}).(*connState)
+	if cs == nil || cs.raw == nil || cs.quic != nil {
+		return nil, false
+	}
+	if cs.cap == nil {
+		return cs.raw, false
+	}
+	_, l := openReadmitter(cs.cap)
+	return cs.raw, l != nil
 }

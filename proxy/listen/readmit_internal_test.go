@@ -1,8 +1,10 @@
 package listen
 
 import (
+	"context"
 	"io"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -58,5 +60,52 @@ func TestReadmitConnKeepsOneWrapper(t *testing.T) {
 	peer.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := peer.Read(buf); err != io.EOF {
 		t.Fatalf("after the last Close: %v; want EOF", err)
+	}
+}
+
+// TestEarlySocket: a request's context from a cleartext listener gives its
+// socket (a write through it reaches the client) and says the connection
+// may be re-admitted, until the listener drains; a context from no
+// listener of this package gives nil.
+func TestEarlySocket(t *testing.T) {
+	if raw, keep := EarlySocket(context.Background()); raw != nil || keep {
+		t.Fatalf("no connection: %v %v; want nil false", raw, keep)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := newReadmitListener(newCapListener(ln, 0, time.Minute))
+	defer rl.Close()
+	peer, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	c, err := rl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := ConnContext(context.Background(), c)
+	raw, keep := EarlySocket(ctx)
+	if raw == nil || !keep {
+		t.Fatalf("cleartext connection: %v %v; want a socket and true", raw, keep)
+	}
+	var werr error
+	if err := raw.Write(func(fd uintptr) bool {
+		_, werr = syscall.Write(int(fd), []byte("early"))
+		return true
+	}); err != nil || werr != nil {
+		t.Fatal(err, werr)
+	}
+	buf := make([]byte, 5)
+	peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(peer, buf); err != nil || string(buf) != "early" {
+		t.Fatalf("peer read %q %v", buf, err)
+	}
+	rl.drain()
+	if raw, keep := EarlySocket(ctx); raw == nil || keep {
+		t.Fatalf("draining: %v %v; want a socket and false", raw, keep)
 	}
 }
