@@ -203,20 +203,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	x.announceTrailer(hdr)
 	x.commitHeader(l.resp.Header, true)
 	l.wd.stop() // the loop watches idleness
-	ls := &loopStream{x: x, l: l, done: make(chan struct{}), shared: shared}
-	ls.keep = keepAlive(r) && earlyKeep
-	ls.sink.hdr = hdr
-	ls.sink.trailer = wantsTrailer(r)
-	ls.sink.plain = !r.ProtoAtLeast(1, 1)
-	x.sink = &ls.sink
-	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), ls.keep, ls.sink.plain)
-	headLen := len(ls.sink.out)
-	done, _ := x.relayEvent(l, l.ev, l.first)
-	if done && ls.keep {
-		// The stream ended with its first event: no loop needed, and
-		// loopAbort closes the connection, which the head must say.
-		ls.sink.out = slices.Insert(ls.sink.out, headLen-2, []byte("Connection: close\r\n")...)
-	}
+	ls, done := x.firstBytes(l, hdr, nil, keepAlive(r) && earlyKeep, shared)
 	ls.sink.out = ls.sink.out[writeRaw(early, ls.sink.out):]
 	conn, brw, err := s.rc.Hijack()
 	if err != nil {
@@ -261,20 +248,8 @@ func (x *exchange) handOffHijacked(l *leg, s *httpSink, g *evloop.Group, up net.
 	// The handler returns now and its request's context is cancelled
 	// then, but the exchange goes on: nothing after this point consults
 	// that context (loopFailed is told why the stream ended).
-	ls := &loopStream{x: x, l: l, done: make(chan struct{}), conn: conn, shared: shared}
-	ls.keep = keepAlive(r) && listen.CanReadmit(conn)
-	ls.sink.hdr = hdr
-	ls.sink.trailer = wantsTrailer(r)
-	ls.sink.plain = !r.ProtoAtLeast(1, 1)
-	x.sink = &ls.sink
-	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), ls.keep, ls.sink.plain)
-	headLen := len(ls.sink.out)
-	if done, _ := x.relayEvent(l, l.ev, l.first); done {
-		// The stream ended with its first event: no loop needed, and
-		// loopAbort closes the connection, which the head must say.
-		if ls.keep {
-			ls.sink.out = slices.Insert(ls.sink.out, headLen-2, []byte("Connection: close\r\n")...)
-		}
+	ls, done := x.firstBytes(l, hdr, conn, keepAlive(r) && listen.CanReadmit(conn), shared)
+	if done {
 		return true, x.loopAbort(conn, up, nil)
 	}
 	// The head and the first token leave now, before the rest of the
@@ -283,6 +258,26 @@ func (x *exchange) handOffHijacked(l *leg, s *httpSink, g *evloop.Group, up net.
 	// take goes to Add, and from there to the loop.
 	ls.sink.out = ls.sink.out[writeNow(conn, ls.sink.out):]
 	return x.handOffRest(l, ls, g, conn, brw, up, raw, dec, remaining, reuse)
+}
+
+// firstBytes makes a loop stream's record and builds its head and its
+// first event's bytes in ls.sink.out (conn may be nil yet: the early
+// write comes before the Hijack). done: the stream ended with its first
+// event; no loop is needed, and loopAbort closes the connection, which
+// the head then says.
+func (x *exchange) firstBytes(l *leg, hdr http.Header, conn net.Conn, keep, shared bool) (*loopStream, bool) {
+	ls := &loopStream{x: x, l: l, done: make(chan struct{}), conn: conn, shared: shared, keep: keep}
+	ls.sink.hdr = hdr
+	ls.sink.trailer = wantsTrailer(x.r)
+	ls.sink.plain = !x.r.ProtoAtLeast(1, 1)
+	x.sink = &ls.sink
+	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), keep, ls.sink.plain)
+	headLen := len(ls.sink.out)
+	done, _ := x.relayEvent(l, l.ev, l.first)
+	if done && keep {
+		ls.sink.out = slices.Insert(ls.sink.out, headLen-2, []byte("Connection: close\r\n")...)
+	}
+	return ls, done
 }
 
 // handOffRest is the hand-off after the first bytes were written (what

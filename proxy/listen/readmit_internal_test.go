@@ -15,21 +15,7 @@ import (
 // carries bytes, and its retired predecessors' Close leaves the socket
 // open.
 func TestReadmitConnKeepsOneWrapper(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rl := newReadmitListener(newCapListener(ln, 0, time.Minute))
-	defer rl.Close()
-	peer, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
-	c, err := rl.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl, peer, c := acceptedPair(t)
 	c.(*capConn).request()
 	buf := make([]byte, 1)
 	for i := range 3 {
@@ -71,21 +57,7 @@ func TestEarlySocket(t *testing.T) {
 	if raw, keep := EarlySocket(context.Background()); raw != nil || keep {
 		t.Fatalf("no connection: %v %v; want nil false", raw, keep)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rl := newReadmitListener(newCapListener(ln, 0, time.Minute))
-	defer rl.Close()
-	peer, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
-	c, err := rl.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl, peer, c := acceptedPair(t)
 	defer c.Close()
 	ctx := ConnContext(context.Background(), c)
 	raw, keep := EarlySocket(ctx)
@@ -108,4 +80,27 @@ func TestEarlySocket(t *testing.T) {
 	if raw, keep := EarlySocket(ctx); raw == nil || keep {
 		t.Fatalf("draining: %v %v; want a socket and false", raw, keep)
 	}
+}
+
+// acceptedPair listens on a re-admitting listener, dials it and accepts:
+// the listener, the client's end and the server's connection (the
+// listener and the client's end are closed when the test ends).
+func acceptedPair(t *testing.T) (*readmitListener, net.Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := newReadmitListener(newCapListener(ln, 0, time.Minute))
+	t.Cleanup(func() { rl.Close() })
+	peer, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peer.Close() })
+	c, err := rl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rl, peer, c
 }
