@@ -37,16 +37,7 @@ OUT=$(cd "$OUT" && pwd)
 ulimit -n "$(ulimit -Hn)" 2>/dev/null
 NOFILE=$(ulimit -n)
 
-log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-PIDS=()
-cleanup() {
-	local p
-	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-. "$HERE/lib.sh" # free_port, wait_port, wait_tw
+. "$HERE/lib.sh" # log, PIDS killed on exit, free_port, wait_port, wait_tw
 
 names=()
 declare -A BIN

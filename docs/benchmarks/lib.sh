@@ -1,5 +1,21 @@
-# Helpers shared by the benchmark scripts (run.sh, settings.sh, ab-h1.sh):
-# source it after defining log(). Loopback only.
+# Helpers shared by the benchmark scripts (run.sh, settings.sh, ab-h1.sh).
+# Loopback only. A script that defines its own log() or cleanup() (run.sh)
+# does so before sourcing this file and keeps them; for the others this
+# file defines log() (to stderr) and a PIDS array whose processes are
+# killed when the script exits.
+
+if ! declare -F log >/dev/null; then
+	log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+fi
+if ! declare -F cleanup >/dev/null; then
+	PIDS=()
+	cleanup() {
+		local p
+		for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+	}
+	trap cleanup EXIT
+	trap 'exit 130' INT TERM
+fi
 
 # below the ephemeral range (32768+) so no outgoing connection holds them
 NEXT_PORT=$((20000 + RANDOM % 10000))

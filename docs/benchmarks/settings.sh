@@ -27,17 +27,7 @@ PROTOS=${PROTOS:-h1 h2 h3}
 mkdir -p "$OUT/raw" "$OUT/logs" "$OUT/bin"
 OUT=$(cd "$OUT" && pwd)
 
-log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-
-PIDS=()
-cleanup() {
-	local p
-	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-. "$HERE/lib.sh" # free_port, wait_port, wait_tw
+. "$HERE/lib.sh" # log, PIDS killed on exit, free_port, wait_port, wait_tw
 
 log "building sluice into $OUT/bin"
 (cd "$ROOT" && go build -o "$OUT/bin/sluice" ./cmd/sluice) || exit 1
