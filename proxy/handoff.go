@@ -198,10 +198,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	// does not write): the Hijack (which waits for that read to stop),
 	// the rest of the hand-off and the loop's start come after the first
 	// token left.
-	x.firstToken = l.first
-	hdr := s.w.Header()
-	x.announceTrailer(hdr)
-	x.commitHeader(l.resp.Header, true)
+	hdr := x.commitLoopHead(l, s)
 	l.wd.stop() // the loop watches idleness
 	ls, done := x.firstBytes(l, hdr, nil, keepAlive(r) && earlyKeep, shared)
 	ls.sink.out = ls.sink.out[writeRaw(early, ls.sink.out):]
@@ -237,10 +234,7 @@ func (x *exchange) handOffHijacked(l *leg, s *httpSink, g *evloop.Group, up net.
 		return true, fmt.Errorf("hand-off to the event loop: %w", err)
 	}
 	// From here the response is ours to write.
-	x.firstToken = l.first
-	hdr := s.w.Header()
-	x.announceTrailer(hdr)
-	x.commitHeader(l.resp.Header, true)
+	hdr := x.commitLoopHead(l, s)
 	if !hasFD(conn) {
 		return true, x.loopAbort(conn, up, errors.New("client connection has no descriptor"))
 	}
@@ -258,6 +252,17 @@ func (x *exchange) handOffHijacked(l *leg, s *httpSink, g *evloop.Group, up net.
 	// take goes to Add, and from there to the loop.
 	ls.sink.out = ls.sink.out[writeNow(conn, ls.sink.out):]
 	return x.handOffRest(l, ls, g, conn, brw, up, raw, dec, remaining, reuse)
+}
+
+// commitLoopHead commits the response a loop stream will write (its
+// header: the backend's, the trailer's announcement, Server-Timing) and
+// returns that header; the first token is l's first event.
+func (x *exchange) commitLoopHead(l *leg, s *httpSink) http.Header {
+	x.firstToken = l.first
+	hdr := s.w.Header()
+	x.announceTrailer(hdr)
+	x.commitHeader(l.resp.Header, true)
+	return hdr
 }
 
 // firstBytes makes a loop stream's record and builds its head and its
@@ -449,9 +454,7 @@ func writeNow(c net.Conn, b []byte) int {
 	if err != nil {
 		return 0
 	}
-	w := nowWriter{b: b}
-	rc.Write(w.write)
-	return w.n
+	return writeRaw(rc, b)
 }
 
 // writeRaw is writeNow on a socket: it writes as much of b as rc takes
@@ -620,10 +623,7 @@ func loopErr(err error) error {
 // (listen.ErrDraining); failed loops, or sockets the loops could not
 // take, are Sluice's failure (errLoopFailed).
 func addErr(err error) error {
-	if errors.Is(err, evloop.ErrClosed) {
-		return listen.ErrDraining
-	}
-	if errors.Is(err, evloop.ErrFailed) {
+	if errors.Is(err, evloop.ErrClosed) || errors.Is(err, evloop.ErrFailed) {
 		return loopErr(err)
 	}
 	return fmt.Errorf("%w: %w", errLoopFailed, err)

@@ -196,8 +196,8 @@ func (x *exchange) outputTokens() int64 {
 // header), so they get no trailer: Chromium fails a streaming fetch over
 // HTTP/3 when a trailer arrives after the body, and reads none anyway.
 func wantsTrailer(r *http.Request) bool {
-	if r.ProtoMajor == 1 && r.ProtoMinor == 0 {
-		return false // no chunked coding: no trailer
+	if !r.ProtoAtLeast(1, 1) {
+		return false // HTTP/1.0: no chunked coding, no trailer
 	}
 	for _, v := range r.Header.Values("Te") {
 		for _, f := range strings.Split(v, ",") {

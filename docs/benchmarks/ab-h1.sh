@@ -48,17 +48,8 @@ done
 first=${BIN[${names[0]}]}
 ((NGINX)) && names+=(nginx)
 
-free_port SIM
-"$first" sim -addr "127.0.0.1:$SIM" -model sim-stream -pace 10ms -prefill-base -1ns -prefill-per-token -1ns \
-	-max-batch 100000 -kv-cache-tokens 1000000000 -stamp-tokens >"$OUT/logs/sim.log" 2>&1 &
-PIDS+=($!)
-wait_port "$SIM" || exit 1
-free_port HTTP
-free_port HTTPS
-free_port ADMIN
-sed -e "s/@HTTP@/$HTTP/g; s/@HTTPS@/$HTTPS/g; s/@ADMIN@/$ADMIN/g; s/@H1CLIENT@/own/g" \
-	-e "s/@SIM_STREAM@/$SIM/g; s/@SIM_SPARSE@/$SIM/g; s/@SIM_IDLE@/$SIM/g; s/@IDLE_H2C@/false/g" \
-	"$HERE/sluice.yaml" >"$OUT/conf/sluice.yaml"
+start_stream_sim "$first" || exit 1
+sluice_conf "$OUT/conf/sluice.yaml" own
 free_port NG1
 free_port NG2
 free_port NG3

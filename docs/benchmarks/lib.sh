@@ -46,3 +46,22 @@ wait_tw() { # until fewer than 2,000 TIME_WAIT sockets (at most 2 min)
 		sleep 2
 	done
 }
+
+# target 1's stream simulator and Sluice's config, for the scripts that
+# run one simulator against every side (settings.sh, ab-h1.sh):
+start_stream_sim() { # start_stream_sim BIN: sets SIM; logs to $OUT/logs/sim.log
+	free_port SIM
+	"$1" sim -addr "127.0.0.1:$SIM" -model sim-stream -pace 10ms -prefill-base -1ns -prefill-per-token -1ns \
+		-max-batch 100000 -kv-cache-tokens 1000000000 -stamp-tokens >"$OUT/logs/sim.log" 2>&1 &
+	PIDS+=($!)
+	wait_port "$SIM"
+}
+
+sluice_conf() { # sluice_conf DEST H1CLIENT: sets HTTP, HTTPS, ADMIN; writes sluice.yaml with every pool on $SIM
+	free_port HTTP
+	free_port HTTPS
+	free_port ADMIN
+	sed -e "s/@HTTP@/$HTTP/g; s/@HTTPS@/$HTTPS/g; s/@ADMIN@/$ADMIN/g; s/@H1CLIENT@/$2/g" \
+		-e "s/@SIM_STREAM@/$SIM/g; s/@SIM_SPARSE@/$SIM/g; s/@SIM_IDLE@/$SIM/g; s/@IDLE_H2C@/false/g" \
+		"$HERE/sluice.yaml" >"$1"
+}

@@ -33,17 +33,8 @@ log "building sluice into $OUT/bin"
 (cd "$ROOT" && go build -o "$OUT/bin/sluice" ./cmd/sluice) || exit 1
 SLUICE=$OUT/bin/sluice
 
-free_port SIM
-"$SLUICE" sim -addr "127.0.0.1:$SIM" -model sim-stream -pace 10ms -prefill-base -1ns -prefill-per-token -1ns \
-	-max-batch 100000 -kv-cache-tokens 1000000000 -stamp-tokens >"$OUT/logs/sim.log" 2>&1 &
-PIDS+=($!)
-wait_port "$SIM" || exit 1
-free_port HTTP
-free_port HTTPS
-free_port ADMIN
-sed -e "s/@HTTP@/$HTTP/g; s/@HTTPS@/$HTTPS/g; s/@ADMIN@/$ADMIN/g" \
-	-e "s/@SIM_STREAM@/$SIM/g; s/@SIM_SPARSE@/$SIM/g; s/@SIM_IDLE@/$SIM/g; s/@IDLE_H2C@/false/g; s/@H1CLIENT@/${H1CLIENT:-own}/g" \
-	"$HERE/sluice.yaml" >"$OUT/sluice.yaml"
+start_stream_sim "$SLUICE" || exit 1
+sluice_conf "$OUT/sluice.yaml" "${H1CLIENT:-own}"
 
 # cpu JSON: Sluice's CPU per 1,000 tokens from one `sluice bench -json`.
 cpu() { grep -o '"ms_per_1k_tokens": *[0-9.]*' "$1" | head -1 | sed 's/.*: *//' | xargs -r printf '%.1f\n'; }
