@@ -14,7 +14,11 @@ import (
 // times out while b is still answering requests or sending events (since
 // one interval before the probe) is excused: neither a failure nor a
 // success. A backend busy with many streams may answer probes late; one
-// that has stopped serving gets no excuse.
+// that has stopped serving gets no excuse. Progress is stored at most once
+// per progressGrain, so the stored time may lag the last event by up to
+// that much: the window reaches back one grain further (without it, an
+// interval shorter than the grain could refuse the excuse to a backend
+// sending events every few milliseconds).
 func (p *Pool) probeLoop(ctx context.Context, b *Backend) {
 	defer p.wg.Done()
 	hc := p.cfg.Health
@@ -28,7 +32,7 @@ func (p *Pool) probeLoop(ctx context.Context, b *Backend) {
 			return
 		}
 		switch {
-		case !ok && timedOut && b.progressAt.Load() >= start.Add(-hc.Interval).UnixNano():
+		case !ok && timedOut && b.progressAt.Load() >= start.Add(-hc.Interval-progressGrain).UnixNano():
 			b.probeExcused.Add(1)
 		case ok:
 			fails = 0
