@@ -202,6 +202,11 @@ func TestHedging(t *testing.T) {
 		st := slowSim.Stats()
 		return st.Running == 0 && st.Cancelled == 1
 	})
+	// The simulator counts a sequence completed after its [DONE] is
+	// flushed, so the client may read the end before the count moves.
+	waitFor(t, 2*time.Second, "the winner's sequence to be counted", func() bool {
+		return fastS.Stats().Completed >= 1
+	})
 	if st := slowSim.Stats(); st.Completed != 0 || fastS.Stats().Completed != 1 {
 		t.Fatalf("slow completed %d, fast %d; want 0 and 1", st.Completed, fastS.Stats().Completed)
 	}
