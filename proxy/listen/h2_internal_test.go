@@ -216,10 +216,13 @@ func TestH2RapidResetEndsConnection(t *testing.T) {
 	s := startH2(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }),
 		func(l *h2Limits) { l.resets = 20 })
 	c := dialH2(t, s)
-	go func() {
+	block := c.block()
+	done := make(chan struct{})
+	go func() { // the server stops reading; the writes may fail
+		defer close(done)
 		for id := uint32(1); id < 200; id += 2 {
-			c.get(id)
-			if c.fr.WriteRSTStream(id, http2.ErrCodeCancel) != nil {
+			if c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndStream: true, EndHeaders: true}) != nil ||
+				c.fr.WriteRSTStream(id, http2.ErrCodeCancel) != nil {
 				return
 			}
 		}
@@ -227,6 +230,7 @@ func TestH2RapidResetEndsConnection(t *testing.T) {
 	if code := c.goAway(); code != http2.ErrCodeEnhanceYourCalm {
 		t.Fatalf("GOAWAY %v; want ENHANCE_YOUR_CALM", code)
 	}
+	<-done
 }
 
 func TestH2ControlFloodEndsConnection(t *testing.T) {
@@ -234,7 +238,9 @@ func TestH2ControlFloodEndsConnection(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			s := startH2(t, http.NotFoundHandler(), func(l *h2Limits) { l.control = 20 })
 			c := dialH2(t, s)
+			done := make(chan struct{})
 			go func() {
+				defer close(done)
 				for i := range 200 {
 					var err error
 					if kind == "PING" {
@@ -250,6 +256,7 @@ func TestH2ControlFloodEndsConnection(t *testing.T) {
 			if code := c.goAway(); code != http2.ErrCodeEnhanceYourCalm {
 				t.Fatalf("GOAWAY %v; want ENHANCE_YOUR_CALM", code)
 			}
+			<-done
 		})
 	}
 }

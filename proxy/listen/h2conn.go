@@ -37,8 +37,8 @@ import (
 
 // Values of Server.H2Server.
 const (
-	H2ServerGo     = "go"     // net/http's HTTP/2 server (default)
-	H2ServerSluice = "sluice" // Sluice's own (h2conn.go)
+	H2ServerSluice = "sluice" // Sluice's own (h2conn.go), the default
+	H2ServerGo     = "go"     // net/http's HTTP/2 server
 )
 
 // h2Limits bound what one client connection may ask of the server.
@@ -243,7 +243,7 @@ func (c *h2conn) serve(sawPreface, shut bool) {
 	)
 	c.w.fr.WriteWindowUpdate(0, uint32(c.lim.connWindow-65535))
 	c.recvConn = int64(c.lim.connWindow)
-	c.idleTimer = time.AfterFunc(c.lim.idle, c.idleFired)
+	c.idleTimer = time.AfterFunc(cmp.Or(c.lim.idle, DefaultIdleTimeout), c.idleFired)
 	c.flushLocked()
 	c.mu.Unlock()
 	if shut {
@@ -421,7 +421,10 @@ func (c *h2conn) onReset(f *http2.RSTStreamFrame) error {
 	return nil
 }
 
-// connError ends the connection with a GOAWAY carrying code.
+// connError ends the connection with a GOAWAY carrying code. Every
+// stream ends at once; what the client still sends is read and dropped
+// for up to a second (1 MiB), so that closing the socket over unread
+// bytes does not reset the connection before the client read the GOAWAY.
 func (c *h2conn) connError(code http2.ErrCode) {
 	c.mu.Lock()
 	if !c.closed {
@@ -429,7 +432,9 @@ func (c *h2conn) connError(code http2.ErrCode) {
 		c.flushLocked()
 	}
 	c.mu.Unlock()
-	c.close(errClientGone)
+	c.abort(errClientGone)
+	c.nc.SetReadDeadline(time.Now().Add(time.Second))
+	io.CopyN(io.Discard, c.r, 1<<20)
 }
 
 // goAway starts a graceful close: the client may open no stream past
@@ -469,6 +474,12 @@ func (c *h2conn) idleFired() {
 // close ends the connection at once: every stream's handler is cancelled
 // and its writes fail.
 func (c *h2conn) close(err error) {
+	c.abort(err)
+	c.nc.Close()
+}
+
+// abort ends every stream and makes writes fail; the socket stays open.
+func (c *h2conn) abort(err error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -487,7 +498,6 @@ func (c *h2conn) close(err error) {
 	}
 	c.cond.Broadcast()
 	c.mu.Unlock()
-	c.nc.Close()
 }
 
 // rateCount counts events in fixed windows.

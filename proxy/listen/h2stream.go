@@ -90,14 +90,16 @@ func (c *h2conn) onHeaders(f *http2.HeadersFrame) error {
 	}
 	c.hb = headerBlock{c: c, open: true, id: id, endStream: f.StreamEnded(), fields: c.hb.fields[:0]}
 	if id <= c.maxSeen {
+		// Trailers, or a header block for a stream that ended on the
+		// server's side (decoded for HPACK's state, then dropped).
 		c.mu.Lock()
 		st := c.streams[id]
-		ok := st != nil && !st.remoteEnded
+		ended := st != nil && st.remoteEnded
 		c.mu.Unlock()
-		if !ok {
+		if ended {
 			return http2.ConnectionError(http2.ErrCodeStreamClosed)
 		}
-		if !f.StreamEnded() {
+		if st != nil && !f.StreamEnded() {
 			return http2.ConnectionError(http2.ErrCodeProtocol)
 		}
 		c.hb.trailer = true
