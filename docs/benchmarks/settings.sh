@@ -11,11 +11,11 @@
 #
 # A setting is one word: environment variables joined by commas
 # (GOGC=off,GOMEMLIMIT=1GiB), "-" for none; h2_server=go or h2_server=sluice
-# in a setting sets listeners.h2_server in that Sluice's config. It prints, per setting and
-# protocol, the median CPU per 1,000 tokens over the rounds, the range, and
-# the h2/h1 and h3/h1 ratios of the medians; OUTDIR/raw holds every
-# `sluice bench -json`. Loopback only; every process it starts is stopped
-# by its pid on exit.
+# in a setting sets listeners.h2_server in that Sluice's config. It prints,
+# per setting and protocol, the median CPU per 1,000 tokens over the rounds,
+# the range, and the h2/h1 and h3/h1 ratios of the medians; OUTDIR/raw
+# holds every `sluice bench -json`. Loopback only; every process it starts
+# is stopped by its pid on exit.
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
