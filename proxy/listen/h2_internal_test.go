@@ -476,3 +476,46 @@ func TestH2GracefulShutdown(t *testing.T) {
 		t.Fatal("Shutdown did not return")
 	}
 }
+
+// TestH2ShutdownWhileOpening: Shutdown while a client keeps opening
+// streams on the connection: every response the client got is whole,
+// and Shutdown returns (run with -race: the GOAWAY's last stream id is
+// read while the reader takes new streams).
+func TestH2ShutdownWhileOpening(t *testing.T) {
+	s := startH2(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "whole")
+	}), nil)
+	_, cl := h2Clients(t)
+	url := "http://" + s.Addr(ListenerHTTP) + "/"
+	if got := fetch(t, cl, url, nil); got != "whole" {
+		t.Fatalf("got %q", got)
+	}
+	var wg sync.WaitGroup
+	var ok, failed atomic.Int32
+	for range 4 {
+		wg.Go(func() {
+			for range 200 {
+				resp, err := cl.Get(url)
+				if err != nil {
+					failed.Add(1)
+					return
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || string(b) != "whole" {
+					t.Errorf("body %q, %v; want whole", b, err)
+					return
+				}
+				ok.Add(1)
+			}
+		})
+	}
+	time.Sleep(20 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	wg.Wait()
+	t.Logf("%d whole responses, %d clients stopped by the shutdown", ok.Load(), failed.Load())
+}

@@ -179,7 +179,7 @@ type h2conn struct {
 	fr      *http2.Framer
 	dec     *hpack.Decoder
 	hb      headerBlock
-	maxSeen uint32 // highest stream id the client opened
+	maxSeen uint32 // highest stream id the client opened (written under mu)
 	resets  rateCount
 	control rateCount
 

@@ -104,7 +104,9 @@ func (c *h2conn) onHeaders(f *http2.HeadersFrame) error {
 		}
 		c.hb.trailer = true
 	} else {
+		c.mu.Lock() // goAway reads it on other goroutines
 		c.maxSeen = id
+		c.mu.Unlock()
 	}
 	if !f.HeadersEnded() && c.lim.readHeader > 0 {
 		c.nc.SetReadDeadline(time.Now().Add(c.lim.readHeader))
