@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -518,4 +519,36 @@ func TestH2ShutdownWhileOpening(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("%d whole responses, %d clients stopped by the shutdown", ok.Load(), failed.Load())
+}
+
+// TestH2ReadDeadline: http.ResponseController's read deadline ends a
+// body read the client stalls; the write deadline fails writes past it.
+func TestH2ReadDeadline(t *testing.T) {
+	got := make(chan error, 2)
+	s := startH2(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		rc.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		_, err := io.ReadAll(r.Body)
+		got <- err
+		rc.SetWriteDeadline(time.Now().Add(-time.Second))
+		_, err = io.WriteString(w, "late")
+		if err == nil {
+			err = rc.Flush()
+		}
+		got <- err
+	}), nil)
+	c := dialH2(t, s)
+	c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: c.block(), EndHeaders: true})
+	c.fr.WriteData(1, false, []byte("part"))
+	select {
+	case err := <-got:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("body read: %v; want os.ErrDeadlineExceeded", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("body read not ended by the deadline")
+	}
+	if err := <-got; !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("write past the deadline: %v; want os.ErrDeadlineExceeded", err)
+	}
 }
