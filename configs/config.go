@@ -107,6 +107,11 @@ type Listeners struct {
 	// IdleTimeout closes a TCP connection (h1 keep-alive, h2) that has
 	// served requests and has had none open for this long. Zero means 2m.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// H2Server is the HTTP/2 server of the http (h2c) and https (h2)
+	// listeners: "sluice" (Sluice's own, which writes each token from
+	// the handler's goroutine) or "go" (net/http's). Empty means
+	// "sluice".
+	H2Server string `yaml:"h2_server"`
 	// TrustedProxies are the L7 proxies (CIDRs or addresses) whose
 	// ClientAddressHeader names the client; from any other peer the
 	// headers are ignored. Empty means none.
@@ -277,6 +282,7 @@ func (c *Config) applyDefaults() {
 	c.Listeners.FirstRequestTimeout = cmp.Or(c.Listeners.FirstRequestTimeout, listen.DefaultFirstRequestTimeout)
 	c.Listeners.IdleTimeout = cmp.Or(c.Listeners.IdleTimeout, listen.DefaultIdleTimeout)
 	c.Listeners.ClientAddressHeader = cmp.Or(c.Listeners.ClientAddressHeader, listen.HeaderXForwardedFor)
+	c.Listeners.H2Server = cmp.Or(c.Listeners.H2Server, listen.H2ServerSluice)
 	if c.Listeners.HTTPS != nil {
 		c.Listeners.HTTPS.HTTP3 = c.Listeners.HTTPS.HTTP3.WithDefaults()
 	}

@@ -126,6 +126,11 @@ func (v *validator) clientAddress(l Listeners) {
 	if _, err := listen.ParsePrefixes(l.TrustedProxies); err != nil {
 		v.errorf("listeners.trusted_proxies", "listeners.trusted_proxies: %v", err)
 	}
+	switch l.H2Server {
+	case listen.H2ServerGo, listen.H2ServerSluice:
+	default:
+		v.errorf("listeners.h2_server", "listeners.h2_server: %q is not %q or %q", l.H2Server, listen.H2ServerGo, listen.H2ServerSluice)
+	}
 	switch l.ClientAddressHeader {
 	case listen.HeaderXForwardedFor, listen.HeaderForwarded:
 	default:

@@ -21,7 +21,8 @@ func TestConnInfo(t *testing.T) {
 		}
 		fmt.Fprintf(w, "%v %s %d %d", ok, ci.Proto, ci.Handshake, ci.RTT())
 	})
-	srv := &listen.Server{Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: testTLSConfig(t)}
+	srv := &listen.Server{Handler: h, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: testTLSConfig(t),
+		H2Server: testH2Server}
 	if err := srv.Listen(); err != nil {
 		t.Fatal(err)
 	}

@@ -183,7 +183,7 @@ func startEdge(t testing.TB, o edgeOpts) *testEdge {
 	}
 	srv := &listen.Server{
 		Handler: br, HTTPAddr: "127.0.0.1:0", HTTPSAddr: "127.0.0.1:0", TLSConfig: o.tls,
-		HTTP3: o.http3, QUICTLSConfig: o.quic, Log: log,
+		HTTP3: o.http3, QUICTLSConfig: o.quic, Log: log, H2Server: testH2Server,
 	}
 	if o.server != nil {
 		o.server(srv)

@@ -23,6 +23,7 @@ func startCertEdge(t *testing.T, cfg certs.Config) (*certs.Store, *listen.Server
 	srv := &listen.Server{
 		Handler:   http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.Proto) }),
 		HTTPSAddr: "127.0.0.1:0", TLSConfig: store.TLSConfig(), QUICTLSConfig: store.QUICConfig(),
+		H2Server: testH2Server,
 	}
 	if err := srv.Listen(); err != nil {
 		t.Fatal(err)

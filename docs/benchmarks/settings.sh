@@ -10,11 +10,12 @@
 #   SETTINGS="- GOMAXPROCS=1 GOGC=400" ROUNDS=10 DUR=6s PROTOS="h1 h2 h3" bash docs/benchmarks/settings.sh
 #
 # A setting is one word: environment variables joined by commas
-# (GOGC=off,GOMEMLIMIT=1GiB), "-" for none. It prints, per setting and
-# protocol, the median CPU per 1,000 tokens over the rounds, the range, and
-# the h2/h1 and h3/h1 ratios of the medians; OUTDIR/raw holds every
-# `sluice bench -json`. Loopback only; every process it starts is stopped
-# by its pid on exit.
+# (GOGC=off,GOMEMLIMIT=1GiB), "-" for none; h2_server=go or h2_server=sluice
+# in a setting sets listeners.h2_server in that Sluice's config. It prints,
+# per setting and protocol, the median CPU per 1,000 tokens over the rounds,
+# the range, and the h2/h1 and h3/h1 ratios of the medians; OUTDIR/raw
+# holds every `sluice bench -json`. Loopback only; every process it starts
+# is stopped by its pid on exit.
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -43,7 +44,15 @@ for r in $(seq "$ROUNDS"); do
 	for s in $SETTINGS; do
 		envs=()
 		[[ $s != - ]] && IFS=, read -ra envs <<<"$s"
-		env "${envs[@]}" "$SLUICE" serve -c "$OUT/sluice.yaml" >"$OUT/logs/sluice-$r-$s.log" 2>&1 &
+		conf=$OUT/sluice.yaml
+		for i in "${!envs[@]}"; do # h2_server=go|sluice: the listeners' setting, not a variable
+			if [[ ${envs[$i]} == h2_server=* ]]; then
+				conf=$OUT/sluice-$s.yaml
+				sed "s/^listeners:\$/listeners:\n  h2_server: ${envs[$i]#h2_server=}/" "$OUT/sluice.yaml" >"$conf"
+				unset 'envs[i]'
+			fi
+		done
+		env "${envs[@]}" "$SLUICE" serve -c "$conf" >"$OUT/logs/sluice-$r-$s.log" 2>&1 &
 		sp=$!
 		PIDS+=($sp)
 		wait_port "$HTTP" || exit 1

@@ -17,7 +17,7 @@ func startCapped(t *testing.T, max int, first time.Duration) string {
 	t.Helper()
 	s := &listen.Server{
 		Handler:  http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
-		HTTPAddr: "127.0.0.1:0", MaxConnsPerAddr: max, FirstRequestTimeout: first,
+		HTTPAddr: "127.0.0.1:0", MaxConnsPerAddr: max, FirstRequestTimeout: first, H2Server: testH2Server,
 	}
 	if err := s.Listen(); err != nil {
 		t.Fatal(err)

@@ -33,7 +33,8 @@ func startTLS(t *testing.T, edit func(*listen.Server)) *listen.Server {
 		Handler:   http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
 		HTTPAddr:  "127.0.0.1:0",
 		HTTPSAddr: "127.0.0.1:0", TLSConfig: store.TLSConfig(), QUICTLSConfig: store.QUICConfig(),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		H2Server: testH2Server,
+		Log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	if edit != nil {
 		edit(s)

@@ -67,6 +67,12 @@ type Server struct {
 	ClientHeader string
 	// Log receives server errors. Nil means slog.Default().
 	Log *slog.Logger
+	// H2Server picks the HTTP/2 server of the TCP listeners (h2 over TLS
+	// and h2c with prior knowledge): H2ServerSluice (Sluice's own,
+	// h2conn.go; also "") or H2ServerGo (net/http's).
+	H2Server string
+
+	h2limits *h2Limits // tests: the limits of H2ServerSluice (nil: defaults)
 
 	servers  []*http.Server
 	lns      []net.Listener
@@ -250,6 +256,9 @@ func (s *Server) newServer(kind string, h http.Handler) *http.Server {
 	}
 	if kind != ListenerAdmin {
 		srv.ConnContext = ConnContext
+	}
+	if kind != ListenerAdmin && s.H2Server != H2ServerGo {
+		s.newH2Server().install(srv)
 	}
 	return srv
 }
