@@ -51,6 +51,7 @@ type loop struct {
 	out    []byte    // shared out buffer
 	sink   [512]byte // client input is read here and dropped
 	ready  []unix.EpollEvent
+	woken  bool // the last dispatch ran the queued streams and commands
 
 	// own is held by whoever serves the loop: its goroutine, from its
 	// epoll_wait to the end of that batch, or a helper (Group.Help).
@@ -144,6 +145,10 @@ func (l *loop) stop() {
 func (l *loop) run() {
 	defer l.g.wg.Done()
 	defer unix.Close(l.efd)
+	if l.opts.Polled && !l.opts.Blocking && !l.opts.OwnProcs {
+		l.runPolled()
+		return
+	}
 	var wait func(timeout time.Duration) (int, error)
 	if l.opts.OwnProcs {
 		defer unix.Close(l.epfd)
@@ -236,6 +241,82 @@ func (l *loop) run() {
 	}
 }
 
+// runPolled is run (the netpoller's wait) with Options.Polled. run
+// leaves the netpoller's read of the epoll descriptor after each batch
+// and enters it again, and the read's entry clears the descriptor's
+// readiness (pollReset), so it must poll once more before it parks: an
+// event that came during the batch would otherwise be lost. Here the
+// batches are served inside one read's function: the readiness is
+// cleared once, when the read begins, and any event after that (during a
+// batch or after the last epoll_wait) marks the descriptor ready again,
+// so the function may park right after an epoll_wait that returned fewer
+// events than it had room for: each wake-up costs the netpoller's wait
+// and one epoll_wait, not two. The read is left only to arm or clear
+// the sweep's deadline, when that deadline passed, and to stop.
+func (l *loop) runPolled() {
+	f := os.NewFile(uintptr(l.epfd), "evloop") // non-blocking: in the netpoller
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		panic("evloop: " + err.Error())
+	}
+	sweep := l.opts.Sweep
+	lastSweep := time.Now()
+	var deadline time.Time
+	stop, active := false, false
+	serve := func(fd uintptr) bool {
+		l.own.Lock()
+		defer l.own.Unlock()
+		for {
+			if l.exited { // a helper took the stop command
+				stop = true
+				return true
+			}
+			n, werr := rawEpollWait(int(fd), l.ready)
+			if werr == unix.EINTR || werr == unix.EAGAIN {
+				n, werr = 0, nil
+			}
+			l.polled.Store(mono())
+			now := time.Now()
+			if werr != nil {
+				l.fail(fmt.Errorf("evloop: epoll_wait: %w", werr), now)
+				l.exited, stop = true, true
+				return true
+			}
+			if n > 0 && l.dispatch(n, now) {
+				l.exited, stop = true, true
+				return true
+			}
+			if now.Sub(lastSweep) >= sweep {
+				lastSweep = now
+				l.sweep(now)
+			}
+			if a := len(l.all) > 0 || len(l.drains) > 0; a != active {
+				active = a
+				return true // the sweep's deadline must be armed or cleared
+			}
+			// A command may have changed the epoll set itself
+			// (BreakWaits): poll once more after commands.
+			if n < len(l.ready) && !(n > 0 && l.woken) {
+				return false // drained: park (see above)
+			}
+		}
+	}
+	for !stop {
+		// active is written by serve under own and read here after
+		// Read returned, on the same goroutine.
+		switch now := time.Now(); {
+		case !active && !deadline.IsZero():
+			deadline = time.Time{}
+			f.SetReadDeadline(deadline)
+		case active && (deadline.IsZero() || !now.Before(deadline)):
+			deadline = now.Add(sweep)
+			f.SetReadDeadline(deadline)
+		}
+		rc.Read(serve) // an error is the deadline: arm it again and serve
+	}
+}
+
 // dispatch serves the n ready events in l.ready, then the queued streams
 // and commands; true when the loop stops. The caller holds own.
 func (l *loop) dispatch(n int, now time.Time) bool {
@@ -262,6 +343,7 @@ func (l *loop) dispatch(n int, now time.Time) bool {
 	// Commands after the batch: a descriptor a stream closed above may
 	// be reused by a stream added here, and a stale event must not
 	// reach it.
+	l.woken = woken
 	if woken {
 		var buf [8]byte
 		unix.Read(l.efd, buf[:])

@@ -34,6 +34,17 @@ func TestDefaultLoops(t *testing.T) {
 	}
 	g.Close()
 
+	t.Setenv(LoopsEnv, "")
+	t.Setenv(WaitEnv, "polled")
+	g, err = New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !g.loops[0].opts.Polled || !g.help {
+		t.Errorf("%s=polled: polled %v, help %v", WaitEnv, g.loops[0].opts.Polled, g.help)
+	}
+	g.Close()
+
 	for env, v := range map[string]string{LoopsEnv: "x", WaitEnv: "spin"} {
 		t.Run(env, func(t *testing.T) {
 			t.Setenv(env, v)

@@ -21,13 +21,14 @@ import (
 // error, closes their sockets, takes no new streams (the other loop
 // does), reports the error in Err, and Close still returns (lowering
 // GOMAXPROCS again with OwnProcs).
-// In every wait mode: the netpoller's, Blocking, and OwnProcs' held wait.
+// In every wait mode: the netpoller's, Polled, Blocking, and OwnProcs' held wait.
 func TestWaitFailureEndsTheLoop(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		opts Options
 	}{
 		{"netpoller", Options{}},
+		{"polled", Options{Polled: true}},
 		{"blocking", Options{Blocking: true}},
 		{"ownprocs", Options{OwnProcs: true}},
 	} {
