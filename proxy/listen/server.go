@@ -65,10 +65,14 @@ type Server struct {
 	// ClientHeader is the header trusted proxies name the client in:
 	// HeaderXForwardedFor (default) or HeaderForwarded.
 	ClientHeader string
+	// HTTPServer serves HTTP/1.1 on the cleartext listener:
+	// HTTPServerGo (net/http's, the default when empty) or HTTPServerSluice
+	// (h1serve.go). The environment's SLUICE_HTTP_SERVER overrides it.
+	HTTPServer string
 	// Log receives server errors. Nil means slog.Default().
 	Log *slog.Logger
 
-	servers  []*http.Server
+	servers  []httpServer
 	lns      []net.Listener
 	kinds    []string
 	h3       *h3Listener
@@ -138,7 +142,13 @@ func (s *Server) listen() error {
 		}
 		rl := newReadmitListener(s.capListener(ln))
 		s.readmit = append(s.readmit, rl)
-		s.add(ListenerHTTP, rl, s.Handler)
+		if s.ownH1() {
+			hs := s.newH1Server(s.Handler)
+			rl.serve = hs.serveConn // re-admitted connections skip Accept
+			s.addServer(ListenerHTTP, rl, hs)
+		} else {
+			s.add(ListenerHTTP, rl, s.Handler)
+		}
 	}
 	if s.HTTPSAddr != "" {
 		if err := s.listenHTTPS(); err != nil {
@@ -225,8 +235,12 @@ func anyPort(addr string) bool {
 }
 
 func (s *Server) add(kind string, ln net.Listener, h http.Handler) {
+	s.addServer(kind, ln, s.newServer(kind, h))
+}
+
+func (s *Server) addServer(kind string, ln net.Listener, srv httpServer) {
 	s.lns = append(s.lns, ln)
-	s.servers = append(s.servers, s.newServer(kind, h))
+	s.servers = append(s.servers, srv)
 	s.kinds = append(s.kinds, kind)
 }
 
@@ -310,7 +324,7 @@ func (s *Server) Serve() error {
 	n := len(s.servers)
 	errc := make(chan error, n+1)
 	for i, srv := range s.servers {
-		go func(srv *http.Server, ln net.Listener) {
+		go func(srv httpServer, ln net.Listener) {
 			err := srv.Serve(ln)
 			if errors.Is(err, http.ErrServerClosed) {
 				err = nil
@@ -353,7 +367,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for _, srv := range s.servers {
 		wg.Add(1)
-		go func(srv *http.Server) {
+		go func(srv httpServer) {
 			defer wg.Done()
 			srv.Shutdown(ctx)
 		}(srv)
