@@ -63,6 +63,8 @@ type h1Conn struct {
 	cancel  context.CancelCauseFunc
 	wake    chan struct{} // cap 1: to the waiting watcher, or from it to the Hijack
 
+	watchT *time.Timer // starts the watcher h1WatchDelay after the body's end
+
 	dateSec int64
 	date    []byte
 }
@@ -133,6 +135,9 @@ func (c *h1Conn) serveRequest(w *h1Response) (ok bool) {
 		c.out = c.out[:0]
 		c.wmu.Lock()
 		c.running = false
+		if c.watchT != nil {
+			c.watchT.Stop()
+		}
 		c.closing = true
 		watch := c.watch
 		c.wmu.Unlock()
@@ -238,7 +243,7 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 	c.watch, c.running, c.stop, c.cancel = watchNone, true, false, cancel
 	c.wmu.Unlock()
 	if w.body.eof.Load() {
-		c.startWatch()
+		c.bodyDone()
 	}
 	return w, nil
 }
@@ -301,17 +306,44 @@ func tcpConnOf(c net.Conn) *net.TCPConn {
 	return nil
 }
 
-// startWatch starts the watcher once the request's body was read to its
-// end (or it had none).
-func (c *h1Conn) startWatch() {
-	c.wmu.Lock()
-	if c.watch != watchNone || !c.running || c.stop {
-		c.wmu.Unlock()
+// bodyDone arms the watcher once the request's body was read to its end
+// (or it had none): it starts if the handler still runs watchDelay later.
+// A handler that answers or hands its connection off sooner (a small
+// request, a stream going to the event loops) pays no goroutine and no
+// aborted read for it.
+func (c *h1Conn) bodyDone() {
+	d := c.srv.watchDelay
+	if d <= 0 {
+		if c.claimWatch() {
+			go c.watchConn()
+		}
 		return
 	}
+	if c.watchT == nil {
+		c.watchT = time.AfterFunc(d, c.watchLate)
+		return
+	}
+	c.watchT.Reset(d)
+}
+
+// watchLate is the watcher started by the timer (on the timer's own
+// goroutine).
+func (c *h1Conn) watchLate() {
+	if c.claimWatch() {
+		c.watchConn()
+	}
+}
+
+// claimWatch reports whether a watcher is to start: the handler runs (and
+// did not hijack) and none was started.
+func (c *h1Conn) claimWatch() bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.watch != watchNone || !c.running || c.stop {
+		return false
+	}
 	c.watch = watchReading
-	c.wmu.Unlock()
-	go c.watchConn()
+	return true
 }
 
 // watchConn is the watcher: it reads the connection while the handler runs
@@ -359,6 +391,9 @@ func (c *h1Conn) watchConn() {
 func (c *h1Conn) stopWatch() {
 	c.wmu.Lock()
 	c.stop = true
+	if c.watchT != nil {
+		c.watchT.Stop()
+	}
 	if c.watch != watchReading {
 		c.wmu.Unlock()
 		return
@@ -381,6 +416,9 @@ func (c *h1Conn) finish(w *h1Response) bool {
 	w.done.Store(true)
 	c.wmu.Lock()
 	c.running = false
+	if c.watchT != nil {
+		c.watchT.Stop()
+	}
 	watch := c.watch
 	if !keep || c.srv.shutting.Load() || watch == watchDone {
 		c.closing = true
@@ -464,7 +502,7 @@ func (b *h1Body) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
 	if err == io.EOF {
 		b.eof.Store(true)
-		w.c.startWatch()
+		w.c.bodyDone()
 	} else if err != nil {
 		w.bodyErr = true
 	}

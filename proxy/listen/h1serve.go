@@ -91,17 +91,29 @@ type h1Server struct {
 	shutting atomic.Bool
 	h2once   sync.Once
 	h2done   chan error
+	// watchDelay is how long after a request's body ended the watcher
+	// starts if the handler still runs (zero: at once).
+	watchDelay time.Duration
 }
 
+// h1WatchDelay is h1Server.watchDelay's default; SLUICE_H1_WATCH_DELAY
+// (a duration) overrides it, for the benchmarks of both ways.
+const h1WatchDelay = time.Millisecond
+
 func (s *Server) newH1Server(h http.Handler) *h1Server {
-	return &h1Server{
-		s:       s,
-		handler: s.wrap(ListenerHTTP, h),
-		idle:    s.idleTimeout(),
-		h2:      s.newServer(ListenerHTTP, h),
-		conns:   map[*h1Conn]struct{}{},
-		h2done:  make(chan error, 1),
+	hs := &h1Server{
+		s:          s,
+		handler:    s.wrap(ListenerHTTP, h),
+		idle:       s.idleTimeout(),
+		h2:         s.newServer(ListenerHTTP, h),
+		conns:      map[*h1Conn]struct{}{},
+		h2done:     make(chan error, 1),
+		watchDelay: h1WatchDelay,
 	}
+	if d, err := time.ParseDuration(os.Getenv("SLUICE_H1_WATCH_DELAY")); err == nil {
+		hs.watchDelay = d
+	}
+	return hs
 }
 
 func (s *Server) idleTimeout() time.Duration {
