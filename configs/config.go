@@ -116,7 +116,7 @@ type Listeners struct {
 	ClientAddressHeader string `yaml:"client_address_header"`
 	// HTTPServer is the HTTP/1.1 server of the http listener: "go"
 	// (net/http's, the default) or "sluice" (Sluice's own, proxy/listen
-	// h1serve.go). Read at start-up; a reload keeps the running one.
+	// h1serve.go). Changing it needs a restart (as every listeners key).
 	HTTPServer string `yaml:"http_server"`
 }
 

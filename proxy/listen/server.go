@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -144,7 +145,9 @@ func (s *Server) listen() error {
 		s.readmit = append(s.readmit, rl)
 		if s.ownH1() {
 			hs := s.newH1Server(s.Handler)
-			rl.serve = hs.serveConn // re-admitted connections skip Accept
+			if os.Getenv("SLUICE_H1_READMIT_ACCEPT") == "" {
+				rl.serve = hs.serveConn // re-admitted connections skip Accept
+			}
 			s.addServer(ListenerHTTP, rl, hs)
 		} else {
 			s.add(ListenerHTTP, rl, s.Handler)
