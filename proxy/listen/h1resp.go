@@ -169,7 +169,10 @@ func (w *h1Response) commit(final bool, more []byte) {
 	h := w.header
 	if final && w.contentLength < 0 && w.bodyAllowed() && len(h["Transfer-Encoding"]) == 0 && !(w.head && w.written == 0) {
 		w.contentLength = int64(len(c.body))
-		h["Content-Length"] = []string{strconv.Itoa(len(c.body))}
+		if w.head {
+			w.contentLength = w.written // what the GET would have sent
+		}
+		h["Content-Length"] = []string{strconv.FormatInt(w.contentLength, 10)}
 	}
 	if tr := h["Trailer"]; len(tr) > 0 {
 		w.trailers = w.trailers[:0]

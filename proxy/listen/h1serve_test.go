@@ -376,8 +376,8 @@ func TestH1ResponseShapes(t *testing.T) {
 	if body != "<html>hi</html>" || resp.ContentLength != 15 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") || resp.Header.Get("Date") == "" {
 		t.Fatalf("GET: %q %d %v", body, resp.ContentLength, resp.Header)
 	}
-	if resp, body = readResp(t, br, "HEAD"); body != "" || resp.StatusCode != 200 {
-		t.Fatalf("HEAD: %d %q", resp.StatusCode, body)
+	if resp, body = readResp(t, br, "HEAD"); body != "" || resp.StatusCode != 200 || resp.ContentLength != 15 {
+		t.Fatalf("HEAD: %d %q length %d; want the GET's 15", resp.StatusCode, body, resp.ContentLength)
 	}
 	if resp, body = readResp(t, br, "GET"); body != "" || resp.StatusCode != 204 || resp.Header.Get("Content-Length") != "" {
 		t.Fatalf("204: %d %q %v", resp.StatusCode, body, resp.Header)
