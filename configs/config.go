@@ -119,6 +119,10 @@ type Listeners struct {
 	// ClientAddressHeader is the header trusted proxies name the client
 	// in: "x-forwarded-for" (default) or "forwarded" (RFC 7239 for=).
 	ClientAddressHeader string `yaml:"client_address_header"`
+	// HTTPServer is the HTTP/1.1 server of the http listener: "go"
+	// (net/http's, the default) or "sluice" (Sluice's own, proxy/listen
+	// h1serve.go). Changing it needs a restart (as every listeners key).
+	HTTPServer string `yaml:"http_server"`
 }
 
 // HTTPS is a TLS listener.

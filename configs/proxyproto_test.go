@@ -52,4 +52,20 @@ func TestClientAddressConfigErrors(t *testing.T) {
 		`3:20: listeners.trusted_proxies: "lb.example" is not a CIDR`)
 	wantErrors(t, head+"  client_address_header: x-real-ip\n"+rest,
 		`3:26: listeners.client_address_header: "x-real-ip" is not "x-forwarded-for" or "forwarded"`)
+	wantErrors(t, head+"  http_server: nginx\n"+rest,
+		`3:16: listeners.http_server: "nginx" is not "go" or "sluice"`)
+}
+
+func TestHTTPServerSetting(t *testing.T) {
+	head := "listeners:\n  http: 127.0.0.1:8080\n"
+	rest := strings.TrimPrefix(valid, head)
+	for _, name := range []string{"go", "sluice"} {
+		c, err := Parse("t.yaml", []byte(head+"  http_server: "+name+"\n"+rest))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Listeners.HTTPServer != name {
+			t.Fatalf("http_server %q decoded as %q", name, c.Listeners.HTTPServer)
+		}
+	}
 }

@@ -137,6 +137,10 @@ func (v *validator) clientAddress(l Listeners) {
 		v.errorf("listeners.client_address_header", "listeners.client_address_header: %q is not %q or %q",
 			l.ClientAddressHeader, listen.HeaderXForwardedFor, listen.HeaderForwarded)
 	}
+	if !listen.ValidHTTPServer(l.HTTPServer) {
+		v.errorf("listeners.http_server", "listeners.http_server: %q is not %q or %q",
+			l.HTTPServer, listen.HTTPServerGo, listen.HTTPServerSluice)
+	}
 }
 
 func (v *validator) proxyProtocol(path string, p listen.ProxyProtocol, listener bool) {

@@ -168,7 +168,8 @@ func Start(parent context.Context, cfg *configs.Config, opts Options) (*Node, er
 		Handler: bridge.New(n.handler, bridge.Options{Log: log, Metrics: metrics}), HTTPAddr: cfg.Listeners.HTTP, AdminAddr: cfg.Listeners.Admin, Log: log,
 		MaxConnsPerAddr: cfg.Listeners.MaxConnsPerAddr, FirstRequestTimeout: cfg.Listeners.FirstRequestTimeout, IdleTimeout: cfg.Listeners.IdleTimeout,
 		HTTPProxyProtocol: cfg.Listeners.HTTPProxyProtocol, ClientHeader: cfg.Listeners.ClientAddressHeader,
-		H2Server: cfg.Listeners.H2Server,
+		H2Server:   cfg.Listeners.H2Server,
+		HTTPServer: cfg.Listeners.HTTPServer,
 	}
 	if n.server.TrustedProxies, err = listen.ParsePrefixes(cfg.Listeners.TrustedProxies); err != nil {
 		return nil, fmt.Errorf("listeners.trusted_proxies: %w", err)

@@ -221,14 +221,14 @@ func newH2Conn(h *h2Server, nc net.Conn, r io.Reader, tlsState *tls.ConnectionSt
 }
 
 var (
-	errClientGone   = errors.New("http2: client connection lost")
+	errH2ClientGone = errors.New("http2: client connection lost")
 	errStreamReset  = errors.New("http2: stream reset by client")
 	errConnShutdown = errors.New("http2: connection shut down")
 )
 
 // serve reads the client's frames until the connection ends.
 func (c *h2conn) serve(sawPreface, shut bool) {
-	defer c.close(errClientGone)
+	defer c.close(errH2ClientGone)
 	if !sawPreface {
 		var p [len(http2.ClientPreface)]byte
 		if _, err := io.ReadFull(c.r, p[:]); err != nil || string(p[:]) != http2.ClientPreface {
@@ -432,7 +432,7 @@ func (c *h2conn) connError(code http2.ErrCode) {
 		c.flushLocked()
 	}
 	c.mu.Unlock()
-	c.abort(errClientGone)
+	c.abort(errH2ClientGone)
 	c.nc.SetReadDeadline(time.Now().Add(time.Second))
 	io.CopyN(io.Discard, c.r, 1<<20)
 }

@@ -594,11 +594,11 @@ func (st *h2stream) writeErrLocked() error {
 	c := st.c
 	switch {
 	case c.w.err != nil:
-		return errClientGone
+		return errH2ClientGone
 	case st.reset:
 		return st.resetErr
 	case c.closed:
-		return errClientGone
+		return errH2ClientGone
 	case st.wdeadline:
 		return os.ErrDeadlineExceeded
 	}

@@ -49,6 +49,9 @@ type readmitListener struct {
 	mu     sync.Mutex
 	closed bool                  // draining or closed: Readmit refuses
 	fresh  map[*capConn]struct{} // re-admitted, no request started yet
+	// serve, when set (the h1 server, h1serve.go), serves a re-admitted
+	// connection at once instead of queueing it for Accept.
+	serve func(net.Conn)
 }
 
 type accepted struct {
@@ -187,6 +190,12 @@ func (l *readmitListener) admit(cc *capConn, kc *keptConn) {
 	c.counted.Store(cc.counted.Swap(false))
 	c.timer = newFirstTimer(c, cc.l.first)
 	l.mu.Lock()
+	if !l.closed && l.serve != nil {
+		l.fresh[c] = struct{}{}
+		l.mu.Unlock()
+		l.serve(c)
+		return
+	}
 	if !l.closed {
 		select {
 		case l.re <- c:

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +66,10 @@ type Server struct {
 	// ClientHeader is the header trusted proxies name the client in:
 	// HeaderXForwardedFor (default) or HeaderForwarded.
 	ClientHeader string
+	// HTTPServer serves HTTP/1.1 on the cleartext listener:
+	// HTTPServerGo (net/http's, the default when empty) or HTTPServerSluice
+	// (h1serve.go). The environment's SLUICE_HTTP_SERVER overrides it.
+	HTTPServer string
 	// Log receives server errors. Nil means slog.Default().
 	Log *slog.Logger
 	// H2Server picks the HTTP/2 server of the TCP listeners (h2 over TLS
@@ -74,7 +79,7 @@ type Server struct {
 
 	h2limits *h2Limits // tests: the limits of H2ServerSluice (nil: defaults)
 
-	servers  []*http.Server
+	servers  []httpServer
 	lns      []net.Listener
 	kinds    []string
 	h3       *h3Listener
@@ -144,7 +149,15 @@ func (s *Server) listen() error {
 		}
 		rl := newReadmitListener(s.capListener(ln))
 		s.readmit = append(s.readmit, rl)
-		s.add(ListenerHTTP, rl, s.Handler)
+		if s.ownH1() {
+			hs := s.newH1Server(s.Handler)
+			if os.Getenv("SLUICE_H1_READMIT_ACCEPT") == "" {
+				rl.serve = hs.serveConn // re-admitted connections skip Accept
+			}
+			s.addServer(ListenerHTTP, rl, hs)
+		} else {
+			s.add(ListenerHTTP, rl, s.Handler)
+		}
 	}
 	if s.HTTPSAddr != "" {
 		if err := s.listenHTTPS(); err != nil {
@@ -231,8 +244,12 @@ func anyPort(addr string) bool {
 }
 
 func (s *Server) add(kind string, ln net.Listener, h http.Handler) {
+	s.addServer(kind, ln, s.newServer(kind, h))
+}
+
+func (s *Server) addServer(kind string, ln net.Listener, srv httpServer) {
 	s.lns = append(s.lns, ln)
-	s.servers = append(s.servers, s.newServer(kind, h))
+	s.servers = append(s.servers, srv)
 	s.kinds = append(s.kinds, kind)
 }
 
@@ -319,7 +336,7 @@ func (s *Server) Serve() error {
 	n := len(s.servers)
 	errc := make(chan error, n+1)
 	for i, srv := range s.servers {
-		go func(srv *http.Server, ln net.Listener) {
+		go func(srv httpServer, ln net.Listener) {
 			err := srv.Serve(ln)
 			if errors.Is(err, http.ErrServerClosed) {
 				err = nil
@@ -362,7 +379,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for _, srv := range s.servers {
 		wg.Add(1)
-		go func(srv *http.Server) {
+		go func(srv httpServer) {
 			defer wg.Done()
 			srv.Shutdown(ctx)
 		}(srv)

@@ -1,0 +1,532 @@
+package listen
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// Connection states, for Shutdown: idle connections wait for a request
+// and are closed at once.
+const (
+	connIdle int32 = iota
+	connActive
+	connClosed
+)
+
+// Watcher states (h1Conn.watch).
+const (
+	watchNone    = iota // no watcher
+	watchReading        // the watcher reads the connection
+	watchWaiting        // it read the next request's first bytes; waits for the handler
+	watchDone           // it ended (an error, or the Hijack stopped it)
+)
+
+var (
+	errClientGone = errors.New("client closed the connection")
+	aLongTimeAgo  = time.Unix(1, 0)
+	readerPool    = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, h1BufSize) }}
+)
+
+// h1Conn is one HTTP/1.x connection of the h1 server.
+type h1Conn struct {
+	srv    *h1Server
+	rwc    net.Conn
+	lr     limitReader
+	br     *bufio.Reader
+	out    []byte // the response's bytes on their way to the socket
+	body   []byte // a response's body held until the handler returns or it outgrows h1BufSize
+	ctx    context.Context
+	remote string
+	state  atomic.Int32
+	served bool // a request was served: the h2c preface is looked for only before
+
+	// The watcher (see h1serve.go), under wmu.
+	wmu     sync.Mutex
+	watch   int
+	running bool // a handler runs (or its response is being finished)
+	stop    bool // the Hijack asked the watcher to stop
+	closing bool // the connection is closing: a waiting watcher exits
+	cancel  context.CancelCauseFunc
+	wake    chan struct{} // cap 1: to the waiting watcher, or from it to the Hijack
+
+	watchT *time.Timer // starts the watcher h1WatchDelay after the body's end
+
+	dateSec int64
+	date    []byte
+}
+
+// serve is the connection's first goroutine.
+func (c *h1Conn) serve() {
+	c.br = readerPool.Get().(*bufio.Reader)
+	c.lr.c, c.lr.remain = c.rwc, math.MaxInt64
+	c.br.Reset(&c.lr)
+	c.remote = c.rwc.RemoteAddr().String()
+	ctx := context.WithValue(c.srv.s.base, http.LocalAddrContextKey, c.rwc.LocalAddr())
+	c.ctx = ConnContext(ctx, c.rwc)
+	c.loop(false)
+}
+
+// loop serves requests until the connection closes, is hijacked or goes
+// on on a watcher. watched: this goroutine is the watcher that read the
+// next request's first bytes.
+func (c *h1Conn) loop(watched bool) {
+	for {
+		if !watched {
+			if c.br.Buffered() == 0 {
+				if c.served {
+					c.rwc.SetReadDeadline(time.Now().Add(c.srv.idle))
+				}
+				if _, err := c.br.Peek(1); err != nil {
+					c.close()
+					c.release()
+					return
+				}
+			}
+		}
+		watched = false
+		c.state.Store(connActive)
+		if !c.served && c.h2Preface() {
+			return
+		}
+		w, err := c.readRequest()
+		if err != nil {
+			c.fail(err)
+			c.release()
+			return
+		}
+		c.served = true
+		if !c.serveRequest(w) || !c.finish(w) {
+			return
+		}
+	}
+}
+
+// serveRequest runs the handler; a panic (http.ErrAbortHandler: on
+// purpose) cuts the connection with the response unfinished, as net/http
+// does, and reports false.
+func (c *h1Conn) serveRequest(w *h1Response) (ok bool) {
+	defer func() {
+		if ok {
+			return
+		}
+		err := recover()
+		if err != http.ErrAbortHandler {
+			c.srv.s.Log.Error("http: panic serving "+c.remote, "err", err, "stack", string(debug.Stack()))
+		}
+		w.cancel(nil)
+		w.done.Store(true)
+		if w.hijacked {
+			return
+		}
+		c.out = c.out[:0]
+		c.wmu.Lock()
+		c.running = false
+		if c.watchT != nil {
+			c.watchT.Stop()
+		}
+		c.closing = true
+		watch := c.watch
+		c.wmu.Unlock()
+		c.close()
+		switch watch {
+		case watchWaiting:
+			c.wake <- struct{}{}
+		case watchNone, watchDone:
+			c.release()
+		}
+	}()
+	c.srv.handler.ServeHTTP(w, w.req)
+	return true
+}
+
+const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+// h2Preface hands the connection to the h2c server when it opens with the
+// HTTP/2 preface, and reports whether it did.
+func (c *h1Conn) h2Preface() bool {
+	p, _ := c.br.Peek(min(c.br.Buffered(), len(h2Preface)))
+	if len(p) == 0 || !strings.HasPrefix(h2Preface, string(p)) {
+		return false
+	}
+	if len(p) < len(h2Preface) {
+		c.rwc.SetReadDeadline(time.Now().Add(h1ReadHeaderTimeout))
+		var err error
+		if p, err = c.br.Peek(len(h2Preface)); err != nil || string(p) != h2Preface {
+			return false // ReadRequest answers what this is
+		}
+	}
+	c.rwc.SetReadDeadline(time.Time{})
+	buf, _ := c.br.Peek(c.br.Buffered())
+	c.srv.forget(c)
+	c.srv.handH2(c.rwc, buf)
+	c.release()
+	return true
+}
+
+// statusError is a request the server refuses with status.
+type statusError struct {
+	status int
+	msg    string
+}
+
+func (e statusError) Error() string { return e.msg }
+
+// readRequest reads and checks the next request's head.
+func (c *h1Conn) readRequest() (*h1Response, error) {
+	c.rwc.SetReadDeadline(time.Now().Add(h1ReadHeaderTimeout))
+	c.lr.remain = maxHeaderBytes + 4096
+	req, err := http.ReadRequest(c.br)
+	if err != nil {
+		if c.lr.remain <= 0 {
+			return nil, statusError{http.StatusRequestHeaderFieldsTooLarge, "431 Request Header Fields Too Large"}
+		}
+		return nil, err
+	}
+	c.lr.remain = math.MaxInt64
+	c.rwc.SetReadDeadline(time.Time{})
+	if req.ProtoMajor != 1 {
+		req.Body.Close()
+		return nil, statusError{http.StatusHTTPVersionNotSupported, "505 HTTP Version Not Supported"}
+	}
+	if req.ProtoMinor >= 1 && req.Host == "" && req.Method != "CONNECT" {
+		return nil, statusError{http.StatusBadRequest, "400 Bad Request: missing required Host header"}
+	}
+	if req.Host != "" && !httpguts.ValidHostHeader(req.Host) {
+		return nil, statusError{http.StatusBadRequest, "400 Bad Request: malformed Host header"}
+	}
+	for k, vv := range req.Header {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return nil, statusError{http.StatusBadRequest, "400 Bad Request: invalid header name"}
+		}
+		for _, v := range vv {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return nil, statusError{http.StatusBadRequest, "400 Bad Request: invalid header value"}
+			}
+		}
+	}
+	w := &h1Response{c: c, contentLength: -1, header: make(http.Header)}
+	w.body.w = w
+	w.body.rc = req.Body
+	if req.Body == http.NoBody {
+		w.body.eof.Store(true)
+	}
+	if ex := req.Header["Expect"]; len(ex) > 0 {
+		if len(ex) == 1 && strings.EqualFold(ex[0], "100-continue") && req.ProtoAtLeast(1, 1) {
+			w.expect = !w.body.eof.Load()
+		} else if req.ProtoAtLeast(1, 1) {
+			return nil, statusError{http.StatusExpectationFailed, "417 Expectation Failed"}
+		}
+	}
+	ctx, cancel := context.WithCancelCause(c.ctx)
+	w.cancel = cancel
+	req.RemoteAddr = c.remote
+	req.Body = &w.body
+	w.req = req.WithContext(ctx)
+	w.wantClose = req.Close
+	w.head = req.Method == http.MethodHead
+	w.is11 = req.ProtoAtLeast(1, 1)
+	c.wmu.Lock()
+	c.watch, c.running, c.stop, c.cancel = watchNone, true, false, cancel
+	c.wmu.Unlock()
+	if w.body.eof.Load() {
+		c.bodyDone()
+	}
+	return w, nil
+}
+
+// fail answers a request the server could not read or refuses, then closes
+// the connection.
+func (c *h1Conn) fail(err error) {
+	var se statusError
+	switch {
+	case errors.As(err, &se):
+	case err.Error() == "unsupported transfer encoding" || strings.HasPrefix(err.Error(), "unsupported transfer encoding"):
+		se = statusError{http.StatusNotImplemented, "501 Not Implemented: unsupported transfer encoding"}
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, net.ErrClosed):
+		c.close() // the client left, or was too slow: no answer
+		return
+	default:
+		var ne net.Error
+		if errors.As(err, &ne) {
+			c.close()
+			return
+		}
+		se = statusError{http.StatusBadRequest, "400 Bad Request"}
+	}
+	c.rwc.SetWriteDeadline(time.Now().Add(time.Second))
+	fmt.Fprintf(c.rwc, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n%s",
+		se.status, http.StatusText(se.status), se.msg)
+	c.closeWriteAndWait()
+}
+
+// closeWriteAndWait ends the connection after an error answer: the write
+// side first, then, after a short wait for the client to read it, the
+// rest (closing with unread bytes would reset the connection under the
+// answer).
+func (c *h1Conn) closeWriteAndWait() {
+	if cw, ok := c.rwc.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	} else if tc := tcpConnOf(c.rwc); tc != nil {
+		tc.CloseWrite()
+	}
+	c.rwc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	io.CopyN(io.Discard, c.rwc, 1<<20)
+	c.close()
+}
+
+func tcpConnOf(c net.Conn) *net.TCPConn {
+	for range 4 {
+		switch t := c.(type) {
+		case *net.TCPConn:
+			return t
+		case *capConn:
+			c = t.Conn
+		case *keptConn:
+			c = t.Conn
+		case *proxyConn:
+			c = t.Conn
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// bodyDone arms the watcher once the request's body was read to its end
+// (or it had none): it starts if the handler still runs watchDelay later.
+// A handler that answers or hands its connection off sooner (a small
+// request, a stream going to the event loops) pays no goroutine and no
+// aborted read for it.
+func (c *h1Conn) bodyDone() {
+	d := c.srv.watchDelay
+	if d <= 0 {
+		if c.claimWatch() {
+			go c.watchConn()
+		}
+		return
+	}
+	if c.watchT == nil {
+		c.watchT = time.AfterFunc(d, c.watchLate)
+		return
+	}
+	c.watchT.Reset(d)
+}
+
+// watchLate is the watcher started by the timer (on the timer's own
+// goroutine).
+func (c *h1Conn) watchLate() {
+	if c.claimWatch() {
+		c.watchConn()
+	}
+}
+
+// claimWatch reports whether a watcher is to start: the handler runs (and
+// did not hijack) and none was started.
+func (c *h1Conn) claimWatch() bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.watch != watchNone || !c.running || c.stop {
+		return false
+	}
+	c.watch = watchReading
+	return true
+}
+
+// watchConn is the watcher: it reads the connection while the handler runs
+// and after; a failure cancels the running request, the next request's
+// bytes make it the connection's goroutine once the handler returned.
+func (c *h1Conn) watchConn() {
+	_, err := c.br.Peek(1)
+	c.wmu.Lock()
+	switch {
+	case c.stop:
+		c.watch = watchDone
+		c.wmu.Unlock()
+		c.wake <- struct{}{}
+		return
+	case err != nil:
+		c.watch = watchDone
+		if c.running {
+			c.cancel(errClientGone) // finish closes the connection
+			c.wmu.Unlock()
+			return
+		}
+		c.wmu.Unlock()
+		c.close()
+		c.release()
+		return
+	case c.running:
+		c.watch = watchWaiting
+		c.wmu.Unlock()
+		<-c.wake
+		c.wmu.Lock()
+		closing := c.closing
+		c.wmu.Unlock()
+		if closing {
+			c.release()
+			return
+		}
+	default:
+		c.wmu.Unlock()
+	}
+	c.loop(true)
+}
+
+// stopWatch stops the watcher for a Hijack (the bytes it read stay in the
+// read buffer).
+func (c *h1Conn) stopWatch() {
+	c.wmu.Lock()
+	c.stop = true
+	if c.watchT != nil {
+		c.watchT.Stop()
+	}
+	if c.watch != watchReading {
+		c.wmu.Unlock()
+		return
+	}
+	c.wmu.Unlock()
+	c.rwc.SetReadDeadline(aLongTimeAgo)
+	<-c.wake
+	c.rwc.SetReadDeadline(time.Time{})
+}
+
+// finish completes the response after the handler returned and reports
+// whether this goroutine serves the connection's next request.
+func (c *h1Conn) finish(w *h1Response) bool {
+	if w.hijacked {
+		w.cancel(nil)
+		return false
+	}
+	keep := w.finishResponse()
+	w.cancel(nil)
+	w.done.Store(true)
+	c.wmu.Lock()
+	c.running = false
+	if c.watchT != nil {
+		c.watchT.Stop()
+	}
+	watch := c.watch
+	if !keep || c.srv.shutting.Load() || watch == watchDone {
+		c.closing = true
+		c.wmu.Unlock()
+		c.close()
+		switch watch {
+		case watchWaiting:
+			c.wake <- struct{}{} // the watcher lets the buffer go
+		case watchNone, watchDone:
+			c.release()
+		} // watchReading: the watcher's read fails; it lets the buffer go
+		return false
+	}
+	c.state.Store(connIdle)
+	switch watch {
+	case watchReading:
+		c.rwc.SetReadDeadline(time.Now().Add(c.srv.idle))
+		c.wmu.Unlock()
+		return false // the watcher serves the next request
+	case watchWaiting:
+		c.wmu.Unlock()
+		c.wake <- struct{}{}
+		return false
+	}
+	c.wmu.Unlock()
+	return true
+}
+
+// close closes the connection (again: harmless) and stops tracking it.
+func (c *h1Conn) close() {
+	c.state.Store(connClosed)
+	c.rwc.Close()
+	c.srv.forget(c)
+	c.wmu.Lock()
+	c.closing = true
+	c.wmu.Unlock()
+}
+
+// release gives the read buffer back; only the goroutine that reads it
+// last calls it.
+func (c *h1Conn) release() {
+	if c.br != nil {
+		c.br.Reset(nil)
+		readerPool.Put(c.br)
+		c.br = nil
+	}
+}
+
+// appendDate appends the Date header's value (reformatted once a second).
+func (c *h1Conn) appendDate(b []byte) []byte {
+	now := time.Now()
+	if s := now.Unix(); s != c.dateSec || c.date == nil {
+		c.dateSec = s
+		c.date = now.UTC().AppendFormat(c.date[:0], http.TimeFormat)
+	}
+	return append(b, c.date...)
+}
+
+// h1Body is a request's body: it counts, starts the watcher at its end,
+// sends 100 Continue on the first read when the client expects it, and
+// refuses reads after the handler returned.
+type h1Body struct {
+	w      *h1Response
+	rc     io.ReadCloser
+	eof    atomic.Bool
+	closed atomic.Bool
+}
+
+func (b *h1Body) Read(p []byte) (int, error) {
+	if b.closed.Load() || b.w.done.Load() {
+		return 0, http.ErrBodyReadAfterClose
+	}
+	if b.eof.Load() {
+		return 0, io.EOF
+	}
+	w := b.w
+	if w.expect && !w.sentContinue && !w.committed {
+		w.sentContinue = true
+		w.c.rwc.Write([]byte("HTTP/1.1 100 Continue\r\n\r\n"))
+	}
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.eof.Store(true)
+		w.c.bodyDone()
+	} else if err != nil {
+		w.bodyErr = true
+	}
+	return n, err
+}
+
+func (b *h1Body) Close() error {
+	b.closed.Store(true)
+	return nil
+}
+
+// drain reads and discards what the handler left of the body, up to
+// h1DrainMax, and reports whether it reached the end.
+func (b *h1Body) drain() bool {
+	if b.eof.Load() {
+		return true
+	}
+	if b.w.bodyErr || b.w.expect && !b.w.sentContinue {
+		return false // the client may never send it
+	}
+	n, err := io.CopyN(io.Discard, b.rc, h1DrainMax+1)
+	if err == io.EOF && n <= h1DrainMax {
+		b.eof.Store(true)
+		return true
+	}
+	return false
+}

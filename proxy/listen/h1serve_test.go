@@ -1,0 +1,407 @@
+package listen_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/proxy/listen"
+)
+
+// The rules of Sluice's own HTTP/1.1 server (HTTPServerSluice) that the
+// tests of the proxy package (run with SLUICE_HTTP_SERVER=sluice) do not
+// cover, each against a real listener and raw or real clients.
+
+func startOwn(t *testing.T, h http.Handler, idle time.Duration) (*listen.Server, string) {
+	t.Helper()
+	s := &listen.Server{Handler: h, HTTPAddr: "127.0.0.1:0", HTTPServer: listen.HTTPServerSluice, IdleTimeout: idle}
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve()
+	t.Cleanup(func() { s.Close() })
+	return s, s.Addr(listen.ListenerHTTP)
+}
+
+func echo() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, "%s %s %s", r.Method, r.URL.Path, b)
+	})
+}
+
+func dialRaw(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c, bufio.NewReader(c)
+}
+
+func readResp(t *testing.T, br *bufio.Reader, method string) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.ReadResponse(br, &http.Request{Method: method})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+// TestH1PipelinedRequestsAnsweredInOrder: three requests in one write (the
+// second with a chunked body) get three answers in order on one
+// connection, each with its length.
+func TestH1PipelinedRequestsAnsweredInOrder(t *testing.T) {
+	_, addr := startOwn(t, echo(), 0)
+	c, br := dialRaw(t, addr)
+	io.WriteString(c, "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"+
+		"POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nde\r\n1\r\nf\r\n0\r\n\r\n"+
+		"GET /c HTTP/1.1\r\nHost: x\r\n\r\n")
+	for _, want := range []string{"POST /a abc", "POST /b def", "GET /c "} {
+		resp, body := readResp(t, br, "GET")
+		if body != want || resp.ContentLength != int64(len(want)) || resp.Close {
+			t.Fatalf("got %q (length %d, close %v); want %q kept", body, resp.ContentLength, resp.Close, want)
+		}
+	}
+}
+
+// TestH1BadRequestsClose: each malformed request gets its status with
+// Connection: close, and the connection ends.
+func TestH1BadRequestsClose(t *testing.T) {
+	_, addr := startOwn(t, echo(), 0)
+	for _, tc := range []struct {
+		req    string
+		status int
+	}{
+		{"GET / HTTP/1.1\r\n\r\n", 400},                           // no Host
+		{"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400},              // bad Host
+		{"GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400},     // two Hosts
+		{"GET / HTTP/1.1\r\nHost: x\r\nBad Name: v\r\n\r\n", 400}, // bad field name
+		{"GET / HTTP/1.1\r\nHost: x\r\nX: a\x01b\r\n\r\n", 400},   // bad field value
+		{"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400},
+		{"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501},
+		{"GET / HTTP/1.1\r\nHost: x\r\nExpect: magic\r\n\r\n", 417},
+		{"GET / HTTP/3.0\r\nHost: x\r\n\r\n", 505},
+		{"GET / HTTP/1.1\r\nHost: x\r\nX: " + strings.Repeat("a", 80<<10) + "\r\n\r\n", 431},
+	} {
+		c, br := dialRaw(t, addr)
+		io.WriteString(c, tc.req)
+		resp, _ := readResp(t, br, "GET")
+		if resp.StatusCode != tc.status || !resp.Close {
+			t.Fatalf("%.40q: got %d close=%v; want %d with Connection: close", tc.req, resp.StatusCode, resp.Close, tc.status)
+		}
+		if _, err := br.ReadByte(); err == nil {
+			t.Fatalf("%.40q: the connection stayed open", tc.req)
+		}
+	}
+}
+
+// TestH1ExpectContinue: the client waits for 100 Continue before sending
+// the body; the server sends it when the handler reads, and only then.
+func TestH1ExpectContinue(t *testing.T) {
+	_, addr := startOwn(t, echo(), 0)
+	c, br := dialRaw(t, addr)
+	io.WriteString(c, "POST /e HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+	line, err := br.ReadString('\n')
+	if err != nil || line != "HTTP/1.1 100 Continue\r\n" {
+		t.Fatalf("got %q, %v; want 100 Continue", line, err)
+	}
+	if blank, _ := br.ReadString('\n'); blank != "\r\n" {
+		t.Fatalf("got %q after the 100", blank)
+	}
+	io.WriteString(c, "hello")
+	if _, body := readResp(t, br, "POST"); body != "POST /e hello" {
+		t.Fatalf("got %q", body)
+	}
+	// A handler that answers without reading: no 100, and the connection
+	// closes after the answer (the body may still come).
+	_, addr = startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "no") }), 0)
+	c, br = dialRaw(t, addr)
+	io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+	resp, body := readResp(t, br, "POST")
+	if resp.StatusCode != 200 || body != "no" || !resp.Close {
+		t.Fatalf("got %d %q close=%v; want 200 no, closed", resp.StatusCode, body, resp.Close)
+	}
+}
+
+// TestH1UnreadBodyDrained: a small body the handler ignored is read past
+// (the next request on the connection is served); one past the bound
+// closes the connection after the answer.
+func TestH1UnreadBodyDrained(t *testing.T) {
+	_, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.URL.Path) }), 0)
+	c, br := dialRaw(t, addr)
+	small := strings.Repeat("x", 10<<10)
+	fmt.Fprintf(c, "POST /1 HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%sGET /2 HTTP/1.1\r\nHost: x\r\n\r\n", len(small), small)
+	for _, want := range []string{"/1", "/2"} {
+		if resp, body := readResp(t, br, "GET"); body != want || resp.Close {
+			t.Fatalf("got %q close=%v; want %q kept", body, resp.Close, want)
+		}
+	}
+	c, br = dialRaw(t, addr)
+	big := 300 << 10
+	fmt.Fprintf(c, "POST /3 HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", big)
+	go c.Write(make([]byte, big))
+	if resp, body := readResp(t, br, "GET"); body != "/3" || !resp.Close {
+		t.Fatalf("got %q close=%v; want /3 and Connection: close", body, resp.Close)
+	}
+}
+
+// TestH1HTTP10: HTTP/1.0 closes after the answer unless the client asks
+// for keep-alive (then the answer says keep-alive and has a length); a
+// streamed answer is delimited by the close.
+func TestH1HTTP10(t *testing.T) {
+	_, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "part")
+		if r.URL.Path == "/stream" {
+			w.(http.Flusher).Flush()
+			io.WriteString(w, "two")
+		}
+	}), 0)
+	c, br := dialRaw(t, addr)
+	io.WriteString(c, "GET / HTTP/1.0\r\n\r\n")
+	resp, body := readResp(t, br, "GET")
+	if resp.Proto != "HTTP/1.0" || body != "part" || !resp.Close {
+		t.Fatalf("got %s %q close=%v", resp.Proto, body, resp.Close)
+	}
+	c, br = dialRaw(t, addr)
+	io.WriteString(c, "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /stream HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+	resp, body = readResp(t, br, "GET")
+	if body != "part" || resp.Close || resp.Header.Get("Connection") != "keep-alive" {
+		t.Fatalf("got %q close=%v Connection=%q; want kept", body, resp.Close, resp.Header.Get("Connection"))
+	}
+	resp, body = readResp(t, br, "GET")
+	if body != "parttwo" || !resp.Close || len(resp.TransferEncoding) > 0 {
+		t.Fatalf("streamed: got %q close=%v TE=%v; want parttwo delimited by the close", body, resp.Close, resp.TransferEncoding)
+	}
+}
+
+// TestH1StreamAndTrailers: flushed writes arrive one by one, chunked, and
+// the trailers (declared and TrailerPrefix) follow the last chunk.
+func TestH1StreamAndTrailers(t *testing.T) {
+	next := make(chan struct{})
+	_, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Declared")
+		io.WriteString(w, "data: 1\n\n")
+		w.(http.Flusher).Flush()
+		<-next
+		io.WriteString(w, "data: [DONE]\n\n")
+		w.Header().Set("X-Declared", "d")
+		w.Header().Set(http.TrailerPrefix+"X-Late", "l")
+	}), 0)
+	resp, err := http.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if len(resp.TransferEncoding) != 1 || resp.TransferEncoding[0] != "chunked" {
+		t.Fatalf("Transfer-Encoding %v; want chunked", resp.TransferEncoding)
+	}
+	first := make([]byte, 9)
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "data: 1\n\n" {
+		t.Fatalf("first event %q, %v (before the handler went on)", first, err)
+	}
+	close(next)
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil || string(rest) != "data: [DONE]\n\n" {
+		t.Fatalf("rest %q, %v", rest, err)
+	}
+	if resp.Trailer.Get("X-Declared") != "d" || resp.Trailer.Get("X-Late") != "l" {
+		t.Fatalf("trailers %v", resp.Trailer)
+	}
+}
+
+// TestH1ClientGoneCancels: a client that leaves while its request's
+// handler waits cancels the request's context.
+func TestH1ClientGoneCancels(t *testing.T) {
+	started, cancelled := make(chan struct{}), make(chan error, 1)
+	_, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		close(started)
+		select {
+		case <-r.Context().Done():
+			cancelled <- context.Cause(r.Context())
+		case <-time.After(5 * time.Second):
+			cancelled <- nil
+		}
+	}), 0)
+	c, _ := dialRaw(t, addr)
+	io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+	<-started
+	c.Close()
+	if err := <-cancelled; err == nil {
+		t.Fatal("the request's context was not cancelled within 5s of the client's close")
+	}
+}
+
+// TestH1H2CPriorKnowledge: a connection opening with the HTTP/2 preface is
+// served as h2c, with the connection's facts.
+func TestH1H2CPriorKnowledge(t *testing.T) {
+	_, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ci, ok := listen.ConnInfoFrom(r.Context())
+		fmt.Fprintf(w, "%s %s %v", r.Proto, ci.Proto, ok)
+	}), 0)
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &protos}
+	defer tr.CloseIdleConnections()
+	for range 2 {
+		resp, err := (&http.Client{Transport: tr}).Get("http://" + addr + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(b) != "HTTP/2.0 h2 true" {
+			t.Fatalf("got %q", b)
+		}
+	}
+}
+
+// TestH1Hijack: the hijacker gets the connection and the bytes the server
+// read after the request (a pipelined one) in its reader.
+func TestH1Hijack(t *testing.T) {
+	_, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(50 * time.Millisecond) // the next bytes arrive
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		line, _ := brw.ReadString('\n')
+		fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(line), line)
+	}), 0)
+	c, br := dialRaw(t, addr)
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\nnext line\n")
+	if _, body := readResp(t, br, "GET"); body != "next line\n" {
+		t.Fatalf("got %q", body)
+	}
+}
+
+// TestH1ShutdownWaitsAndClosesIdle: Shutdown closes an idle kept
+// connection at once, lets a running handler finish (its answer says
+// Connection: close), then returns.
+func TestH1ShutdownWaitsAndClosesIdle(t *testing.T) {
+	release := make(chan struct{})
+	var done atomic.Bool
+	s, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+			done.Store(true)
+		}
+		io.WriteString(w, "ok")
+	}), 0)
+	idle, ibr := dialRaw(t, addr)
+	io.WriteString(idle, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	readResp(t, ibr, "GET")
+	busy, bbr := dialRaw(t, addr)
+	io.WriteString(busy, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+	time.Sleep(50 * time.Millisecond)
+	shut := make(chan error, 1)
+	go func() { shut <- s.Shutdown(context.Background()) }()
+	if !closedWithin(idle, 2*time.Second) {
+		t.Fatal("the idle connection outlived the shutdown's start by 2s")
+	}
+	select {
+	case <-shut:
+		t.Fatal("Shutdown returned while a handler ran")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	resp, body := readResp(t, bbr, "GET")
+	if body != "ok" || !resp.Close || !done.Load() {
+		t.Fatalf("running request: got %q close=%v", body, resp.Close)
+	}
+	select {
+	case <-shut:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown did not return after the handler")
+	}
+}
+
+// TestH1IdleTimeout: a kept connection idle past IdleTimeout is closed.
+func TestH1IdleTimeout(t *testing.T) {
+	_, addr := startOwn(t, echo(), 300*time.Millisecond)
+	c, br := dialRaw(t, addr)
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	readResp(t, br, "GET")
+	t0 := time.Now()
+	if !closedWithin(c, 3*time.Second) {
+		t.Fatal("kept connection open 3s past its idle timeout")
+	}
+	if d := time.Since(t0); d < 200*time.Millisecond {
+		t.Fatalf("closed after %v; want about 300ms", d)
+	}
+}
+
+// TestH1ResponseShapes: a small answer gets its length and a sniffed type
+// in one piece; HEAD and 204 carry no body; a declared length is kept;
+// ResponseController deadlines reach the socket.
+func TestH1ResponseShapes(t *testing.T) {
+	_, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		if err := rc.SetWriteDeadline(time.Now().Add(time.Second)); err != nil {
+			t.Error(err)
+		}
+		switch r.URL.Path {
+		case "/204":
+			w.WriteHeader(http.StatusNoContent)
+		case "/len":
+			w.Header().Set("Content-Length", "5")
+			io.WriteString(w, "12345")
+		default:
+			io.WriteString(w, "<html>hi</html>")
+		}
+	}), 0)
+	c, br := dialRaw(t, addr)
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\nHEAD / HTTP/1.1\r\nHost: x\r\n\r\nGET /204 HTTP/1.1\r\nHost: x\r\n\r\nGET /len HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, body := readResp(t, br, "GET")
+	if body != "<html>hi</html>" || resp.ContentLength != 15 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") || resp.Header.Get("Date") == "" {
+		t.Fatalf("GET: %q %d %v", body, resp.ContentLength, resp.Header)
+	}
+	if resp, body = readResp(t, br, "HEAD"); body != "" || resp.StatusCode != 200 || resp.ContentLength != 15 {
+		t.Fatalf("HEAD: %d %q length %d; want the GET's 15", resp.StatusCode, body, resp.ContentLength)
+	}
+	if resp, body = readResp(t, br, "GET"); body != "" || resp.StatusCode != 204 || resp.Header.Get("Content-Length") != "" {
+		t.Fatalf("204: %d %q %v", resp.StatusCode, body, resp.Header)
+	}
+	if resp, body = readResp(t, br, "GET"); body != "12345" || resp.ContentLength != 5 || resp.Close {
+		t.Fatalf("declared length: %q %d close=%v", body, resp.ContentLength, resp.Close)
+	}
+}
+
+// TestH1AbortHandlerCuts: a handler panicking with http.ErrAbortHandler
+// cuts its streamed answer (no last chunk): the client sees an error, not
+// a clean end.
+func TestH1AbortHandlerCuts(t *testing.T) {
+	_, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "data: 1\n\n")
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}), 0)
+	resp, err := http.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.ReadAll(resp.Body); err == nil || false {
+		t.Fatal("a cut answer read as complete")
+	}
+}
