@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -46,6 +47,8 @@ type wireExporter struct {
 	buf []byte
 	res []byte // the encoded Resource message of the last resource seen
 	rp  *resource.Resource
+
+	direct atomic.Uint64 // body bytes written by exportConn.ReadFrom from the buffer itself
 }
 
 // unsupportedHTTPEnv are the OTEL_* variables the wire exporter does not
@@ -101,7 +104,46 @@ func newWireExporter(c Config) *wireExporter {
 		}
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	return &wireExporter{url: target, headers: headers, client: &http.Client{Transport: tr, Timeout: timeout}}
+	e := &wireExporter{url: target, headers: headers, client: &http.Client{Transport: tr, Timeout: timeout}}
+	dial := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return exportConn{c, e}, nil // TLS, when the URL is https, wraps it in turn
+	}
+	return e
+}
+
+// exportConn is a connection of the exporter's transport. net/http copies
+// a request body of known length to the connection through an
+// io.LimitedReader, which hides the body's WriterTo, and reaches the
+// connection's ReadFrom (through its connection writer, once the head is
+// flushed); net.TCPConn's ReadFrom then falls back to io.Copy, which
+// makes a new 32 KiB buffer for every export and writes 32 KiB at a time.
+// exportConn's ReadFrom writes a wireBody's bytes from the exporter's
+// buffer in one Write instead: no buffer made, one write per export.
+type exportConn struct {
+	net.Conn
+	e *wireExporter
+}
+
+func (c exportConn) ReadFrom(r io.Reader) (int64, error) {
+	if lr, ok := r.(*io.LimitedReader); ok {
+		if b, ok := lr.R.(*wireBody); ok {
+			p := b.next(lr.N)
+			n, err := c.Conn.Write(p)
+			b.Seek(int64(n), io.SeekCurrent)
+			lr.N -= int64(n)
+			c.e.direct.Add(uint64(n))
+			return int64(n), err // all of it (the limit or the body's end) unless err
+		}
+	}
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c.Conn}, r)
 }
 
 // envHeaders parses an OTEL_EXPORTER_OTLP_HEADERS value: key=value pairs
@@ -141,10 +183,17 @@ func (e *wireExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnl
 // everything); post then gives the buffer up instead of reusing it.
 type wireBody struct {
 	bytes.Reader
+	b      []byte // what Reader reads
 	closed atomic.Bool
 }
 
 func (b *wireBody) Close() error { b.closed.Store(true); return nil }
+
+// next is the body's unread bytes, at most n.
+func (b *wireBody) next(n int64) []byte {
+	off := len(b.b) - b.Len()
+	return b.b[off : off+int(min(n, int64(b.Len())))]
+}
 
 func (e *wireExporter) post(ctx context.Context, body []byte) error {
 	for attempt := 0; ; attempt++ {
@@ -154,7 +203,7 @@ func (e *wireExporter) post(ctx context.Context, body []byte) error {
 		}
 		var bodies []*wireBody
 		req.GetBody = func() (io.ReadCloser, error) { // also for the transport's retry on a stale connection
-			b := &wireBody{}
+			b := &wireBody{b: body}
 			b.Reset(body)
 			bodies = append(bodies, b)
 			return b, nil
