@@ -286,7 +286,8 @@ func TestStringSliceEncodingCached(t *testing.T) {
 // buffer (exportConn.ReadFrom): the collector gets every byte, the
 // exporter counts them as written directly, and an export of 200 kB
 // allocates far less than the 32 KiB buffer net/http's copy would make
-// for it (per export: a request, its header, a body reader, a response).
+// for it (per export: a request, its header, a body reader, a response;
+// not checked under the race detector).
 func TestExportConnWritesBody(t *testing.T) {
 	// The collector compares each body with the first without
 	// allocating (it runs in this process, whose allocations are counted).
@@ -338,7 +339,8 @@ func TestExportConnWritesBody(t *testing.T) {
 	if got, min := wire.direct.Load()-direct0, uint64(n*len(spans)); got < min {
 		t.Errorf("%d body bytes written straight from the buffer; want at least %d", got, min)
 	}
-	if perExport >= 16<<10 {
+	if perExport >= 16<<10 && !raceEnabled { // the race detector's sync.Pools drop items: net/http allocates more
+
 		t.Errorf("an export allocates %d bytes; want under 16 KiB (no 32 KiB copy buffer)", perExport)
 	}
 	t.Logf("%d bytes allocated per export of %d (exporter and collector)", perExport, len(first))
