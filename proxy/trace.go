@@ -404,8 +404,8 @@ func (l *leg) injectSpan(h http.Header) {
 func (l *leg) endSpan() {
 	s := l.span.(*tracing.Span)
 	l.span = nil
-	if s == &l.x.trace.legs[0] {
-		defer l.x.trace.release() // the span is the reqTrace's: the leg's hold ends with it
+	if tr := l.x.trace; tr != nil && s == &tr.legs[0] { // tr is nil only after the exchange let go, which waits for its legs
+		defer tr.release() // the span is the reqTrace's: the leg's hold ends with it
 	}
 	if !s.IsRecording() {
 		s.EndAt(time.Time{})
