@@ -329,7 +329,7 @@ const (
 // the length; close writes the length there (moving the body when the
 // length needs more bytes).
 func open(b []byte, field protowire.Number) ([]byte, int) {
-	b = protowire.AppendTag(b, field, protowire.BytesType)
+	b = putTag(b, field, protowire.BytesType)
 	return append(b, 0), len(b)
 }
 
@@ -342,36 +342,62 @@ func closeAt(b []byte, at int) []byte {
 	sz := protowire.SizeVarint(uint64(n))
 	b = append(b, make([]byte, sz-1)...)
 	copy(b[at+sz:], b[at+1:at+1+n])
-	protowire.AppendVarint(b[at:at], uint64(n))
+	putVarint(b[at:at], uint64(n))
 	return b
+}
+
+// putTag, putVarint, putString and putBytes are protowire's Append
+// functions with a fast path for values under 0x80 (a field's tag, most
+// lengths): protowire.AppendVarint is not inlined, and the encoder calls
+// it several times per attribute.
+func putTag(b []byte, num protowire.Number, typ protowire.Type) []byte {
+	if num >= 0 && num < 16 { // one byte: protowire.EncodeTag's value
+		return append(b, byte(num)<<3|byte(typ&7))
+	}
+	return protowire.AppendTag(b, num, typ)
+}
+
+func putVarint(b []byte, v uint64) []byte {
+	if v < 0x80 {
+		return append(b, byte(v))
+	}
+	return protowire.AppendVarint(b, v)
+}
+
+func putString(b []byte, s string) []byte {
+	return append(putVarint(b, uint64(len(s))), s...)
+}
+
+func putBytes(b []byte, v []byte) []byte {
+	return append(putVarint(b, uint64(len(v))), v...)
 }
 
 func appendString(b []byte, field protowire.Number, s string) []byte {
 	if s == "" {
 		return b
 	}
-	b = protowire.AppendTag(b, field, protowire.BytesType)
-	return protowire.AppendString(b, s)
+	b = putTag(b, field, protowire.BytesType)
+	return putString(b, s)
 }
 
 func appendBytes(b []byte, field protowire.Number, v []byte) []byte {
-	b = protowire.AppendTag(b, field, protowire.BytesType)
-	return protowire.AppendBytes(b, v)
+	b = putTag(b, field, protowire.BytesType)
+	return putBytes(b, v)
 }
 
 func appendVarint(b []byte, field protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
-	b = protowire.AppendTag(b, field, protowire.VarintType)
-	return protowire.AppendVarint(b, v)
+	b = putTag(b, field, protowire.VarintType)
+	return putVarint(b, v)
 }
 
 func appendFixed64(b []byte, field protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
-	b = protowire.AppendTag(b, field, protowire.Fixed64Type)
+	b = putTag(b, field, protowire.Fixed64Type)
 	return protowire.AppendFixed64(b, v)
 }
 
@@ -556,7 +582,7 @@ func appendSpan(b []byte, s spanData) []byte {
 			b = appendKV(b, fLinkAttrs, kv)
 		}
 		b = appendVarint(b, fLinkDropped, clampCount(l.DroppedAttributeCount))
-		b = protowire.AppendTag(b, fLinkFlags, protowire.Fixed32Type)
+		b = putTag(b, fLinkFlags, protowire.Fixed32Type)
 		b = protowire.AppendFixed32(b, spanFlags(l.SpanContext.TraceFlags(), l.SpanContext))
 		b = closeAt(b, at)
 	}
@@ -567,7 +593,7 @@ func appendSpan(b []byte, s spanData) []byte {
 	b = appendString(b, fStatusMessage, st.Description)
 	b = appendVarint(b, fStatusCode, statusCode(st.Code))
 	b = closeAt(b, at)
-	b = protowire.AppendTag(b, fSpanFlags, protowire.Fixed32Type)
+	b = putTag(b, fSpanFlags, protowire.Fixed32Type)
 	return protowire.AppendFixed32(b, spanFlags(sc.TraceFlags(), parent))
 }
 
@@ -613,17 +639,17 @@ func appendValue(b []byte, field protowire.Number, v attribute.Value) []byte {
 	b, at := open(b, field)
 	switch v.Type() {
 	case attribute.BOOL:
-		b = protowire.AppendTag(b, fAnyBool, protowire.VarintType)
-		b = protowire.AppendVarint(b, protowire.EncodeBool(v.AsBool()))
+		b = putTag(b, fAnyBool, protowire.VarintType)
+		b = putVarint(b, protowire.EncodeBool(v.AsBool()))
 	case attribute.INT64:
-		b = protowire.AppendTag(b, fAnyInt, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(v.AsInt64()))
+		b = putTag(b, fAnyInt, protowire.VarintType)
+		b = putVarint(b, uint64(v.AsInt64()))
 	case attribute.FLOAT64:
-		b = protowire.AppendTag(b, fAnyDouble, protowire.Fixed64Type)
+		b = putTag(b, fAnyDouble, protowire.Fixed64Type)
 		b = protowire.AppendFixed64(b, math.Float64bits(v.AsFloat64()))
 	case attribute.STRING:
-		b = protowire.AppendTag(b, fAnyString, protowire.BytesType)
-		b = protowire.AppendString(b, v.AsString())
+		b = putTag(b, fAnyString, protowire.BytesType)
+		b = putString(b, v.AsString())
 	case attribute.BYTESLICE:
 		b = appendBytes(b, fAnyBytes, v.AsByteSlice())
 	case attribute.BOOLSLICE:
@@ -645,8 +671,8 @@ func appendValue(b []byte, field protowire.Number, v attribute.Value) []byte {
 		b = closeAt(b, aat)
 	case attribute.EMPTY:
 	default:
-		b = protowire.AppendTag(b, fAnyString, protowire.BytesType)
-		b = protowire.AppendString(b, "INVALID")
+		b = putTag(b, fAnyString, protowire.BytesType)
+		b = putString(b, "INVALID")
 	}
 	return closeAt(b, at)
 }
