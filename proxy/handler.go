@@ -204,6 +204,7 @@ func (x *exchange) complete(timing, served bool) (o Outcome) {
 		if served {
 			x.sink.End(x.trailer) // last: the held last event and the trailer leave together
 		}
+		x.releaseTrace() // ended and logged: back to the free list once its legs have let go too
 	}()
 	h.bodies.release(x.bodyMem)
 	return
@@ -257,6 +258,9 @@ type exchange struct {
 	hedged  bool  // a hedge was sent
 
 	trace *reqTrace // the request's spans; nil when tracing is off (trace.go)
+	// tp holds the first attempt's traceparent header values (trace.go,
+	// injectSpan): written once, as the exchange is never reused.
+	tp tracing.Traceparent
 	// timing is the Server-Timing header's value as last made
 	// (serverTiming), which the trace's sluice.server_timing reuses.
 	timing string

@@ -86,7 +86,7 @@ func (l *leg) open() {
 		return
 	}
 	if l.span != nil {
-		x.h.tracer.Inject(l.span, req.Header) // the backend continues the trace under this attempt
+		l.injectSpan(req.Header) // the backend continues the trace under this attempt
 	}
 	l.watchSent(req)
 	resp, err := x.transport().RoundTrip(req)

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -54,21 +56,48 @@ const (
 )
 
 // reqTrace is a traced request's spans; the exchange holds one only when
-// tracing is on. It is one allocation: the spans and the strings the
-// trace needs are in it (sluice.server_timing is the exchange's
-// Server-Timing header value). Its strings made from its byte arrays
-// (unsafe.String) are made once each, after the bytes are written, which
-// are never written again; its Spans are never reused either (the
-// upstream request's header holds slices of a leg span's).
+// tracing is on. The spans and the strings the trace needs are in it
+// (sluice.server_timing is the exchange's Server-Timing header value).
+//
+// It comes from a free list (reqTraces) and goes back when its last
+// holder lets go (refs): the exchange, from startTrace to the end of
+// complete, and each attempt's leg whose span is in it, from startSpan to
+// endSpan (a hedge's losing leg ends on its own goroutine). Nothing else
+// keeps a pointer into it past those points:
+//   - its strings over its own bytes (id over hex) are read only by the
+//     exchange's access log and the attempts' failure logs, each before
+//     its holder lets go (the logs copy them); a leg's failure log runs
+//     before the leg closes, and the exchange waits for every leg of a
+//     race (drainRace) before it completes;
+//   - the upstream request's traceparent header is not in it: the first
+//     attempt's is in the exchange (exchange.tp, never reused), a retry's
+//     or a hedge's in a Traceparent of its own, because a transport may
+//     read a request's header after RoundTrip returned;
+//   - the spans' records go to the export queue at End, which keeps only
+//     their encoding.
 type reqTrace struct {
 	span      tracing.Span    // the request's SERVER span
 	legs      [1]tracing.Span // the first attempt's CLIENT span (a retry's or a hedge's is allocated)
 	nlegs     int             // legs used
+	refs      atomic.Int32    // holders: the exchange and the legs whose span is in legs
 	rec       bool            // span is recording (sampled)
 	id        string          // the trace id, for the access log
 	finish    []string        // finish reasons seen, in order, without repeats
 	finishBuf [2]string
 	hex       [32]byte // id's bytes, unless id is a substring of the client's traceparent
+}
+
+// reqTraces is the free list of reqTrace.
+var reqTraces = sync.Pool{New: func() any { return new(reqTrace) }}
+
+// release lets go of one hold on tr; the last puts it back on the free
+// list, cleared (so that it keeps no strings alive).
+func (tr *reqTrace) release() {
+	if tr.refs.Add(-1) != 0 {
+		return
+	}
+	*tr = reqTrace{}
+	reqTraces.Put(tr)
 }
 
 // startTrace starts the request's server span when tracing is on.
@@ -77,7 +106,8 @@ func (x *exchange) startTrace() {
 	if t == nil {
 		return
 	}
-	tr := new(reqTrace)
+	tr := reqTraces.Get().(*reqTrace)
+	tr.refs.Store(1) // the exchange's, let go by releaseTrace
 	t.StartRequest(&tr.span, x.r.Header, x.r.Method, x.start)
 	tr.rec = tr.span.IsRecording()
 	tr.finish = tr.finishBuf[:0]
@@ -89,6 +119,15 @@ func (x *exchange) startTrace() {
 		tr.id = unsafe.String(&tr.hex[0], len(tr.hex))
 	}
 	x.trace = tr
+}
+
+// releaseTrace lets go of the exchange's hold on its trace, once it has
+// ended and been logged (the end of complete): after it x.trace is nil.
+func (x *exchange) releaseTrace() {
+	if tr := x.trace; tr != nil {
+		x.trace = nil
+		tr.release()
+	}
 }
 
 // traceID is the request's trace id for the access log: the server span's
@@ -318,14 +357,16 @@ func (x *exchange) traceFinish(data []byte) {
 	}
 }
 
-// startLegSpan starts an upstream attempt's CLIENT span, a child of the
-// server span.
+// startSpan starts an upstream attempt's CLIENT span, a child of the
+// server span; the first attempt's is in the reqTrace, which the leg then
+// holds until endSpan.
 func (l *leg) startSpan() {
 	x, tr := l.x, l.x.trace
 	var s *tracing.Span
 	if tr.nlegs < len(tr.legs) { // legs are started by the exchange's goroutine, one by one
 		s = &tr.legs[tr.nlegs]
 		tr.nlegs++
+		tr.refs.Add(1) // let go by endSpan
 	} else {
 		s = new(tracing.Span)
 	}
@@ -345,9 +386,27 @@ func (l *leg) startSpan() {
 	x.h.tracer.StartChild(s, &tr.span, "upstream", trace.SpanKindClient, time.Now(), attrs...)
 }
 
+// injectSpan sets the upstream request's traceparent (and tracestate) to
+// the attempt's span: the first attempt's header values are kept in the
+// exchange (x.tp, written once: an exchange is never reused), a retry's
+// or a hedge's in a Traceparent of its own.
+func (l *leg) injectSpan(h http.Header) {
+	x := l.x
+	s := l.span.(*tracing.Span)
+	tp := &x.tp
+	if s != &x.trace.legs[0] {
+		tp = new(tracing.Traceparent)
+	}
+	x.h.tracer.InjectTo(s, h, tp)
+}
+
 // endSpan ends the attempt's span with how the attempt went.
 func (l *leg) endSpan() {
 	s := l.span.(*tracing.Span)
+	l.span = nil
+	if tr := l.x.trace; tr != nil && s == &tr.legs[0] { // tr is nil only after the exchange let go, which waits for its legs
+		defer tr.release() // the span is the reqTrace's: the leg's hold ends with it
+	}
 	if !s.IsRecording() {
 		s.EndAt(time.Time{})
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -474,4 +475,161 @@ func TestTraceNoStageEvents(t *testing.T) {
 	if hs := ts.headers(); len(hs) != 1 || hs[0].Get("Traceparent") != traceparent(traceID, up.SpanID) {
 		t.Errorf("backend traceparent %v; want the upstream span %s", hs, up.SpanID)
 	}
+}
+
+// Traced requests share nothing that outlives them: each request's trace
+// state goes back to a free list once the request and every attempt's span
+// have ended (trace.go, reqTrace), while hedges' losing legs end on their
+// own goroutines and a retried or hedged attempt's backend request holds
+// its traceparent. Many concurrent requests, retried (one backend fails a
+// third of its requests before the first token) and hedged (the hedge
+// fires after 2 ms, so most requests race two legs and cancel the
+// loser), streamed over HTTP/1.1 (the event loops complete those) and
+// HTTP/2, and not streamed, each continuing its own client trace: every
+// backend request's traceparent names an upstream span of its own
+// request's trace, every trace has one server span with its upstream
+// spans under it, and the access log and the failed attempts' warnings
+// name only the requests' own trace ids. Run under -race this also checks
+// the free list's hand-over between the exchange and the legs.
+func TestTraceReuseUnderRetriesAndHedges(t *testing.T) {
+	rcv := otlptest.Start(t)
+	tr := testTracer(t, rcv, 1, false)
+	flaky := fastSim()
+	flaky.FailBeforeFirst = 0.3
+	flaky.Seed = 7
+	sims := []*tracedSim{startTracedSim(t, flaky), startTracedSim(t, fastSim()), startTracedSim(t, fastSim())}
+	pool := poolOf(sims[0].url, sims[1].url, sims[2].url)
+	pool.Policy = routing.PolicyRoundRobin
+	pool.EjectAfter = 1000
+	three := 3
+	errLog := &logBuffer{}
+	edges := []*testEdge{
+		startEdge(t, edgeOpts{pool: pool, tracer: tr, errLog: errLog, routes: []testRoute{{RouteConfig: routing.RouteConfig{Pool: "p"},
+			RoutePolicy: proxy.RoutePolicy{HedgeAfter: 2 * time.Millisecond, Retries: &three}}}}),
+		startEdge(t, edgeOpts{pool: pool, tracer: tr, errLog: errLog, routes: []testRoute{{RouteConfig: routing.RouteConfig{Pool: "p"},
+			RoutePolicy: proxy.RoutePolicy{Retries: &three}}}}),
+	}
+	const workers, perWorker = 6, 12
+	type sent struct{ traceID, clientSpan, requestID string }
+	var mu sync.Mutex
+	var all []sent
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := h1Client()
+			if w%2 == 1 {
+				c = h2cClient()
+			}
+			for i := range perWorker {
+				e := edges[(w/2+i)%2]
+				traceID := fmt.Sprintf("7a0c%04x%04x00000000000000000000", w, i)
+				clientSpan := fmt.Sprintf("c11e%04x%04x0001", w, i)
+				body := chatBody("")
+				if i%3 == 2 {
+					body = strings.Replace(body, `"stream":true`, `"stream":false`, 1)
+				}
+				resp := post(t, c, e.http+"/v1/chat/completions", body, "Traceparent", traceparent(traceID, clientSpan))
+				if strings.Contains(body, `"stream":true`) {
+					if _, done := readEvents(t, resp.Body); !done {
+						t.Errorf("request %s: the stream did not end with [DONE]", traceID)
+					}
+				} else {
+					io.Copy(io.Discard, resp.Body)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Errorf("request %s: status %d", traceID, resp.StatusCode)
+				}
+				mu.Lock()
+				all = append(all, sent{traceID, clientSpan, resp.Header.Get("X-Request-Id")})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	upstreams := map[string]string{} // upstream span id -> its trace id
+	retried, hedged := 0, 0
+	for _, s := range all {
+		st := waitTrace(t, tr, rcv, s.traceID, 2)
+		if st.server.ParentID != s.clientSpan {
+			t.Errorf("trace %s: server span's parent %s; want the client's %s", s.traceID, st.server.ParentID, s.clientSpan)
+		}
+		if st.server.Attrs["sluice.request.id"] != s.requestID {
+			t.Errorf("trace %s: server span's request id %v; want %s", s.traceID, st.server.Attrs["sluice.request.id"], s.requestID)
+		}
+		servers, ups := 0, st.children("upstream")
+		for _, sp := range st.spans {
+			if sp.Kind == tracepb.Span_SPAN_KIND_SERVER {
+				servers++
+			}
+		}
+		if servers != 1 || len(ups) == 0 || len(ups) != len(st.spans)-1 {
+			t.Errorf("trace %s: %d server spans, %d upstream spans under it, %d spans in all; want 1 server span and the rest upstream under it",
+				s.traceID, servers, len(ups), len(st.spans))
+		}
+		for _, u := range ups {
+			upstreams[u.SpanID] = s.traceID
+		}
+		if st.server.Attrs["sluice.retries"] != nil {
+			retried++
+		}
+		if st.server.Attrs["sluice.hedged"] == true {
+			hedged++
+		}
+	}
+	if n := len(rcv.Spans()); n != len(all)+len(upstreams) {
+		t.Errorf("the receiver has %d spans; want %d: the requests' server and upstream spans only", n, len(all)+len(upstreams))
+	}
+	if retried == 0 || hedged == 0 {
+		t.Errorf("%d requests retried, %d hedged; want some of each", retried, hedged)
+	}
+	backendRequests := 0
+	for _, sim := range sims {
+		for _, h := range sim.headers() {
+			backendRequests++
+			tid, parent := parentOf(h.Get("Traceparent"))
+			if upstreams[parent] != tid || tid == "" {
+				t.Errorf("a backend got traceparent %q: not an upstream span of its trace (that span's trace: %q)", h.Get("Traceparent"), upstreams[parent])
+			}
+		}
+	}
+	for _, e := range edges {
+		for _, line := range e.log.lines(`"msg":"request"`) {
+			var rec struct {
+				ID      string `json:"request_id"`
+				TraceID string `json:"trace_id"`
+			}
+			json.Unmarshal([]byte(line), &rec)
+			found := false
+			for _, s := range all {
+				found = found || s.requestID == rec.ID && s.traceID == rec.TraceID
+			}
+			if !found {
+				t.Errorf("access log line with request id %q and trace id %q: not a request sent with that trace", rec.ID, rec.TraceID)
+			}
+		}
+	}
+	warns := errLog.lines("upstream attempt failed")
+	for _, line := range warns {
+		i := strings.Index(line, "trace_id=")
+		if i < 0 || !upstreamsHasTrace(upstreams, line[i+len("trace_id="):][:min(32, len(line)-i-len("trace_id="))]) {
+			t.Errorf("warn line %q: not a request's trace id", line)
+		}
+	}
+	t.Logf("%d requests, %d retried, %d hedged, %d backend requests, %d upstream spans, %d failed attempts logged",
+		len(all), retried, hedged, backendRequests, len(upstreams), len(warns))
+}
+
+func upstreamsHasTrace(upstreams map[string]string, traceID string) bool {
+	for _, tid := range upstreams {
+		if tid == traceID {
+			return true
+		}
+	}
+	return false
 }

@@ -41,12 +41,19 @@ type Span struct {
 
 	mu  sync.Mutex
 	rec *record // while recording: from Start to End, nil when sampled out
+}
 
-	// What Inject puts in a request's header, made by its first call: the
-	// header's values are slices of hdr, hdr[0] is tp's bytes.
-	injected bool
-	tp       [55]byte
-	hdr      [2]string // traceparent, tracestate
+// Traceparent is the storage of the W3C headers InjectTo writes into a
+// request's header: the header's values are slices of v, v[0] a string
+// over b's bytes. InjectTo writes them once; the caller must never hand
+// the same Traceparent to InjectTo again, nor reuse its memory, while a
+// request may still hold its header (a transport may read the header
+// after RoundTrip returned, e.g. a write still under way when the
+// request was cancelled): a fresh one per request, or one in memory that
+// is itself never reused.
+type Traceparent struct {
+	b [55]byte
+	v [2]string // traceparent, tracestate
 }
 
 // record is a span's data: taken from the export queue's free list (with
@@ -168,21 +175,13 @@ func (s *Span) TraceID() trace.TraceID {
 	return s.sc.TraceID()
 }
 
-// inject is Tracer.Inject for a span of the lean recorder: the header's
-// values are the span's own, made once (the traceparent's bytes are
-// written by the first call and never again, so the string made of them
-// stays as it was).
-func (s *Span) inject(h http.Header) {
-	s.mu.Lock()
-	if !s.injected {
-		appendTraceparent(s.tp[:0], s.sc.TraceID(), s.sc.SpanID(), s.sc.TraceFlags())
-		s.injected = true
-	}
-	s.hdr = [2]string{unsafe.String(&s.tp[0], len(s.tp)), s.ts} // again: a caller may have written to the header's slice
-	s.mu.Unlock()
-	h["Traceparent"] = s.hdr[0:1:1]
+// inject is Tracer.Inject for a span of the lean recorder, into tp.
+func (s *Span) inject(h http.Header, tp *Traceparent) {
+	appendTraceparent(tp.b[:0], s.sc.TraceID(), s.sc.SpanID(), s.sc.TraceFlags())
+	tp.v = [2]string{unsafe.String(&tp.b[0], len(tp.b)), s.ts}
+	h["Traceparent"] = tp.v[0:1:1]
 	if s.ts != "" {
-		h["Tracestate"] = s.hdr[1:2:2]
+		h["Tracestate"] = tp.v[1:2:2]
 	} else {
 		delete(h, "Tracestate")
 	}

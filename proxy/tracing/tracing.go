@@ -572,7 +572,7 @@ func (t *Tracer) Span(parent context.Context, name string, start, end time.Time,
 // header canonicalization (TestInjectMatchesPropagator).
 func (t *Tracer) Inject(span trace.Span, h http.Header) {
 	if s, ok := span.(*Span); ok && s.sdk == nil {
-		s.inject(h)
+		s.inject(h, new(Traceparent))
 		return
 	}
 	delete(h, "Tracestate")
@@ -591,6 +591,16 @@ func (t *Tracer) Inject(span trace.Span, h http.Header) {
 	hex.Encode(b[36:52], sid[:])
 	hex.Encode(b[53:55], flags[:])
 	h["Traceparent"] = []string{string(b[:])}
+}
+
+// InjectTo is Inject for span, the header's values kept in tp (see
+// Traceparent) when span is the lean recorder's: no allocation.
+func (t *Tracer) InjectTo(span *Span, h http.Header, tp *Traceparent) {
+	if span.sdk == nil {
+		span.inject(h, tp)
+		return
+	}
+	t.Inject(span, h)
 }
 
 // TraceIDOf returns the trace id of a W3C traceparent header value

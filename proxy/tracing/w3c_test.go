@@ -323,7 +323,10 @@ func TestRequestTraceAllocatesNothing(t *testing.T) {
 		}
 		out := http.Header{}
 		finish := attribute.StringSlice("gen_ai.response.finish_reasons", []string{"stop"}) // made once, as the pipeline's
-		type request struct{ s, c Span }
+		type request struct {
+			s, c Span
+			tp   Traceparent
+		}
 		reqs := make([]request, 150) // a request's spans are never reused: each run its own
 		i := 0
 		allocs := testing.AllocsPerRun(100, func() {
@@ -332,7 +335,7 @@ func TestRequestTraceAllocatesNothing(t *testing.T) {
 			t0 := time.Now()
 			tr.StartRequest(&q.s, in, "POST", t0)
 			tr.StartChild(&q.c, &q.s, "upstream", trace.SpanKindClient, t0, attribute.String("server.address", "127.0.0.1"))
-			tr.Inject(&q.c, out)
+			tr.InjectTo(&q.c, out, &q.tp)
 			q.c.AddEventAt("first_token", t0)
 			q.c.EndAt(time.Time{})
 			marks := [2]Mark{{Name: "auth", Start: t0, End: t0}, {Name: "prefill", Start: t0, End: t0}}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -46,6 +47,8 @@ type wireExporter struct {
 	buf []byte
 	res []byte // the encoded Resource message of the last resource seen
 	rp  *resource.Resource
+
+	direct atomic.Uint64 // body bytes written by exportConn.ReadFrom from the buffer itself
 }
 
 // unsupportedHTTPEnv are the OTEL_* variables the wire exporter does not
@@ -101,7 +104,46 @@ func newWireExporter(c Config) *wireExporter {
 		}
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	return &wireExporter{url: target, headers: headers, client: &http.Client{Transport: tr, Timeout: timeout}}
+	e := &wireExporter{url: target, headers: headers, client: &http.Client{Transport: tr, Timeout: timeout}}
+	dial := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return exportConn{c, e}, nil // TLS, when the URL is https, wraps it in turn
+	}
+	return e
+}
+
+// exportConn is a connection of the exporter's transport. net/http copies
+// a request body of known length to the connection through an
+// io.LimitedReader, which hides the body's WriterTo, and reaches the
+// connection's ReadFrom (through its connection writer, once the head is
+// flushed); net.TCPConn's ReadFrom then falls back to io.Copy, which
+// makes a new 32 KiB buffer for every export and writes 32 KiB at a time.
+// exportConn's ReadFrom writes a wireBody's bytes from the exporter's
+// buffer in one Write instead: no buffer made, one write per export.
+type exportConn struct {
+	net.Conn
+	e *wireExporter
+}
+
+func (c exportConn) ReadFrom(r io.Reader) (int64, error) {
+	if lr, ok := r.(*io.LimitedReader); ok {
+		if b, ok := lr.R.(*wireBody); ok {
+			p := b.next(lr.N)
+			n, err := c.Conn.Write(p)
+			b.Seek(int64(n), io.SeekCurrent)
+			lr.N -= int64(n)
+			c.e.direct.Add(uint64(n))
+			return int64(n), err // all of it (the limit or the body's end) unless err
+		}
+	}
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c.Conn}, r)
 }
 
 // envHeaders parses an OTEL_EXPORTER_OTLP_HEADERS value: key=value pairs
@@ -141,10 +183,17 @@ func (e *wireExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnl
 // everything); post then gives the buffer up instead of reusing it.
 type wireBody struct {
 	bytes.Reader
+	b      []byte // what Reader reads
 	closed atomic.Bool
 }
 
 func (b *wireBody) Close() error { b.closed.Store(true); return nil }
+
+// next is the body's unread bytes, at most n.
+func (b *wireBody) next(n int64) []byte {
+	off := len(b.b) - b.Len()
+	return b.b[off : off+int(min(n, int64(b.Len())))]
+}
 
 func (e *wireExporter) post(ctx context.Context, body []byte) error {
 	for attempt := 0; ; attempt++ {
@@ -154,7 +203,7 @@ func (e *wireExporter) post(ctx context.Context, body []byte) error {
 		}
 		var bodies []*wireBody
 		req.GetBody = func() (io.ReadCloser, error) { // also for the transport's retry on a stale connection
-			b := &wireBody{}
+			b := &wireBody{b: body}
 			b.Reset(body)
 			bodies = append(bodies, b)
 			return b, nil
@@ -280,7 +329,7 @@ const (
 // the length; close writes the length there (moving the body when the
 // length needs more bytes).
 func open(b []byte, field protowire.Number) ([]byte, int) {
-	b = protowire.AppendTag(b, field, protowire.BytesType)
+	b = putTag(b, field, protowire.BytesType)
 	return append(b, 0), len(b)
 }
 
@@ -293,36 +342,62 @@ func closeAt(b []byte, at int) []byte {
 	sz := protowire.SizeVarint(uint64(n))
 	b = append(b, make([]byte, sz-1)...)
 	copy(b[at+sz:], b[at+1:at+1+n])
-	protowire.AppendVarint(b[at:at], uint64(n))
+	putVarint(b[at:at], uint64(n))
 	return b
+}
+
+// putTag, putVarint, putString and putBytes are protowire's Append
+// functions with a fast path for values under 0x80 (a field's tag, most
+// lengths): protowire.AppendVarint is not inlined, and the encoder calls
+// it several times per attribute.
+func putTag(b []byte, num protowire.Number, typ protowire.Type) []byte {
+	if num >= 0 && num < 16 { // one byte: protowire.EncodeTag's value
+		return append(b, byte(num)<<3|byte(typ&7))
+	}
+	return protowire.AppendTag(b, num, typ)
+}
+
+func putVarint(b []byte, v uint64) []byte {
+	if v < 0x80 {
+		return append(b, byte(v))
+	}
+	return protowire.AppendVarint(b, v)
+}
+
+func putString(b []byte, s string) []byte {
+	return append(putVarint(b, uint64(len(s))), s...)
+}
+
+func putBytes(b []byte, v []byte) []byte {
+	return append(putVarint(b, uint64(len(v))), v...)
 }
 
 func appendString(b []byte, field protowire.Number, s string) []byte {
 	if s == "" {
 		return b
 	}
-	b = protowire.AppendTag(b, field, protowire.BytesType)
-	return protowire.AppendString(b, s)
+	b = putTag(b, field, protowire.BytesType)
+	return putString(b, s)
 }
 
 func appendBytes(b []byte, field protowire.Number, v []byte) []byte {
-	b = protowire.AppendTag(b, field, protowire.BytesType)
-	return protowire.AppendBytes(b, v)
+	b = putTag(b, field, protowire.BytesType)
+	return putBytes(b, v)
 }
 
 func appendVarint(b []byte, field protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
-	b = protowire.AppendTag(b, field, protowire.VarintType)
-	return protowire.AppendVarint(b, v)
+	b = putTag(b, field, protowire.VarintType)
+	return putVarint(b, v)
 }
 
 func appendFixed64(b []byte, field protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
-	b = protowire.AppendTag(b, field, protowire.Fixed64Type)
+	b = putTag(b, field, protowire.Fixed64Type)
 	return protowire.AppendFixed64(b, v)
 }
 
@@ -507,7 +582,7 @@ func appendSpan(b []byte, s spanData) []byte {
 			b = appendKV(b, fLinkAttrs, kv)
 		}
 		b = appendVarint(b, fLinkDropped, clampCount(l.DroppedAttributeCount))
-		b = protowire.AppendTag(b, fLinkFlags, protowire.Fixed32Type)
+		b = putTag(b, fLinkFlags, protowire.Fixed32Type)
 		b = protowire.AppendFixed32(b, spanFlags(l.SpanContext.TraceFlags(), l.SpanContext))
 		b = closeAt(b, at)
 	}
@@ -518,7 +593,7 @@ func appendSpan(b []byte, s spanData) []byte {
 	b = appendString(b, fStatusMessage, st.Description)
 	b = appendVarint(b, fStatusCode, statusCode(st.Code))
 	b = closeAt(b, at)
-	b = protowire.AppendTag(b, fSpanFlags, protowire.Fixed32Type)
+	b = putTag(b, fSpanFlags, protowire.Fixed32Type)
 	return protowire.AppendFixed32(b, spanFlags(sc.TraceFlags(), parent))
 }
 
@@ -564,17 +639,17 @@ func appendValue(b []byte, field protowire.Number, v attribute.Value) []byte {
 	b, at := open(b, field)
 	switch v.Type() {
 	case attribute.BOOL:
-		b = protowire.AppendTag(b, fAnyBool, protowire.VarintType)
-		b = protowire.AppendVarint(b, protowire.EncodeBool(v.AsBool()))
+		b = putTag(b, fAnyBool, protowire.VarintType)
+		b = putVarint(b, protowire.EncodeBool(v.AsBool()))
 	case attribute.INT64:
-		b = protowire.AppendTag(b, fAnyInt, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(v.AsInt64()))
+		b = putTag(b, fAnyInt, protowire.VarintType)
+		b = putVarint(b, uint64(v.AsInt64()))
 	case attribute.FLOAT64:
-		b = protowire.AppendTag(b, fAnyDouble, protowire.Fixed64Type)
+		b = putTag(b, fAnyDouble, protowire.Fixed64Type)
 		b = protowire.AppendFixed64(b, math.Float64bits(v.AsFloat64()))
 	case attribute.STRING:
-		b = protowire.AppendTag(b, fAnyString, protowire.BytesType)
-		b = protowire.AppendString(b, v.AsString())
+		b = putTag(b, fAnyString, protowire.BytesType)
+		b = putString(b, v.AsString())
 	case attribute.BYTESLICE:
 		b = appendBytes(b, fAnyBytes, v.AsByteSlice())
 	case attribute.BOOLSLICE:
@@ -596,8 +671,8 @@ func appendValue(b []byte, field protowire.Number, v attribute.Value) []byte {
 		b = closeAt(b, aat)
 	case attribute.EMPTY:
 	default:
-		b = protowire.AppendTag(b, fAnyString, protowire.BytesType)
-		b = protowire.AppendString(b, "INVALID")
+		b = putTag(b, fAnyString, protowire.BytesType)
+		b = putString(b, "INVALID")
 	}
 	return closeAt(b, at)
 }
