@@ -285,13 +285,18 @@ func appendHeader(b []byte, h http.Header, trailers []string) []byte {
 			continue
 		}
 		for _, v := range vv {
-			b = append(b, k...)
-			b = append(b, ": "...)
-			b = appendValue(b, v)
-			b = append(b, "\r\n"...)
+			b = appendField(b, k, v)
 		}
 	}
 	return b
+}
+
+// appendField appends one header or trailer line.
+func appendField(b []byte, name, v string) []byte {
+	b = append(b, name...)
+	b = append(b, ": "...)
+	b = appendValue(b, v)
+	return append(b, "\r\n"...)
 }
 
 func declared(trailers []string, k string) bool {
@@ -405,10 +410,7 @@ func (w *h1Response) appendTrailers(b []byte) []byte {
 		}
 		name := http.CanonicalHeaderKey(k[len(http.TrailerPrefix):])
 		for _, v := range vv {
-			b = append(b, name...)
-			b = append(b, ": "...)
-			b = appendValue(b, v)
-			b = append(b, "\r\n"...)
+			b = appendField(b, name, v)
 		}
 	}
 	return b
