@@ -78,7 +78,7 @@ func defaultH2Limits(idle time.Duration) h2Limits {
 		maxHeaderFrames: 64,
 		maxHeaderBlock:  2 * maxHeaderBytes,
 		streamWindow:    1 << 20,
-		connWindow:      4 << 20,
+		connWindow:      1 << 20, // net/http's MaxUploadBufferPerConnection default: at most 1 MiB of request bodies buffered per connection
 		resets:          500,
 		control:         500,
 		rateWindow:      time.Second,
