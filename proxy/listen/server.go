@@ -148,6 +148,7 @@ func (s *Server) listen() error {
 			return err
 		}
 		rl := newReadmitListener(s.capListener(ln))
+		rl.idle = s.idleTimeout()
 		s.readmit = append(s.readmit, rl)
 		if s.ownH1() {
 			hs := s.newH1Server(s.Handler)
