@@ -47,8 +47,8 @@ type readmitListener struct {
 	stop  sync.Once
 
 	mu     sync.Mutex
-	closed bool                  // draining or closed: Readmit refuses
-	fresh  map[*capConn]struct{} // re-admitted, no request started yet
+	closed bool                     // draining or closed: Readmit refuses
+	fresh  map[*capConn]struct{}    // re-admitted, no request started yet
 	parked map[*ParkedConn]struct{} // kept on an event loop (ParkConn)
 	// serve, when set (the h1 server, h1serve.go), serves a re-admitted
 	// connection at once instead of queueing it for Accept.
