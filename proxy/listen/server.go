@@ -67,8 +67,8 @@ type Server struct {
 	// HeaderXForwardedFor (default) or HeaderForwarded.
 	ClientHeader string
 	// HTTPServer serves HTTP/1.1 on the cleartext listener:
-	// HTTPServerGo (net/http's, the default when empty) or HTTPServerSluice
-	// (h1serve.go). The environment's SLUICE_HTTP_SERVER overrides it.
+	// HTTPServerSluice (h1serve.go, the default; also "") or HTTPServerGo
+	// (net/http's). The environment's SLUICE_HTTP_SERVER overrides it.
 	HTTPServer string
 	// Log receives server errors. Nil means slog.Default().
 	Log *slog.Logger
