@@ -90,6 +90,9 @@ func (c *h2conn) flushLocked() error {
 	if w.waiting > 0 {
 		c.cond.Broadcast()
 	}
+	if len(c.blocked) > 0 {
+		c.resumeLocked()
+	}
 	return w.err
 }
 
