@@ -1120,9 +1120,9 @@ type stream struct {
 	reuse        func(fd int)
 	csink        ClientSink // the client's side when it is no socket (Stream.Sink)
 	kicked       bool       // in loop.kicks
-	upEnded      bool // the backend's body reached its end (framing)
-	upDirty      bool // bytes past the body's end, or a decode error, seen
-	draining     bool // completed; the body's end is being read (drainUp)
+	upEnded      bool       // the backend's body reached its end (framing)
+	upDirty      bool       // bytes past the body's end, or a decode error, seen
+	draining     bool       // completed; the body's end is being read (drainUp)
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
