@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -210,6 +211,7 @@ type h2conn struct {
 	writerOn bool
 	kick     chan struct{}
 	quit     chan struct{}
+	raw      syscall.RawConn // the socket, for the loops' inline writes (roomFor); nil when unknown
 }
 
 func newH2Conn(h *h2Server, nc net.Conn, r io.Reader, tlsState *tls.ConnectionState, hh http.Handler, base context.Context) *h2conn {
@@ -218,6 +220,7 @@ func newH2Conn(h *h2Server, nc net.Conn, r io.Reader, tlsState *tls.ConnectionSt
 		sendConn: 65535, initSend: 65535, maxFrame: 16384, recvConn: 65535}
 	c.cond.L = &c.mu
 	c.kick, c.quit = make(chan struct{}, 1), make(chan struct{})
+	c.raw = rawOf(nc)
 	c.r = r
 	c.fr = http2.NewFramer(io.Discard, r)
 	c.fr.SetMaxReadFrameSize(16384)

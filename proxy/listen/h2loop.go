@@ -1,8 +1,14 @@
 package listen
 
 import (
+	"net"
 	"net/http"
+	"os"
 	"strings"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -125,13 +131,82 @@ func (s *H2LoopStream) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// Flush is evloop.ClientSink's: it wakes the connection's writer (a no-op
-// when it is awake already).
+// Flush is evloop.ClientSink's. When no write is under way and the
+// socket has almost nothing unsent (roomFor: the write does not wait),
+// the loop writes the buffer itself, with no other goroutine woken;
+// else it wakes the connection's writer (a no-op when it is awake
+// already), which writes it.
 func (s *H2LoopStream) Flush() {
+	c := s.st.c
+	if h2InlineWrite {
+		c.mu.Lock()
+		w := &c.w
+		if w.flushing || w.err != nil || len(w.buf) == 0 {
+			c.mu.Unlock()
+			return // the write under way takes the buffer (or nothing to do)
+		}
+		if c.roomFor(len(w.buf)) {
+			b := w.buf
+			w.buf = w.spare[:0]
+			w.flushing = true
+			w.started++
+			c.mu.Unlock()
+			_, err := c.nc.Write(b)
+			c.mu.Lock()
+			c.wroteLocked(b, err)
+			more := len(w.buf) > 0 && w.err == nil
+			if w.waiting > 0 {
+				c.cond.Broadcast()
+			}
+			if len(c.blocked) > 0 {
+				c.resumeLocked()
+			}
+			c.mu.Unlock()
+			if !more {
+				return
+			}
+		} else {
+			c.mu.Unlock()
+		}
+	}
 	select {
-	case s.st.c.kick <- struct{}{}:
+	case c.kick <- struct{}{}:
 	default:
 	}
+}
+
+// h2InlineWrite lets the loops write a connection's buffer themselves when
+// the socket takes it at once (Flush); SLUICE_H2_LOOP_WRITE=writer leaves
+// every write to the connection's writer goroutine (for measuring both).
+var h2InlineWrite = os.Getenv("SLUICE_H2_LOOP_WRITE") != "writer"
+
+// Inline writes (Flush on a loop): at most inlineMax bytes, into a socket
+// whose send queue holds at most inlineQueue bytes not yet sent
+// (SIOCOUTQNSD), so that the write does not wait for the client: a client
+// that stops reading closes its receive window and its bytes pile up
+// unsent, which sends the writes to the writer goroutine; bytes sent and
+// not yet acknowledged are bounded by the congestion window, which the
+// kernel's send buffer autotuning keeps below the buffer's size.
+const (
+	inlineMax   = 32 << 10
+	inlineQueue = 4 << 10
+)
+
+// roomFor reports whether n bytes of frames (a little more once
+// encrypted) go to the socket at once: its unsent bytes (SIOCOUTQNSD, a
+// raw ioctl) are few.
+func (c *h2conn) roomFor(n int) bool {
+	if c.raw == nil || n > inlineMax {
+		return false
+	}
+	q := -1
+	c.raw.Control(func(fd uintptr) {
+		var v int32
+		if _, _, e := unix.RawSyscall(unix.SYS_IOCTL, fd, unix.SIOCOUTQNSD, uintptr(unsafe.Pointer(&v))); e == 0 {
+			q = int(v)
+		}
+	})
+	return q >= 0 && q <= inlineQueue
 }
 
 // Close is evloop.ClientSink's: END_STREAM (on the trailer's HEADERS, or
@@ -174,6 +249,26 @@ func (s *H2LoopStream) Close(reset bool) {
 	}
 	c.mu.Unlock()
 	st.cancel(nil)
+}
+
+// rawOf is the socket under a connection of the server (through the
+// listeners' wrappers, which expose it), for roomFor; nil when none.
+func rawOf(nc any) syscall.RawConn {
+	if u, ok := nc.(interface{ NetConn() net.Conn }); ok {
+		nc = u.NetConn()
+	}
+	if hc, ok := nc.(*handshakenConn); ok {
+		nc = hc.Conn
+	}
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return raw
 }
 
 // unblockLocked takes st out of c.blocked.
