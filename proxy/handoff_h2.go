@@ -10,7 +10,8 @@ import (
 	"github.com/sluice-proxy/sluice/proxy/listen"
 )
 
-// Committed HTTP/2 streams on the event loops (SLUICE_H2_LOOP=1): once a
+// Committed HTTP/2 streams on the event loops (the default; SLUICE_H2_LOOP=0
+// keeps them on their handlers' goroutines): once a
 // stream's head and first event have been flushed on the handler's
 // goroutine, the backend's socket (detached from h1up, as for HTTP/1.1)
 // goes to a loop, and the client's side is the stream on Sluice's own
@@ -20,13 +21,14 @@ import (
 // docs/ARCHITECTURE.md, "Event loop".
 
 // H2LoopEnv names the environment variable that turns the hand-off of
-// HTTP/2 streams to the event loops on ("1").
+// HTTP/2 streams to the event loops off ("0"; on by default since branch
+// h2loop measured it: docs/BENCHMARKS.md, "h2loop").
 const H2LoopEnv = "SLUICE_H2_LOOP"
 
 // h2Loop turns the HTTP/2 hand-off on (H2LoopEnv; the tests set it).
 var h2Loop atomic.Bool
 
-func init() { h2Loop.Store(os.Getenv(H2LoopEnv) == "1") }
+func init() { h2Loop.Store(os.Getenv(H2LoopEnv) != "0") }
 
 // handOffH2 moves an HTTP/2 stream whose head and first event were sent
 // to an event loop, when it can: Sluice's own HTTP/2 server, the HTTP
