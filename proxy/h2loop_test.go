@@ -419,3 +419,55 @@ func TestH2LoopConnCloseCancelsAll(t *testing.T) {
 	}
 	onLoop(t, e, 0)
 }
+
+// TestH2LoopReloadKeepsStream: a reload (Swap) does not cut an h2 stream
+// on the loop, and the previous state is reported done only after it
+// ended.
+func TestH2LoopReloadKeepsStream(t *testing.T) {
+	b := newStepBackend(t, 3)
+	e := h2LoopEdge(t, b.url, edgeOpts{})
+	resp := post(t, xh2Client(), e.https+"/v1/chat/completions", chatBody(""))
+	defer resp.Body.Close()
+	onLoop(t, e, 1)
+	st := *e.handler.State()
+	prev := e.handler.Swap(&st)
+	select {
+	case <-prev:
+		t.Fatal("previous state done while its stream runs on the loop")
+	case <-time.After(100 * time.Millisecond):
+	}
+	b.next <- struct{}{}
+	b.next <- struct{}{}
+	events, done := readEvents(t, resp.Body)
+	if !done || len(events) != 3 {
+		t.Fatalf("done=%v, %d events", done, len(events))
+	}
+	select {
+	case <-prev:
+	case <-time.After(5 * time.Second):
+		t.Fatal("previous state not done 5s after its stream ended")
+	}
+}
+
+// TestH2LoopOff: with SLUICE_H2_LOOP=0 the h2 stream stays on its
+// handler's goroutine (nothing on the loops) and still completes.
+func TestH2LoopOff(t *testing.T) {
+	b := newStepBackend(t, 3)
+	e := h2LoopEdge(t, b.url, edgeOpts{})
+	proxy.SetH2Loop(false)
+	resp := post(t, xh2Client(), e.https+"/v1/chat/completions", chatBody(""))
+	defer resp.Body.Close()
+	if _, err := newEventReader(resp.Body).next(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := e.handler.LoopStreams(); n != 0 {
+		t.Fatalf("%d streams on the loops with the hand-off off", n)
+	}
+	b.next <- struct{}{}
+	b.next <- struct{}{}
+	events, done := readEvents(t, resp.Body)
+	if !done || len(events) != 2 {
+		t.Fatalf("done=%v, %d events", done, len(events))
+	}
+}
