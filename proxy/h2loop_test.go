@@ -471,3 +471,30 @@ func TestH2LoopOff(t *testing.T) {
 		t.Fatalf("done=%v, %d events", done, len(events))
 	}
 }
+
+// TestH2LoopCleartext: an h2c stream (prior knowledge, on the cleartext
+// listener) takes the loops too, each token at once, [DONE] at the end.
+func TestH2LoopCleartext(t *testing.T) {
+	b := newStepBackend(t, 4)
+	e := h2LoopEdge(t, b.url, edgeOpts{})
+	resp := post(t, h2cClient(), e.http+"/v1/chat/completions", chatBody(""))
+	defer resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("proto %d", resp.ProtoMajor)
+	}
+	onLoop(t, e, 1)
+	ev := newEventReader(resp.Body)
+	for i := range 4 {
+		got, err := ev.next()
+		if err != nil || got != tokenEvent(i) {
+			t.Fatalf("token %d: %q %v", i, got, err)
+		}
+		if i < 3 {
+			b.next <- struct{}{}
+		}
+	}
+	if got, err := ev.next(); err != nil || got != "data: [DONE]\n\n" {
+		t.Fatalf("end: %q %v", got, err)
+	}
+	onLoop(t, e, 0)
+}
