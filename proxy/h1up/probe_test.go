@@ -2,6 +2,7 @@ package h1up
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -181,4 +182,73 @@ func raceIdleTimeout(t *testing.T, probeAfter time.Duration) {
 		t.Fatalf("only %d of %d requests succeeded (%d failed)", ok.Load(), workers*each, failed.Load())
 	}
 	t.Logf("ProbeAfter %v: %d succeeded, %d failed (POSTs on a connection the backend had just closed)", probeAfter, ok.Load(), failed.Load())
+}
+
+// copyLength writes bodies larger than the writer's buffer whole, from
+// readers returning short reads, and refuses a body shorter or longer
+// than its Content-Length; a small body costs no allocation of its own.
+func TestCopyLength(t *testing.T) {
+	srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%d %x", len(b), sum(b))
+	})
+	tr := New(Options{})
+	defer tr.CloseIdleConnections()
+	data := make([]byte, 100_000)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	for _, n := range []int{1, 4000, 4096, 9000, len(data)} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, struct{ io.Reader }{iotestHalf(data[:n])})
+		req.ContentLength = int64(n)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%d bytes: %v", n, err)
+		}
+		if got, want := readAll(t, resp), fmt.Sprintf("%d %x", n, sum(data[:n])); got != want {
+			t.Fatalf("%d bytes: backend got %q; want %q", n, got, want)
+		}
+	}
+	for _, tc := range []struct{ body, cl int }{{10, 11}, {12, 11}} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, struct{ io.Reader }{strings.NewReader(strings.Repeat("x", tc.body))})
+		req.ContentLength = int64(tc.cl)
+		if _, err := tr.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "length") {
+			t.Fatalf("body %d, Content-Length %d: err %v", tc.body, tc.cl, err)
+		}
+	}
+	var sink bytes.Buffer
+	bw := bufio.NewWriterSize(&sink, 4<<10)
+	r := strings.NewReader("")
+	allocs := testing.AllocsPerRun(100, func() {
+		sink.Reset()
+		r.Reset(`{"model":"m","messages":[]}`)
+		if err := copyLength(bw, r, 27); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("copyLength: %v allocations; want 0", allocs)
+	}
+}
+
+func sum(b []byte) uint32 {
+	var s uint32
+	for i, c := range b {
+		s = s*31 + uint32(c) + uint32(i)
+	}
+	return s
+}
+
+// iotestHalf returns a reader of b whose reads return at most 1,000 bytes.
+func iotestHalf(b []byte) io.Reader { return &short{b: b} }
+
+type short struct{ b []byte }
+
+func (s *short) Read(p []byte) (int, error) {
+	if len(s.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), 1000)], s.b)
+	s.b = s.b[n:]
+	return n, nil
 }
