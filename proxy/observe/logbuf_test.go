@@ -92,7 +92,9 @@ func TestLogWriterFlushTimer(t *testing.T) {
 		t.Fatal("timer armed with an empty buffer")
 	}
 	lw.line([]byte("z\n")) // a new line re-arms it
-	time.Sleep(200 * time.Millisecond)
+	for deadline := time.Now().Add(5 * time.Second); len(w.snapshot()) < 2 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
 	if got := w.snapshot(); len(got) != 2 || got[1] != "z\n" {
 		t.Fatalf("second timer flush: %q", got)
 	}
