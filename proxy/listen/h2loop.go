@@ -181,20 +181,25 @@ func (s *H2LoopStream) Flush() {
 var h2InlineWrite = os.Getenv("SLUICE_H2_LOOP_WRITE") != "writer"
 
 // Inline writes (Flush on a loop): at most inlineMax bytes, into a socket
-// whose send queue holds at most inlineQueue bytes not yet sent
-// (SIOCOUTQNSD), so that the write does not wait for the client: a client
-// that stops reading closes its receive window and its bytes pile up
-// unsent, which sends the writes to the writer goroutine; bytes sent and
-// not yet acknowledged are bounded by the congestion window, which the
-// kernel's send buffer autotuning keeps below the buffer's size.
+// whose send queue (SIOCOUTQ: bytes not yet acknowledged, sent or not)
+// holds at most inlineQueue bytes, so that the write does not wait for the
+// client. A client that stops reading, or a path with many bytes in
+// flight, sends the writes to the writer goroutine. The send buffer is at
+// least tcp_wmem's default (16 KiB) and autotuned to about twice the
+// initial congestion window's memory (≈ 40 KiB of skb memory) from the
+// connection's start; 16 KiB of TLS records cost ≈ 26 KiB of it at a
+// 1,448-byte MSS, which fits beside 4 KiB queued. (A first version checked
+// only the unsent bytes, SIOCOUTQNSD, and allowed 32 KiB: with a full
+// congestion window in flight such a write could wait a round trip on the
+// loop, and every stream of the loop with it.)
 const (
-	inlineMax   = 32 << 10
+	inlineMax   = 16 << 10
 	inlineQueue = 4 << 10
 )
 
 // roomFor reports whether n bytes of frames (a little more once
-// encrypted) go to the socket at once: its unsent bytes (SIOCOUTQNSD, a
-// raw ioctl) are few.
+// encrypted) go to the socket at once: its queued bytes (SIOCOUTQ, a raw
+// ioctl) are few.
 func (c *h2conn) roomFor(n int) bool {
 	if c.raw == nil || n > inlineMax {
 		return false
@@ -202,7 +207,7 @@ func (c *h2conn) roomFor(n int) bool {
 	q := -1
 	c.raw.Control(func(fd uintptr) {
 		var v int32
-		if _, _, e := unix.RawSyscall(unix.SYS_IOCTL, fd, unix.SIOCOUTQNSD, uintptr(unsafe.Pointer(&v))); e == 0 {
+		if _, _, e := unix.RawSyscall(unix.SYS_IOCTL, fd, unix.SIOCOUTQ, uintptr(unsafe.Pointer(&v))); e == 0 {
 			q = int(v)
 		}
 	})
