@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/internal/gpusim"
+	"github.com/sluice-proxy/sluice/internal/units"
 	"github.com/sluice-proxy/sluice/limiter"
 	"github.com/sluice-proxy/sluice/proxy"
 	"github.com/sluice-proxy/sluice/proxy/listen"
@@ -79,7 +80,26 @@ type Node struct {
 	// after /readyz starts failing, so that load balancers notice before
 	// the listeners close. Zero means none.
 	DrainDelay time.Duration `yaml:"drain_delay"`
+	// AccessLog sets how the access log's lines are written (off: one
+	// write per request). Read at start: changing it needs a restart.
+	AccessLog AccessLog `yaml:"access_log"`
 }
+
+// AccessLog buffers the access log (nginx's `access_log ... buffer=size
+// flush=time`): lines are written together when the buffer is full, when
+// the oldest has waited Flush, before any other log line, and on shutdown.
+// A crash loses what the buffer holds (docs/CONFIG.md "node").
+type AccessLog struct {
+	// Buffer is the buffer's size; 0 (the default) writes each line at
+	// once. At most 16 MiB.
+	Buffer units.Bytes `yaml:"buffer"`
+	// Flush is how long a line may wait in the buffer: 1s when a buffer
+	// is set and this is zero. At most 1m.
+	Flush time.Duration `yaml:"flush"`
+}
+
+// MaxAccessLogBuffer bounds node.access_log.buffer.
+const MaxAccessLogBuffer = 16 << 20
 
 // Listeners are the addresses Sluice listens on. At least one of HTTP and
 // HTTPS must be set.
@@ -280,6 +300,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Node.DrainTimeout == 0 {
 		c.Node.DrainTimeout = 30 * time.Second
+	}
+	if c.Node.AccessLog.Buffer > 0 && c.Node.AccessLog.Flush == 0 {
+		c.Node.AccessLog.Flush = time.Second
 	}
 	c.Proxy = c.Proxy.WithDefaults()
 	c.Listeners.MaxConnsPerAddr = cmp.Or(c.Listeners.MaxConnsPerAddr, listen.DefaultMaxConnsPerAddr)

@@ -151,7 +151,7 @@ func secretPath(path string) bool {
 }
 
 // RestartRequired lists the changed settings a running node cannot apply:
-// node name and region, listener addresses and TLS listener settings, the
+// node name, region and access_log, listener addresses and TLS listener settings, the
 // redis section, the proxy's dial_timeout and tenant_metric_labels
 // (fixed in the node's transport and metrics at start), and the tracing
 // section (the exporter is made once, at start).
@@ -159,6 +159,7 @@ func RestartRequired(old, new *Config) []FieldChange {
 	var out []FieldChange
 	out = append(out, diffFields("node.name", old.Node.Name, new.Node.Name)...)
 	out = append(out, diffFields("node.region", old.Node.Region, new.Node.Region)...)
+	out = append(out, diffFields("node.access_log", old.Node.AccessLog, new.Node.AccessLog)...) // set on the log at start
 	out = append(out, diffFields("listeners", old.Listeners, new.Listeners)...)
 	out = append(out, diffFields("redis", old.Redis, new.Redis)...)
 	out = append(out, diffFields("region", old.Region, new.Region)...) // the rebalancer is made once, at start

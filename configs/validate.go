@@ -43,6 +43,22 @@ func (v *validator) validate() {
 	v.region()
 	v.tracing()
 	v.secrets()
+	v.accessLog()
+}
+
+// accessLog checks node.access_log: a buffer of at most
+// MaxAccessLogBuffer, a flush interval in (0, 1m] and only with a buffer.
+func (v *validator) accessLog() {
+	a := v.c.Node.AccessLog
+	if a.Buffer < 0 || a.Buffer > MaxAccessLogBuffer {
+		v.errorf("node.access_log.buffer", "node.access_log.buffer: %s is out of range (0 to 16MiB)", a.Buffer)
+	}
+	switch {
+	case a.Flush < 0 || a.Flush > time.Minute:
+		v.errorf("node.access_log.flush", "node.access_log.flush: %s is out of range (up to 1m)", a.Flush)
+	case a.Flush > 0 && a.Buffer == 0:
+		v.errorf("node.access_log.flush", "node.access_log.flush needs node.access_log.buffer")
+	}
 }
 
 // tracing checks the tracing section, enabled or not (a typo is found

@@ -174,6 +174,8 @@ type loopStream struct {
 	conn   net.Conn
 	prefix []byte
 	shared bool // handed over with evloop.Stream.Shared
+	// h2 is the client's side of an HTTP/2 stream (handoff_h2.go).
+	h2 *listen.H2LoopStream
 }
 
 // handOff moves l's stream to an event loop when it can: an HTTP/1.1
@@ -641,6 +643,9 @@ func (ls *loopStream) complete() {
 	x := ls.x
 	ls.l.close()
 	x.complete(false, true) // its sink.End gives the tail to the loop (loopSink.End)
+	if ls.h2 != nil {
+		ls.h2.SetTrailer(ls.sink.trail)
+	}
 	ls.h.Finish(ls.sink.tail)
 	x.h.helpLoops()
 }
@@ -712,6 +717,11 @@ type loopSink struct {
 	// plain: an HTTP/1.0 client; events go out as they are, not
 	// chunked, and the stream ends with the connection's close.
 	plain bool
+	// framed: an HTTP/2 client (handoff_h2.go); events go out as they
+	// are (the connection frames them) and End keeps the trailer in
+	// trail for the stream's end.
+	framed bool
+	trail  http.Header
 }
 
 var _ Sink = (*loopSink)(nil)
@@ -728,7 +738,7 @@ func (s *loopSink) Header() http.Header {
 func (s *loopSink) Start(int, bool) {}
 
 func (s *loopSink) Event(ev, _ []byte) (int, error) {
-	if s.plain {
+	if s.plain || s.framed {
 		s.out = append(s.out, ev...)
 	} else {
 		s.out = chunked.AppendChunk(s.out, ev)
@@ -748,7 +758,10 @@ func (s *loopSink) Last(ev, _ []byte) (int, error) {
 }
 
 func (s *loopSink) End(trailer http.Header) {
-	if s.plain {
+	if s.framed && s.trailer {
+		s.trail = trailer
+	}
+	if s.plain || s.framed {
 		s.tail, s.last = append([]byte(nil), s.last...), nil
 		return
 	}

@@ -53,9 +53,14 @@ func (x *exchange) relayOpenAI(l *leg) error {
 	x.announceTrailer(x.sink.Header())
 	x.commit(l.resp.Header, true)
 	ev, now := l.ev, l.first
-	for {
+	for first := true; ; first = false {
 		if done, err := x.relayEvent(l, ev, now); done || err != nil {
 			return err
+		}
+		if first {
+			if ok, err := x.handOffH2(l); ok {
+				return err // an event loop relays the rest (handoff_h2.go)
+			}
 		}
 		var err error
 		ev, err = readEvent(l.br, (*l.bufp)[:0])

@@ -35,7 +35,9 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return flagExit(err)
 	}
-	log, access, err := newLogger(stderr, *logFormat, *logLevel)
+	lw := observe.NewLogWriter(stderr)
+	defer lw.Close() // the access log's buffered lines are written before the process exits
+	log, access, err := newLogger(lw, *logFormat, *logLevel)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice: %v\n", err)
 		return 2
@@ -52,6 +54,10 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, e)
 		}
 		return 1
+	}
+	if a := cfg.Node.AccessLog; a.Buffer > 0 && access != nil {
+		lw.SetBuffer(int(a.Buffer), a.Flush)
+		log.Info("access log buffered", "buffer", a.Buffer.String(), "flush", a.Flush.String())
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
@@ -100,7 +106,8 @@ func serveUntilSignal(n *node.Node, sigs <-chan os.Signal, log *slog.Logger) {
 
 // newLogger returns the node's log and its access log, both writing to w
 // in the same format; the access log's lines are at level info, so it is
-// nil when level is above that.
+// nil when level is above that. When w is an *observe.LogWriter, the
+// access log's lines go through its buffer (node.access_log).
 func newLogger(w io.Writer, format, level string) (*slog.Logger, *observe.AccessLog, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {

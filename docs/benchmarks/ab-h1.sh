@@ -47,6 +47,10 @@ for b in $BINS; do
 done
 first=${BIN[${names[0]}]}
 ((NGINX)) && names+=(nginx)
+# NGINXBUF=1 adds a side "nginxbuf": nginx.conf with its access log
+# buffered (buffer=64k flush=1s, as Sluice's node.access_log {buffer: 64KiB,
+# flush: 1s}) on ports of its own.
+((${NGINXBUF:-0})) && names+=(nginxbuf)
 
 start_stream_sim "$first" || exit 1
 sluice_conf "$OUT/conf/sluice.yaml" own
@@ -57,6 +61,14 @@ mkdir -p "$OUT/conf/nginx"
 sed -e "s|@PREFIX@|$OUT/conf/nginx|g; s/@NOFILE@/$NOFILE/g; s/@SIM_STREAM@/$SIM/g; s/@SIM_SPARSE@/$SIM/g" \
 	-e "s/@SIM_IDLE@/$SIM/g; s/@PORT_STREAM@/$NG1/g; s/@PORT_SPARSE@/$NG2/g; s/@PORT_IDLE@/$NG3/g" \
 	"$HERE/nginx.conf" >"$OUT/conf/nginx/nginx.conf"
+free_port NB1
+free_port NB2
+free_port NB3
+mkdir -p "$OUT/conf/nginxbuf"
+sed -e "s|@PREFIX@|$OUT/conf/nginxbuf|g; s/@NOFILE@/$NOFILE/g; s/@SIM_STREAM@/$SIM/g; s/@SIM_SPARSE@/$SIM/g" \
+	-e "s/@SIM_IDLE@/$SIM/g; s/@PORT_STREAM@/$NB1/g; s/@PORT_SPARSE@/$NB2/g; s/@PORT_IDLE@/$NB3/g" \
+	-e 's|access_log \(.*\);|access_log \1 combined buffer=64k flush=1s;|' \
+	"$HERE/nginx.conf" >"$OUT/conf/nginxbuf/nginx.conf"
 
 # cpu JSON: the proxy's CPU per 1,000 tokens (all its pids); delay JSON:
 # the client-measured token delay P50 and P99 (ms).
@@ -75,11 +87,12 @@ for r in $(seq "$ROUNDS"); do
 	for i in $(seq 0 $((n - 1))); do
 		name=${names[$(((i + r - 1) % n))]}
 		wait_tw
-		if [[ $name == nginx ]]; then
-			nginx -p "$OUT/conf/nginx" -c "$OUT/conf/nginx/nginx.conf" -g 'daemon off;' >"$OUT/logs/nginx-$r.log" 2>&1 &
+		if [[ $name == nginx || $name == nginxbuf ]]; then
+			nginx -p "$OUT/conf/$name" -c "$OUT/conf/$name/nginx.conf" -g 'daemon off;' >"$OUT/logs/$name-$r.log" 2>&1 &
 			sp=$!
 			PIDS+=($sp)
 			port=$NG1
+			[[ $name == nginxbuf ]] && port=$NB1
 			wait_port "$port" || exit 1
 			sleep 0.5
 			pids=$(echo $sp $(pgrep -P $sp) | tr ' ' ,)

@@ -83,11 +83,52 @@ type Relay interface {
 	Closed(err error, sent int64)
 }
 
+// ClientSink is a stream's client side when it is not a socket of the
+// loop's own: an HTTP/2 stream on its client connection (proxy/listen),
+// which the loop frames its bytes into. Every method runs on the loop and
+// must not block.
+type ClientSink interface {
+	// Attach is called once, when the loop starts the stream: the sink
+	// calls w.Resume when it can take bytes again after a Write that took
+	// less than it was given (flow control, a full connection buffer),
+	// and w.Gone when the client left (a reset, the connection's end);
+	// both queue a command for the loop and never block. A client that
+	// left before Attach is reported by calling w.Gone from Attach.
+	Attach(w Waker)
+	// Write takes what it can of p for the client (within the stream's
+	// and the connection's windows and buffer bound) and reports how
+	// much; the rest is offered again after a Resume. An error means the
+	// client is gone.
+	Write(p []byte) (n int, err error)
+	// Flush starts the write of what Writes buffered, without waiting.
+	// The loop calls it once per batch for each sink written in it.
+	Flush()
+	// Close ends the client's side at the stream's end (after its last
+	// bytes were taken): cleanly, or with a reset when the client is gone
+	// or bytes could not be delivered.
+	Close(reset bool)
+}
+
+// Waker reaches a stream on its loop from another goroutine (a Handle).
+type Waker interface {
+	// Resume makes the loop offer the stream's pending bytes to its sink
+	// again and, once they are taken, read its backend again.
+	Resume()
+	// Gone ends the stream as if its client's socket had closed.
+	Gone()
+}
+
 // Stream is what Add hands to a loop.
 type Stream struct {
 	// Client and Upstream are the connections; each must be a
 	// syscall.Conn (a *net.TCPConn). Add takes them over: it closes both.
+	// With Sink, Client is nil: the client side is Sink.
 	Client, Upstream net.Conn
+	// Sink, when set, is the client's side instead of Client's socket
+	// (an HTTP/2 stream): the loop gives it what the Relay produced and
+	// pauses the backend's reads while it takes less. KeepInput and
+	// Keeper do not apply.
+	Sink ClientSink
 	// Out is written to the client first (the response head and the
 	// first event, say), without blocking: what the socket does not take
 	// waits as any other pending bytes. Add takes a copy.
@@ -371,6 +412,20 @@ func (h *Handle) End(err error) {
 	})
 }
 
+// Resume is Waker.Resume: the stream's sink can take bytes again.
+func (h *Handle) Resume() {
+	h.l.command(func() { h.l.resumeSink(h.s, time.Now()) })
+}
+
+// Gone is Waker.Gone: the stream's client left.
+func (h *Handle) Gone() {
+	h.l.command(func() {
+		if !h.s.closed {
+			h.l.gone(h.s)
+		}
+	})
+}
+
 // Finish ends a stream held by its Relay's End: tail is written, then the
 // client's socket closes. It does not wait; tail must not change after.
 func (h *Handle) Finish(tail []byte) {
@@ -389,8 +444,24 @@ func (h *Handle) Finish(tail []byte) {
 // not). After any other error s.Client is nil.
 func (g *Group) Add(s *Stream) (*Handle, error) {
 	st := &stream{relay: s.Relay, keepIn: s.KeepInput, dec: s.Decoder, remaining: s.Remaining,
-		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse}
-	if s.Shared {
+		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse, csink: s.Sink}
+	if s.Sink != nil {
+		st.cfd, st.keepIn = -1, false
+		if s.Shared {
+			ufd, err := fdOf(s.Upstream)
+			if err != nil {
+				s.Upstream.Close()
+				return nil, err
+			}
+			st.ufd, st.uconn = ufd, s.Upstream
+		} else {
+			ufd, err := detach(s.Upstream)
+			if err != nil {
+				return nil, err
+			}
+			st.ufd = ufd
+		}
+	} else if s.Shared {
 		cfd, cerr := fdOf(s.Client)
 		ufd, uerr := fdOf(s.Upstream)
 		if err := errors.Join(cerr, uerr); err != nil {
@@ -421,7 +492,7 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 	// take (or an error, which the loop's own write then meets) is left
 	// for the loop.
 	out := s.Out
-	if len(out) > 0 {
+	if len(out) > 0 && st.csink == nil {
 		n, err := unix.Write(cfd, out)
 		if err == nil && n > 0 {
 			st.sent += int64(n)
@@ -453,7 +524,7 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 		st.pendp, st.first = nil, nil
 	}
 	s.Out = out // the caller's again, with the client's connection
-	if !s.Shared {
+	if !s.Shared && st.csink == nil {
 		s.Client = fileConn(st.cfd) // closes st.cfd
 		st.cfd = -1
 	}

@@ -57,6 +57,9 @@ type loop struct {
 	sink    [512]byte    // client input is read here and dropped
 	ready   []unix.EpollEvent
 	woken   bool // the last dispatch ran the queued streams and commands
+	// kicks are the streams whose ClientSink was written in this batch:
+	// each sink's Flush runs once at the batch's end (kickAll).
+	kicks []*stream
 
 	// own is held by whoever serves the loop: its goroutine, from its
 	// epoll_wait to the end of that batch, or a helper (Group.Help).
@@ -320,8 +323,34 @@ func (l *loop) runPolled() {
 }
 
 // dispatch serves the n ready events in l.ready, then the queued streams
-// and commands; true when the loop stops. The caller holds own.
+// and commands; true when the loop stops. The caller holds own. The
+// sinks written in the batch are flushed at its end, once each.
 func (l *loop) dispatch(n int, now time.Time) bool {
+	stop := l.dispatchBatch(n, now)
+	l.kickAll()
+	return stop
+}
+
+// kick queues s's sink for the batch's Flush.
+func (l *loop) kick(s *stream) {
+	if !s.kicked {
+		s.kicked = true
+		l.kicks = append(l.kicks, s)
+	}
+}
+
+// kickAll flushes the sinks written since the last call: one Flush per
+// stream, which wakes its connection's writer at most once per batch.
+func (l *loop) kickAll() {
+	for i, s := range l.kicks {
+		s.kicked = false
+		s.csink.Flush()
+		l.kicks[i] = nil
+	}
+	l.kicks = l.kicks[:0]
+}
+
+func (l *loop) dispatchBatch(n int, now time.Time) bool {
 	woken := false
 	for _, ev := range l.ready[:max(n, 0)] {
 		fd := int(ev.Fd)
@@ -406,6 +435,7 @@ func (l *loop) fail(err error, now time.Time) {
 	l.runQueued(adds, cmds, now)
 	l.endAll(err, true)
 	l.closeDrains()
+	l.kickAll()
 	l.closeParked()
 }
 
@@ -485,7 +515,13 @@ func (l *loop) start(s *stream, now time.Time) {
 	s.last = now
 	s.idx = len(l.all)
 	l.all = append(l.all, s)
+	if s.csink != nil {
+		s.csink.Attach(&Handle{l: l, s: s})
+	}
 	for _, fd := range [2]int{s.cfd, s.ufd} {
+		if fd < 0 {
+			continue // a ClientSink's stream
+		}
 		for fd >= len(l.byFD) {
 			l.byFD = append(l.byFD, nil)
 		}
@@ -547,18 +583,32 @@ func (l *loop) clientReady(s *stream, evs uint32, now time.Time) {
 		}
 	}
 	if evs&unix.EPOLLOUT != 0 && len(s.pend) > 0 {
-		l.flush(s, now)
-		if s.closed || len(s.pend) > 0 {
-			return
-		}
-		if s.held {
-			return
-		}
-		if s.ending {
-			l.finish(s)
-			return
-		}
-		l.upstreamReady(s, now) // it was not read while the client was behind
+		l.drained(s, now)
+	}
+}
+
+// drained writes s's pending bytes and, once none is left, goes on: the
+// tail's end, or the backend's reads (paused while the client was
+// behind).
+func (l *loop) drained(s *stream, now time.Time) {
+	l.flush(s, now)
+	if s.closed || len(s.pend) > 0 {
+		return
+	}
+	if s.held {
+		return
+	}
+	if s.ending {
+		l.finish(s)
+		return
+	}
+	l.upstreamReady(s, now) // it was not read while the client was behind
+}
+
+// resumeSink is Waker.Resume on the loop: the sink can take bytes again.
+func (l *loop) resumeSink(s *stream, now time.Time) {
+	if !s.closed && len(s.pend) > 0 {
+		l.drained(s, now)
 	}
 }
 
@@ -570,6 +620,9 @@ func (l *loop) gone(s *stream) {
 		return
 	}
 	if s.ending {
+		if s.csink != nil {
+			s.gone = true // the sink's Close resets the stream
+		}
 		l.finish(s) // its last bytes are no longer wanted
 		return
 	}
@@ -848,15 +901,11 @@ func (l *loop) write(s *stream, out []byte) {
 		l.checkPending(s)
 		return
 	}
-	n, err := rawWrite(s.cfd, out)
-	for err == unix.EINTR {
-		n, err = rawWrite(s.cfd, out)
-	}
-	if err != nil && err != unix.EAGAIN {
+	n, ok := l.clientWrite(s, out)
+	if !ok {
 		l.gone(s)
 		return
 	}
-	n = max(n, 0)
 	s.sent += int64(n)
 	if n < len(out) {
 		if s.pendp == nil {
@@ -883,13 +932,28 @@ func (l *loop) checkPending(s *stream) {
 	}
 }
 
-// flush writes pending bytes.
-func (l *loop) flush(s *stream, now time.Time) {
-	n, err := rawWrite(s.cfd, s.pend)
+// clientWrite writes p to the client's socket (or gives it to its sink)
+// without waiting; false when the client is gone.
+func (l *loop) clientWrite(s *stream, p []byte) (int, bool) {
+	if s.csink != nil {
+		l.kick(s)
+		n, err := s.csink.Write(p)
+		return n, err == nil
+	}
+	n, err := rawWrite(s.cfd, p)
 	for err == unix.EINTR {
-		n, err = rawWrite(s.cfd, s.pend)
+		n, err = rawWrite(s.cfd, p)
 	}
 	if err != nil && err != unix.EAGAIN {
+		return 0, false
+	}
+	return max(n, 0), true
+}
+
+// flush writes pending bytes.
+func (l *loop) flush(s *stream, now time.Time) {
+	n, ok := l.clientWrite(s, s.pend)
+	if !ok {
 		l.gone(s)
 		return
 	}
@@ -945,6 +1009,7 @@ func (l *loop) sweep(now time.Time) {
 		clear(l.drains[len(keep):])
 		l.drains = keep
 	}
+	l.kickAll()
 	if len(l.parks) > 0 {
 		l.sweepParked(now)
 	}
@@ -983,17 +1048,24 @@ func (l *loop) finish(s *stream) {
 			s.closeUp()
 		}
 	}
-	l.unmap(s.cfd)
-	k, kept := s.relay.(Keeper)
-	// A clean end may hand the client's socket over (out of the epoll set
-	// first: it is keyed by the socket, not by this descriptor).
-	kept = kept && s.why == nil && !s.gone && (l.park(s) ||
-		unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, s.cfd, nil) == nil && k.Keep(s.cfd))
-	if !kept {
-		if s.keepIn {
-			l.dropInput(s.cfd)
+	if s.csink != nil {
+		// Bytes left undelivered (the loop stops) end it with a reset too.
+		l.kick(s)
+		s.csink.Close(s.gone || len(s.pend) > 0)
+	} else {
+		l.unmap(s.cfd)
+		k, kept := s.relay.(Keeper)
+		// A clean end may hand the client's socket over (out of the epoll set
+		// first: it is keyed by the socket, not by this descriptor), or
+		// leave it parked on the loop (park.go).
+		kept = kept && s.why == nil && !s.gone && (l.park(s) ||
+			unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, s.cfd, nil) == nil && k.Keep(s.cfd))
+		if !kept {
+			if s.keepIn {
+				l.dropInput(s.cfd)
+			}
+			s.closeClient()
 		}
-		s.closeClient()
 	}
 	s.cfd, s.cconn = -1, nil
 	last := l.all[len(l.all)-1]
@@ -1023,7 +1095,7 @@ func (l *loop) dropInput(fd int) {
 }
 
 func (l *loop) unmap(fd int) {
-	if fd < len(l.byFD) {
+	if fd >= 0 && fd < len(l.byFD) {
 		l.byFD[fd] = nil
 	}
 }
@@ -1055,9 +1127,11 @@ type stream struct {
 	keepIn       bool  // Stream.KeepInput: the client's input is not read
 	why          error // the end's cause; nil for a completed stream
 	reuse        func(fd int)
-	upEnded      bool // the backend's body reached its end (framing)
-	upDirty      bool // bytes past the body's end, or a decode error, seen
-	draining     bool // completed; the body's end is being read (drainUp)
+	csink        ClientSink // the client's side when it is no socket (Stream.Sink)
+	kicked       bool       // in loop.kicks
+	upEnded      bool       // the backend's body reached its end (framing)
+	upDirty      bool       // bytes past the body's end, or a decode error, seen
+	draining     bool       // completed; the body's end is being read (drainUp)
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}

@@ -32,6 +32,7 @@ type benchClient struct {
 
 var benchClients = []benchClient{
 	{"h1up", func() http.RoundTripper { return New(Options{}) }},
+	{"h1up-probe-after", func() http.RoundTripper { return New(Options{ProbeAfter: time.Second}) }},
 	{"nethttp", func() http.RoundTripper { return netHTTPTransport() }},
 }
 

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +51,16 @@ type Options struct {
 	// maxSpareDials such dials run at once. False (the default) dials
 	// nothing ahead.
 	SpareOnDetach bool
+	// ProbeAfter is how long a connection may sit idle before its reuse
+	// pays the liveness check (one recv(MSG_PEEK)): one returned to the
+	// pool more recently is reused unchecked. A reused connection that
+	// then fails before any response byte makes every idle connection to
+	// its host checked again for ProbeAfter (the backend may be closing
+	// them all: a shutdown), and the request is retried only under
+	// RoundTrip's rule, as when the check passed and the backend hung up
+	// just after. Zero checks every reuse; negative means zero. When zero,
+	// the environment's SLUICE_H1UP_PROBE_AFTER (a duration) sets it.
+	ProbeAfter time.Duration
 }
 
 // maxSpareDials bounds a Transport's replacement dials in flight
@@ -84,7 +95,21 @@ type Transport struct {
 	gen   uint64             // CloseIdleConnections calls: a spare dialed before one is not parked
 
 	spares atomic.Int32 // replacement dials in flight
+
+	// suspect holds, per host, until when every reuse is checked
+	// (Options.ProbeAfter): set when a reused connection failed before
+	// any response byte or a check found one dead. Nil until then.
+	suspect map[string]time.Time
 }
+
+// envProbeAfter is SLUICE_H1UP_PROBE_AFTER, read once.
+var envProbeAfter = func() time.Duration {
+	d, err := time.ParseDuration(os.Getenv("SLUICE_H1UP_PROBE_AFTER"))
+	if err != nil {
+		return 0
+	}
+	return d
+}()
 
 var _ http.RoundTripper = (*Transport)(nil)
 
@@ -98,6 +123,9 @@ func New(o Options) *Transport {
 	}
 	if o.ReadBufferSize <= 0 {
 		o.ReadBufferSize = 4 << 10
+	}
+	if o.ProbeAfter == 0 {
+		o.ProbeAfter = envProbeAfter
 	}
 	if o.Dial == nil {
 		d := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}
@@ -158,6 +186,12 @@ func (t *Transport) roundTrip(req *http.Request) (*http.Response, error) {
 		resp, wrote, err := t.exchange(ctx, c, req)
 		if err == nil {
 			return resp, nil
+		}
+		if c.reused && t.o.ProbeAfter > 0 && ctx.Err() == nil {
+			var nr *errNoResponse
+			if !wrote || errors.As(err, &nr) {
+				t.markSuspect(key)
+			}
 		}
 		if retried || !c.reused || ctx.Err() != nil || !retryable(req, wrote, err) {
 			return nil, err
@@ -262,10 +296,16 @@ func (t *Transport) getConn(ctx context.Context, key string, fresh bool) (*conn,
 		c := s[len(s)-1]
 		s[len(s)-1] = nil
 		t.idle[key] = s[:len(s)-1]
-		if now.Sub(c.idleAt) >= t.o.IdleConnTimeout {
+		idle := now.Sub(c.idleAt)
+		if idle >= t.o.IdleConnTimeout {
 			t.closeAllLocked(key) // the rest are older still
 			c.nc.Close()
 			break
+		}
+		if idle < t.o.ProbeAfter && (t.suspect == nil || !now.Before(t.suspect[key])) {
+			t.mu.Unlock()
+			c.reused = true
+			return c, nil
 		}
 		t.mu.Unlock()
 		if c.alive() {
@@ -273,6 +313,9 @@ func (t *Transport) getConn(ctx context.Context, key string, fresh bool) (*conn,
 			return c, nil
 		}
 		c.nc.Close()
+		if t.o.ProbeAfter > 0 {
+			t.markSuspect(key)
+		}
 		t.mu.Lock()
 	}
 	t.mu.Unlock()
@@ -286,6 +329,17 @@ func (t *Transport) getConn(ctx context.Context, key string, fresh bool) (*conn,
 	c := &conn{nc: nc, key: key}
 	c.initProbe()
 	return c, nil
+}
+
+// markSuspect makes every reuse of an idle connection to key pay the
+// liveness check for the next ProbeAfter (Options.ProbeAfter).
+func (t *Transport) markSuspect(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.suspect == nil {
+		t.suspect = map[string]time.Time{}
+	}
+	t.suspect[key] = time.Now().Add(t.o.ProbeAfter)
 }
 
 // spare dials a connection to key in the background and parks it idle

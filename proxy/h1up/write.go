@@ -124,17 +124,40 @@ func validMethod(m string) bool {
 }
 
 // copyLength copies exactly n bytes of body and then reads it to io.EOF.
+// It reads straight into bw's free space (what bw.ReadFrom of an
+// io.LimitReader would do, without the reader's allocation per request).
 func copyLength(bw *bufio.Writer, body io.Reader, n int64) error {
-	got, err := bw.ReadFrom(io.LimitReader(body, n))
-	if err != nil {
-		return fmt.Errorf("h1up: writing request body: %w", err)
+	for got := int64(0); got < n; {
+		if bw.Available() == 0 {
+			if err := bw.Flush(); err != nil {
+				return fmt.Errorf("h1up: writing request body: %w", err)
+			}
+		}
+		buf := bw.AvailableBuffer()
+		buf = buf[:min(int64(cap(buf)), n-got)]
+		k, err := body.Read(buf)
+		if k > 0 {
+			bw.Write(buf[:k]) // in place: buf is bw's own free space
+			got += int64(k)
+		}
+		if err == io.EOF {
+			if got != n {
+				return errBodyLength
+			}
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("h1up: reading request body: %w", err)
+		}
 	}
-	if got != n {
-		return errBodyLength
+	if bw.Available() == 0 {
+		if err := bw.Flush(); err != nil {
+			return fmt.Errorf("h1up: writing request body: %w", err)
+		}
 	}
-	var one [1]byte
+	one := bw.AvailableBuffer()[:1] // read into free space and not written: no [1]byte escaping to the heap
 	for {
-		k, err := body.Read(one[:])
+		k, err := body.Read(one)
 		if k > 0 {
 			return errBodyLength
 		}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -203,6 +204,14 @@ type h2conn struct {
 	idleTimer   *time.Timer
 	stallTimer  *time.Timer
 	stallSeq    uint64 // w.writes at the stall watchdog's last look
+	// Streams on the event loops (h2loop.go): those waiting for credit or
+	// buffer space, and the writer goroutine that writes what the loops
+	// framed (kick wakes it, quit ends it; started by the first).
+	blocked  []*h2stream
+	writerOn bool
+	kick     chan struct{}
+	quit     chan struct{}
+	raw      syscall.RawConn // the socket, for the loops' inline writes (roomFor); nil when unknown
 }
 
 func newH2Conn(h *h2Server, nc net.Conn, r io.Reader, tlsState *tls.ConnectionState, hh http.Handler, base context.Context) *h2conn {
@@ -210,6 +219,8 @@ func newH2Conn(h *h2Server, nc net.Conn, r io.Reader, tlsState *tls.ConnectionSt
 		remote: nc.RemoteAddr().String(), streams: map[uint32]*h2stream{},
 		sendConn: 65535, initSend: 65535, maxFrame: 16384, recvConn: 65535}
 	c.cond.L = &c.mu
+	c.kick, c.quit = make(chan struct{}, 1), make(chan struct{})
+	c.raw = rawOf(nc)
 	c.r = r
 	c.fr = http2.NewFramer(io.Discard, r)
 	c.fr.SetMaxReadFrameSize(16384)
@@ -355,6 +366,7 @@ func (c *h2conn) onSettings(f *http2.SettingsFrame) error {
 					return http2.ConnectionError(http2.ErrCodeFlowControl)
 				}
 			}
+			c.resumeLocked()
 		case http2.SettingMaxFrameSize:
 			c.maxFrame = int(s.Val)
 		case http2.SettingHeaderTableSize:
@@ -403,6 +415,7 @@ func (c *h2conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
 		return http2.ConnectionError(http2.ErrCodeProtocol)
 	}
 	c.cond.Broadcast()
+	c.resumeLocked()
 	return nil
 }
 
@@ -496,6 +509,7 @@ func (c *h2conn) abort(err error) {
 	if c.stallTimer != nil {
 		c.stallTimer.Stop()
 	}
+	close(c.quit) // the loops' writer
 	c.cond.Broadcast()
 	c.mu.Unlock()
 }

@@ -18,6 +18,8 @@ import (
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/sluice-proxy/sluice/proxy/evloop"
 )
 
 // h2stream is one request and its response: the handler's
@@ -42,6 +44,14 @@ type h2stream struct {
 	wdeadline   bool // the write deadline passed
 	wtimer      *time.Timer
 	stop        func() bool // ends the AfterFunc that wakes waits on ctx
+	// The event loop's (h2loop.go): the stream was handed to a loop
+	// (its handler returns without ending it), the loop's waker, the
+	// stream waits in c.blocked for credit, the trailer for its end.
+	loop     bool
+	waker    evloop.Waker
+	blocked  bool
+	retired  bool // removed from c.streams
+	ltrailer []hpack.HeaderField
 
 	// The handler's goroutine's own.
 	header      http.Header
@@ -407,6 +417,9 @@ func (st *h2stream) peerReset(err error) {
 	st.reset = true
 	st.resetErr = err
 	st.cancel(nil)
+	if st.waker != nil {
+		st.waker.Gone() // a stream on a loop: the loop ends it
+	}
 	if st.body != nil {
 		if st.body.err == nil {
 			st.body.err = err
@@ -433,15 +446,39 @@ func (st *h2stream) done() {
 		c.srv.log.Error("http2: panic serving request", "remote", c.remote, "panic", fmt.Sprint(rec), "stack", string(buf))
 	}
 	if rec == nil {
+		c.mu.Lock()
+		loop := st.loop
+		c.mu.Unlock()
+		if loop {
+			return // an event loop relays the stream and ends it (h2loop.go)
+		}
 		st.send(true)
 	}
 	c.mu.Lock()
+	if st.retired {
+		c.mu.Unlock()
+		return
+	}
 	if rec != nil {
 		c.resetLocked(st, http2.ErrCodeInternal)
 	} else if !st.remoteEnded && !st.reset {
 		// The response is complete; the client need not send the rest.
 		c.w.fr.WriteRSTStream(st.id, http2.ErrCodeNo)
 	}
+	st.retireLocked()
+	c.giveBackLocked(nil)
+	c.flushLocked()
+	c.mu.Unlock()
+	st.cancel(nil)
+}
+
+// retireLocked removes an ended stream from its connection: its unread
+// request body goes back to the connection's window (given back by the
+// caller), its timers stop, and a connection left without streams starts
+// its idle or closing countdown.
+func (st *h2stream) retireLocked() {
+	c := st.c
+	st.retired = true
 	if b := st.body; b != nil && len(b.buf) > b.off {
 		c.unackedConn += int64(len(b.buf) - b.off)
 		b.buf, b.off = nil, 0
@@ -456,7 +493,9 @@ func (st *h2stream) done() {
 	if st.wtimer != nil {
 		st.wtimer.Stop()
 	}
-	c.giveBackLocked(nil)
+	if st.blocked {
+		c.unblockLocked(st)
+	}
 	if len(c.streams) == 0 && !c.closed {
 		if c.goingAway {
 			c.closeSoonLocked()
@@ -464,9 +503,6 @@ func (st *h2stream) done() {
 			c.idleTimer.Reset(c.lim.idle)
 		}
 	}
-	c.flushLocked()
-	c.mu.Unlock()
-	st.cancel(nil)
 }
 
 // Header returns the response header.

@@ -75,22 +75,32 @@ func (c *h2conn) flushLocked() error {
 		c.mu.Unlock()
 		_, err := c.nc.Write(b)
 		c.mu.Lock()
-		w.flushing = false
-		if cap(b) <= maxSpare {
-			w.spare = b[:0]
-		} else {
-			w.spare = nil
-		}
-		if err != nil {
-			w.err = err
-			w.buf = w.buf[:0]
-			c.nc.Close() // the reader ends the connection
-		}
+		c.wroteLocked(b, err)
 	}
 	if w.waiting > 0 {
 		c.cond.Broadcast()
 	}
+	if len(c.blocked) > 0 {
+		c.resumeLocked()
+	}
 	return w.err
+}
+
+// wroteLocked ends a socket write of b (taken from w.buf) that returned
+// err.
+func (c *h2conn) wroteLocked(b []byte, err error) {
+	w := &c.w
+	w.flushing = false
+	if cap(b) <= maxSpare {
+		w.spare = b[:0]
+	} else {
+		w.spare = nil
+	}
+	if err != nil {
+		w.err = err
+		w.buf = w.buf[:0]
+		c.nc.Close() // the reader ends the connection
+	}
 }
 
 // armStallLocked starts the write-stall watchdog while streams run.

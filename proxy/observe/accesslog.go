@@ -21,12 +21,15 @@ type AccessLog struct {
 	text bool
 	mu   sync.Mutex // serialises writes: a line is never interleaved
 	w    io.Writer
+	lw   *LogWriter // w when it is one: its lines may be buffered
 }
 
 // NewAccessLog returns an access log writing to w in format "json" or
-// "text" (anything else is JSON).
+// "text" (anything else is JSON). When w is a *LogWriter, lines go through
+// its buffer (LogWriter.SetBuffer).
 func NewAccessLog(w io.Writer, format string) *AccessLog {
-	return &AccessLog{w: w, text: format == "text"}
+	lw, _ := w.(*LogWriter)
+	return &AccessLog{w: w, lw: lw, text: format == "text"}
 }
 
 var lineBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
@@ -57,9 +60,13 @@ func (a *AccessLog) end(l *line) {
 		l.b = append(l.b, '}')
 	}
 	l.b = append(l.b, '\n')
-	a.mu.Lock()
-	a.w.Write(l.b) // a log that cannot be written must not fail the request
-	a.mu.Unlock()
+	if a.lw != nil {
+		a.lw.line(l.b) // serialised by the LogWriter
+	} else {
+		a.mu.Lock()
+		a.w.Write(l.b) // a log that cannot be written must not fail the request
+		a.mu.Unlock()
+	}
 	if cap(l.b) <= 64<<10 { // an outsized line's buffer is not kept
 		*l.bp = l.b[:0]
 		lineBufs.Put(l.bp)
