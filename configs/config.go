@@ -139,9 +139,9 @@ type Listeners struct {
 	// ClientAddressHeader is the header trusted proxies name the client
 	// in: "x-forwarded-for" (default) or "forwarded" (RFC 7239 for=).
 	ClientAddressHeader string `yaml:"client_address_header"`
-	// HTTPServer is the HTTP/1.1 server of the http listener: "go"
-	// (net/http's, the default) or "sluice" (Sluice's own, proxy/listen
-	// h1serve.go). Changing it needs a restart (as every listeners key).
+	// HTTPServer is the HTTP/1.1 server of the http listener: "sluice"
+	// (Sluice's own, proxy/listen h1serve.go, the default) or "go"
+	// (net/http's). Changing it needs a restart (as every listeners key).
 	HTTPServer string `yaml:"http_server"`
 }
 
@@ -310,6 +310,7 @@ func (c *Config) applyDefaults() {
 	c.Listeners.IdleTimeout = cmp.Or(c.Listeners.IdleTimeout, listen.DefaultIdleTimeout)
 	c.Listeners.ClientAddressHeader = cmp.Or(c.Listeners.ClientAddressHeader, listen.HeaderXForwardedFor)
 	c.Listeners.H2Server = cmp.Or(c.Listeners.H2Server, listen.H2ServerSluice)
+	c.Listeners.HTTPServer = cmp.Or(c.Listeners.HTTPServer, listen.HTTPServerSluice)
 	if c.Listeners.HTTPS != nil {
 		c.Listeners.HTTPS.HTTP3 = c.Listeners.HTTPS.HTTP3.WithDefaults()
 	}

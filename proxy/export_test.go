@@ -15,3 +15,7 @@ func BreakLoops(h *Handler) {
 		g.BreakWaits()
 	}
 }
+
+// SetParkKept sets whether kept client connections wait on the event
+// loops (parkKept), for the tests of both ways.
+func SetParkKept(on bool) { parkKept.Store(on) }

@@ -77,7 +77,17 @@ func reuseFunc(body any, up net.Conn, shared bool) func(fd int) {
 // costs per stream. A variable for the tests and benchmarks of both ways.
 var sharedConns atomic.Bool
 
-func init() { sharedConns.Store(true) }
+func init() {
+	sharedConns.Store(true)
+	parkKept.Store(os.Getenv("SLUICE_KEEP_ON_LOOP") == "1")
+}
+
+// parkKept leaves a kept client connection on its event loop until its
+// next request arrives (evloop.Parker, listen.ParkConn) instead of
+// re-admitting it to the HTTP server at once: off unless
+// SLUICE_KEEP_ON_LOOP=1 (docs/BENCHMARKS.md, "h1loop"). A variable for
+// the tests of both ways.
+var parkKept atomic.Bool
 
 // errHandedOff tells serve's callers that the event loop now owns the
 // exchange: it completes it when the stream ends.
@@ -134,6 +144,15 @@ func (h *Handler) Close() {
 func (h *Handler) LoopStreams() int64 {
 	if g := h.loops.g.Load(); g != nil {
 		return g.Streams()
+	}
+	return 0
+}
+
+// LoopParked is the number of kept client connections waiting for their
+// next request on the event loops (parkKept).
+func (h *Handler) LoopParked() int64 {
+	if g := h.loops.g.Load(); g != nil {
+		return g.Parked()
 	}
 	return 0
 }
@@ -338,7 +357,7 @@ func (x *exchange) handOffRest(l *leg, ls *loopStream, g *evloop.Group, conn net
 	// loop does when the stream ends, unless the server takes it back).
 	ls.uncount = listen.KeepCounted(conn)
 	es := &evloop.Stream{Client: conn, Upstream: up, Out: out, Pending: pending, Raw: raw,
-		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse, KeepInput: ls.keep,
+		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls.relay(), Reuse: reuse, KeepInput: ls.keep,
 		Shared: shared}
 	h, err := g.Add(es)
 	if err != nil {
@@ -579,6 +598,32 @@ func (ls *loopStream) Keep(fd int) bool {
 		return listen.ReadmitConn(ls.conn, ls.prefix)
 	}
 	return listen.Readmit(ls.conn, fd, ls.prefix)
+}
+
+// relay is the Relay ls is on its loop: a parkingStream when its kept
+// connection may wait for its next request on the loop (parkKept).
+func (ls *loopStream) relay() evloop.Relay {
+	if ls.keep && ls.shared && parkKept.Load() {
+		return parkingStream{ls}
+	}
+	return ls
+}
+
+// parkingStream is a loopStream whose kept client connection waits for its
+// next request on the loop (evloop.Parker).
+type parkingStream struct{ *loopStream }
+
+// Park leaves the client's connection on the loop after a clean end (the
+// conditions of Keep) unless bytes past the request were read already.
+func (ps parkingStream) Park(int) evloop.Parked {
+	x := ps.x
+	if !ps.keep || x.err != nil || x.clientGone {
+		return nil
+	}
+	if p := listen.ParkConn(ps.conn, ps.prefix); p != nil {
+		return p
+	}
+	return nil // not a nil *ParkedConn in the interface
 }
 
 // Closed releases the server's hold: the client has the whole stream.

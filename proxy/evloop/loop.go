@@ -47,11 +47,16 @@ type loop struct {
 	// drains are finished streams whose backend body is still read to
 	// its end for reuse (see finish); the sweep closes those past drainBy.
 	drains []*stream
-	rbuf   []byte    // shared read buffer
-	out    []byte    // shared out buffer
-	sink   [512]byte // client input is read here and dropped
-	ready  []unix.EpollEvent
-	woken  bool // the last dispatch ran the queued streams and commands
+	// parks are the parked client sockets (park.go), parkFD the same by
+	// descriptor.
+	parks   []*parked
+	parkFD  []*parked
+	nparked atomic.Int64 // len(parks), for Group.Parked
+	rbuf    []byte       // shared read buffer
+	out     []byte       // shared out buffer
+	sink    [512]byte    // client input is read here and dropped
+	ready   []unix.EpollEvent
+	woken   bool // the last dispatch ran the queued streams and commands
 	// kicks are the streams whose ClientSink was written in this batch:
 	// each sink's Flush runs once at the batch's end (kickAll).
 	kicks []*stream
@@ -172,7 +177,7 @@ func (l *loop) run() {
 			case timeout < 0 && !deadline.IsZero():
 				deadline = time.Time{}
 				f.SetReadDeadline(deadline)
-			case timeout >= 0 && (deadline.IsZero() || !time.Now().Before(deadline)):
+			case timeout >= 0 && (deadline.IsZero() || !time.Now().Before(deadline) || time.Until(deadline) > timeout):
 				deadline = time.Now().Add(timeout)
 				f.SetReadDeadline(deadline)
 			}
@@ -192,7 +197,7 @@ func (l *loop) run() {
 				}
 				l.polled.Store(mono())
 				// (a helper added streams or drains: the sweep's deadline is due)
-				if n > 0 || werr != nil || timeout < 0 && (len(l.all) > 0 || len(l.drains) > 0) {
+				if n > 0 || werr != nil || timeout < 0 && l.sweepEvery() >= 0 {
 					locked = true
 					return true
 				}
@@ -236,10 +241,7 @@ func (l *loop) run() {
 			lastSweep = now
 			l.sweep(now)
 		}
-		timeout = -1
-		if len(l.all) > 0 || len(l.drains) > 0 {
-			timeout = sweep
-		}
+		timeout = l.sweepEvery()
 		l.own.Unlock()
 	}
 }
@@ -266,7 +268,7 @@ func (l *loop) runPolled() {
 	sweep := l.opts.Sweep
 	lastSweep := time.Now()
 	var deadline time.Time
-	stop, active := false, false
+	stop, active := false, time.Duration(-1)
 	serve := func(fd uintptr) bool {
 		l.own.Lock()
 		defer l.own.Unlock()
@@ -294,7 +296,7 @@ func (l *loop) runPolled() {
 				lastSweep = now
 				l.sweep(now)
 			}
-			if a := len(l.all) > 0 || len(l.drains) > 0; a != active {
+			if a := l.sweepEvery(); a != active {
 				active = a
 				return true // the sweep's deadline must be armed or cleared
 			}
@@ -309,11 +311,11 @@ func (l *loop) runPolled() {
 		// active is written by serve under own and read here after
 		// Read returned, on the same goroutine.
 		switch now := time.Now(); {
-		case !active && !deadline.IsZero():
+		case active < 0 && !deadline.IsZero():
 			deadline = time.Time{}
 			f.SetReadDeadline(deadline)
-		case active && (deadline.IsZero() || !now.Before(deadline)):
-			deadline = now.Add(sweep)
+		case active >= 0 && (deadline.IsZero() || !now.Before(deadline) || deadline.Sub(now) > active):
+			deadline = now.Add(active)
 			f.SetReadDeadline(deadline)
 		}
 		rc.Read(serve) // an error is the deadline: arm it again and serve
@@ -357,6 +359,7 @@ func (l *loop) dispatchBatch(n int, now time.Time) bool {
 			continue
 		}
 		if fd >= len(l.byFD) || l.byFD[fd] == nil {
+			l.parkedReady(fd, ev.Events)
 			continue
 		}
 		s := l.byFD[fd]
@@ -433,6 +436,7 @@ func (l *loop) fail(err error, now time.Time) {
 	l.endAll(err, true)
 	l.closeDrains()
 	l.kickAll()
+	l.closeParked()
 }
 
 // waitHeld waits in epoll_wait while keeping the loop's P (Options.
@@ -485,6 +489,7 @@ func (l *loop) commands(now time.Time) bool {
 	if stopping {
 		l.endAll(ErrClosed, true)
 		l.closeDrains()
+		l.closeParked()
 		return true
 	}
 	return false
@@ -1005,6 +1010,9 @@ func (l *loop) sweep(now time.Time) {
 		l.drains = keep
 	}
 	l.kickAll()
+	if len(l.parks) > 0 {
+		l.sweepParked(now)
+	}
 }
 
 // closeDrains closes the backend sockets still drained (the loop stops).
@@ -1048,9 +1056,10 @@ func (l *loop) finish(s *stream) {
 		l.unmap(s.cfd)
 		k, kept := s.relay.(Keeper)
 		// A clean end may hand the client's socket over (out of the epoll set
-		// first: it is keyed by the socket, not by this descriptor).
-		kept = kept && s.why == nil && !s.gone &&
-			unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, s.cfd, nil) == nil && k.Keep(s.cfd)
+		// first: it is keyed by the socket, not by this descriptor), or
+		// leave it parked on the loop (park.go).
+		kept = kept && s.why == nil && !s.gone && (l.park(s) ||
+			unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, s.cfd, nil) == nil && k.Keep(s.cfd))
 		if !kept {
 			if s.keepIn {
 				l.dropInput(s.cfd)

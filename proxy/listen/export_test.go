@@ -8,3 +8,6 @@ func QUICCounts(s *Server) (map[string]int, int64) {
 	}
 	return s.h3.gate.counts()
 }
+
+// MaxHeaderBytes is the listeners' header limit.
+const MaxHeaderBytes = maxHeaderBytes

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	_ "unsafe" // go:linkname
 
 	"golang.org/x/net/http/httpguts"
 )
@@ -53,6 +54,7 @@ type h1Conn struct {
 	remote string
 	state  atomic.Int32
 	served bool // a request was served: the h2c preface is looked for only before
+	armed  bool // the head's read limit was set before the wait for its first bytes
 
 	// The watcher (see h1serve.go), under wmu.
 	wmu     sync.Mutex
@@ -87,6 +89,10 @@ func (c *h1Conn) loop(watched bool) {
 	for {
 		if !watched {
 			if c.br.Buffered() == 0 {
+				// The head's limit counts from its first byte, the one
+				// this wait reads (net/http's, on a kept connection,
+				// from after it: up to one buffer more).
+				c.lr.remain, c.armed = h1HeadLimit, true
 				if c.served {
 					c.rwc.SetReadDeadline(time.Now().Add(c.srv.idle))
 				}
@@ -177,22 +183,44 @@ func (c *h1Conn) h2Preface() bool {
 	return true
 }
 
-// statusError is a request the server refuses with status.
-type statusError struct {
-	status int
-	msg    string
+// h1HeadLimit bounds the bytes a request's head may take from the socket:
+// net/http's MaxHeaderBytes plus its 4 KiB of slack.
+const h1HeadLimit = maxHeaderBytes + 4096
+
+// readRequest is net/http's request parser without http.ReadRequest's
+// deletion of the Host field, which the server's Host rules need to see
+// (net/http's server calls it so; it is marked for linkname use).
+//
+//go:linkname readRequest net/http.readRequest
+func readRequest(b *bufio.Reader) (*http.Request, error)
+
+// isH2Upgrade reports whether req is the HTTP/2 preface read as a request
+// (net/http exempts it from the Host rule).
+func isH2Upgrade(req *http.Request) bool {
+	return req.Method == "PRI" && len(req.Header) == 0 && req.URL.Path == "*" && req.Proto == "HTTP/2.0"
 }
 
-func (e statusError) Error() string { return e.msg }
+// statusError is a request the server refuses with status; text, when
+// set, follows the status text in the answer (as net/http words it).
+type statusError struct {
+	status int
+	text   string
+	http10 bool // the request's version, for a 417 (a response of the handler's kind)
+}
+
+func (e statusError) Error() string { return http.StatusText(e.status) + ": " + e.text }
 
 // readRequest reads and checks the next request's head.
 func (c *h1Conn) readRequest() (*h1Response, error) {
 	c.rwc.SetReadDeadline(time.Now().Add(h1ReadHeaderTimeout))
-	c.lr.remain = maxHeaderBytes + 4096
-	req, err := http.ReadRequest(c.br)
+	if !c.armed {
+		c.lr.remain = h1HeadLimit
+	}
+	c.armed = false
+	req, err := readRequest(c.br)
 	if err != nil {
 		if c.lr.remain <= 0 {
-			return nil, statusError{http.StatusRequestHeaderFieldsTooLarge, "431 Request Header Fields Too Large"}
+			return nil, statusError{status: http.StatusRequestHeaderFieldsTooLarge, text: ""}
 		}
 		return nil, err
 	}
@@ -200,35 +228,43 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 	c.rwc.SetReadDeadline(time.Time{})
 	if req.ProtoMajor != 1 {
 		req.Body.Close()
-		return nil, statusError{http.StatusHTTPVersionNotSupported, "505 HTTP Version Not Supported"}
+		return nil, statusError{status: http.StatusHTTPVersionNotSupported, text: "unsupported protocol version"}
 	}
-	if req.ProtoMinor >= 1 && req.Host == "" && req.Method != "CONNECT" {
-		return nil, statusError{http.StatusBadRequest, "400 Bad Request: missing required Host header"}
+	// The Host rules as net/http's server applies them, on the Host
+	// field itself (http.ReadRequest would have deleted it): present,
+	// even empty, on HTTP/1.1 (RFC 9112 section 3.2, also with an
+	// absolute-form target), and well-formed.
+	hosts, haveHost := req.Header["Host"]
+	if req.ProtoMinor >= 1 && (!haveHost || len(hosts) == 0) && !isH2Upgrade(req) && req.Method != "CONNECT" {
+		return nil, statusError{status: http.StatusBadRequest, text: "missing required Host header"}
 	}
-	if req.Host != "" && !httpguts.ValidHostHeader(req.Host) {
-		return nil, statusError{http.StatusBadRequest, "400 Bad Request: malformed Host header"}
+	if len(hosts) == 1 && !httpguts.ValidHostHeader(hosts[0]) {
+		return nil, statusError{status: http.StatusBadRequest, text: "malformed Host header"}
 	}
 	for k, vv := range req.Header {
 		if !httpguts.ValidHeaderFieldName(k) {
-			return nil, statusError{http.StatusBadRequest, "400 Bad Request: invalid header name"}
+			return nil, statusError{status: http.StatusBadRequest, text: "invalid header name"}
 		}
 		for _, v := range vv {
 			if !httpguts.ValidHeaderFieldValue(v) {
-				return nil, statusError{http.StatusBadRequest, "400 Bad Request: invalid header value"}
+				return nil, statusError{status: http.StatusBadRequest, text: "invalid header value"}
 			}
 		}
 	}
+	delete(req.Header, "Host")
 	w := &h1Response{c: c, contentLength: -1, header: make(http.Header)}
 	w.body.w = w
 	w.body.rc = req.Body
 	if req.Body == http.NoBody {
 		w.body.eof.Store(true)
 	}
-	if ex := req.Header["Expect"]; len(ex) > 0 {
-		if len(ex) == 1 && strings.EqualFold(ex[0], "100-continue") && req.ProtoAtLeast(1, 1) {
-			w.expect = !w.body.eof.Load()
-		} else if req.ProtoAtLeast(1, 1) {
-			return nil, statusError{http.StatusExpectationFailed, "417 Expectation Failed"}
+	if ex := req.Header["Expect"]; len(ex) > 0 && ex[0] != "" {
+		// net/http's rules: 100-continue among the first value's
+		// tokens (honoured on HTTP/1.1 with a body), else 417.
+		if hasToken(ex[:1], "100-continue") {
+			w.expect = req.ProtoAtLeast(1, 1) && !w.body.eof.Load()
+		} else {
+			return nil, statusError{status: http.StatusExpectationFailed, http10: !req.ProtoAtLeast(1, 1)}
 		}
 	}
 	ctx, cancel := context.WithCancelCause(c.ctx)
@@ -255,7 +291,7 @@ func (c *h1Conn) fail(err error) {
 	switch {
 	case errors.As(err, &se):
 	case err.Error() == "unsupported transfer encoding" || strings.HasPrefix(err.Error(), "unsupported transfer encoding"):
-		se = statusError{http.StatusNotImplemented, "501 Not Implemented: unsupported transfer encoding"}
+		se = statusError{status: http.StatusNotImplemented, text: ""}
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, net.ErrClosed):
 		c.close() // the client left, or was too slow: no answer
 		return
@@ -265,11 +301,27 @@ func (c *h1Conn) fail(err error) {
 			c.close()
 			return
 		}
-		se = statusError{http.StatusBadRequest, "400 Bad Request"}
+		se = statusError{status: http.StatusBadRequest, text: ""}
 	}
+	// The answers are net/http's, byte for byte.
+	const errorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 	c.rwc.SetWriteDeadline(time.Now().Add(time.Second))
-	fmt.Fprintf(c.rwc, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n%s",
-		se.status, http.StatusText(se.status), se.msg)
+	code, text := se.status, http.StatusText(se.status)
+	switch {
+	case code == http.StatusExpectationFailed:
+		b := appendStatus(c.out[:0], !se.http10, code)
+		b = append(b, "Connection: close\r\nDate: "...)
+		b = c.appendDate(b)
+		b = append(b, "\r\nContent-Length: 0\r\n\r\n"...)
+		c.rwc.Write(b)
+		c.out = b[:0]
+	case code == http.StatusNotImplemented:
+		fmt.Fprintf(c.rwc, "HTTP/1.1 %d %s%sUnsupported transfer encoding", code, text, errorHeaders)
+	case se.text != "":
+		fmt.Fprintf(c.rwc, "HTTP/1.1 %d %s: %s%s%d %s: %s", code, text, se.text, errorHeaders, code, text, se.text)
+	default:
+		fmt.Fprintf(c.rwc, "HTTP/1.1 %d %s%s%d %s", code, text, errorHeaders, code, text)
+	}
 	c.closeWriteAndWait()
 }
 
@@ -350,6 +402,9 @@ func (c *h1Conn) claimWatch() bool {
 // and after; a failure cancels the running request, the next request's
 // bytes make it the connection's goroutine once the handler returned.
 func (c *h1Conn) watchConn() {
+	if c.br.Buffered() == 0 {
+		c.lr.remain, c.armed = h1HeadLimit, true // as in loop
+	}
 	_, err := c.br.Peek(1)
 	c.wmu.Lock()
 	switch {

@@ -4,12 +4,16 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"math"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // h1Response is the h1 server's ResponseWriter. The header map is the
@@ -86,7 +90,7 @@ func (w *h1Response) writeInformational(code int) {
 	}
 	b := w.c.out[:0]
 	b = appendStatus(b, true, code)
-	b = appendHeader(b, w.header, nil)
+	b = appendHeader(b, w.header)
 	b = append(b, "\r\n"...)
 	w.c.out = b
 	w.flushOut()
@@ -117,10 +121,14 @@ func (w *h1Response) Write(p []byte) (int, error) {
 		w.written -= int64(len(p))
 		return 0, http.ErrContentLength
 	}
+	c := w.c
 	if w.head {
+		if !w.committed && len(c.body) < sniffLen {
+			// Kept for the Content-Type sniff only.
+			c.body = append(c.body, p[:min(len(p), sniffLen-len(c.body))]...)
+		}
 		return len(p), nil
 	}
-	c := w.c
 	if !w.committed {
 		if len(c.body)+len(p) <= h1BufSize {
 			c.body = append(c.body, p...)
@@ -162,61 +170,138 @@ func (w *h1Response) appendBody(p []byte) {
 
 // commit builds the head in c.out, followed by the held body. final: the
 // handler returned (the length is known). more is the body about to be
-// written (for the Content-Type sniff).
+// written (for the Content-Type sniff). The head is net/http's: the
+// handler's fields sorted by name (TrailerPrefix ones and invalid names
+// left out), then Date, Content-Length, Content-Type, Connection and
+// Transfer-Encoding when the server sets them, in that order.
 func (w *h1Response) commit(final bool, more []byte) {
 	w.committed = true
 	c := w.c
 	h := w.header
-	if final && w.contentLength < 0 && w.bodyAllowed() && len(h["Transfer-Encoding"]) == 0 && !(w.head && w.written == 0) {
-		w.contentLength = int64(len(c.body))
-		if w.head {
-			w.contentLength = w.written // what the GET would have sent
+	var ks [32]string
+	keys := ks[:0]
+	prefixTrailers := false
+	for k := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			prefixTrailers = true
+			continue
 		}
-		h["Content-Length"] = []string{strconv.FormatInt(w.contentLength, 10)}
+		keys = append(keys, k)
 	}
-	if tr := h["Trailer"]; len(tr) > 0 {
-		w.trailers = w.trailers[:0]
-		for _, v := range tr {
-			for _, k := range strings.Split(v, ",") {
-				if k = http.CanonicalHeaderKey(strings.TrimSpace(k)); k != "" {
+	// Declared trailers set before the commit stay out of the head: the
+	// head is built from the live map, not from a copy taken at
+	// WriteHeader as net/http's is, and a handler sets them after its
+	// first Write.
+	w.trailers = w.trailers[:0]
+	for _, v := range h["Trailer"] {
+		for _, k := range strings.Split(v, ",") {
+			if k = http.CanonicalHeaderKey(strings.TrimSpace(k)); k != "" {
+				switch k {
+				case "Transfer-Encoding", "Trailer", "Content-Length": // net/http's declareTrailer
+				default:
 					w.trailers = append(w.trailers, k)
 				}
 			}
 		}
 	}
-	switch {
-	case !w.bodyAllowed():
-		delete(h, "Transfer-Encoding")
-		if w.status == http.StatusNoContent || w.status < 200 {
-			delete(h, "Content-Length")
+	hasTrailers := prefixTrailers || len(h["Trailer"]) > 0
+	te := ""
+	if v := h["Transfer-Encoding"]; len(v) > 0 {
+		te = v[0]
+	}
+	setCL := false
+	if final && w.contentLength < 0 && !hasTrailers && te == "" && w.bodyAllowed() && !(w.head && w.written == 0) {
+		w.contentLength = int64(len(c.body))
+		if w.head {
+			w.contentLength = w.written // what the GET would have sent
 		}
+		setCL = true
+	}
+	suppress := ""
+	switch {
+	case w.status == http.StatusNotModified:
+		suppress = "Content-Type Content-Length Transfer-Encoding"
+	case !w.bodyAllowed():
+		suppress = "Content-Length Transfer-Encoding"
+	}
+	switch {
+	case w.head || !w.bodyAllowed() || w.status == http.StatusNoContent:
+		suppress += " Transfer-Encoding"
 	case w.contentLength >= 0:
-		delete(h, "Transfer-Encoding")
-	case w.head:
+		if te != "" && te != "identity" {
+			suppress += " Content-Length" // net/http ignores the length then
+			w.contentLength = -1
+			if w.is11 {
+				w.chunked = true
+				suppress += " Transfer-Encoding"
+			} else {
+				w.closeAfter = true
+			}
+		} else {
+			suppress += " Transfer-Encoding"
+		}
 	case w.is11:
-		w.chunked = true
+		if te == "identity" {
+			w.closeAfter = true
+			suppress += " Transfer-Encoding"
+		} else {
+			w.chunked = true
+			suppress += " Transfer-Encoding"
+		}
 	default:
 		w.closeAfter = true // HTTP/1.0: the body ends with the connection
+		suppress += " Transfer-Encoding"
+	}
+	if w.chunked {
+		suppress += " Content-Length"
 	}
 	if w.wantClose || w.c.srv.shutting.Load() || hasToken(h["Connection"], "close") {
 		w.closeAfter = true
 	}
-	if !w.is11 && !w.closeAfter && !hasToken(w.req.Header["Connection"], "keep-alive") {
-		w.closeAfter = true
+	keep10 := false
+	if !w.is11 && !w.closeAfter {
+		if hasToken(w.req.Header["Connection"], "keep-alive") && (w.head || w.contentLength >= 0 || !w.bodyAllowed()) {
+			keep10 = true
+		} else {
+			w.closeAfter = true
+		}
 	}
 	if w.expect && !w.sentContinue && !w.body.eof.Load() {
 		// The client may still send the body it was not asked for.
 		w.closeAfter = true
 	}
+	connection := ""
+	switch {
+	case w.closeAfter && !hasToken(h["Connection"], "close") && w.status != http.StatusSwitchingProtocols:
+		suppress += " Connection"
+		if w.is11 {
+			connection = "close"
+		}
+	case keep10 && len(h["Connection"]) == 0:
+		connection = "keep-alive"
+	}
+	slices.Sort(keys)
 	b := c.out[:0]
 	b = appendStatus(b, w.is11, w.status)
-	b = appendHeader(b, h, w.trailers)
+	for _, k := range keys {
+		if suppress != "" && excluded(suppress, k) || len(w.trailers) > 0 && slices.Contains(w.trailers, k) || !httpguts.ValidHeaderFieldName(k) {
+			continue
+		}
+		for _, v := range h[k] {
+			b = appendField(b, k, v)
+		}
+	}
 	if _, ok := h["Date"]; !ok {
 		b = append(b, "Date: "...)
 		b = c.appendDate(b)
 		b = append(b, "\r\n"...)
 	}
-	if _, ok := h["Content-Type"]; !ok && w.bodyAllowed() && len(h["Content-Encoding"]) == 0 {
+	if setCL {
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, w.contentLength, 10)
+		b = append(b, "\r\n"...)
+	}
+	if _, ok := h["Content-Type"]; !ok && w.bodyAllowed() && te == "" && len(h["Content-Encoding"]) == 0 {
 		sniff := c.body
 		if len(sniff) == 0 {
 			sniff = more
@@ -227,25 +312,39 @@ func (w *h1Response) commit(final bool, more []byte) {
 			b = append(b, "\r\n"...)
 		}
 	}
+	if connection != "" {
+		b = append(b, "Connection: "...)
+		b = append(b, connection...)
+		b = append(b, "\r\n"...)
+	}
 	if w.chunked {
 		b = append(b, "Transfer-Encoding: chunked\r\n"...)
 	}
-	switch {
-	case w.closeAfter:
-		if !hasToken(h["Connection"], "close") {
-			b = append(b, "Connection: close\r\n"...)
-		}
-	case !w.is11:
-		b = append(b, "Connection: keep-alive\r\n"...)
-	}
 	b = append(b, "\r\n"...)
 	c.out = b
-	if len(c.body) > 0 {
+	if w.head {
+		c.body = c.body[:0]
+	} else if len(c.body) > 0 {
 		body := c.body
 		c.body = c.body[:0]
 		w.appendBody(body)
 	}
 }
+
+// excluded reports whether k is one of the space-separated names in set.
+func excluded(set, k string) bool {
+	for set != "" {
+		var name string
+		name, set, _ = strings.Cut(set, " ")
+		if name == k {
+			return true
+		}
+	}
+	return false
+}
+
+// sniffLen is how much of a body http.DetectContentType reads.
+const sniffLen = 512
 
 func hasToken(vv []string, tok string) bool {
 	for _, v := range vv {
@@ -277,14 +376,20 @@ func appendStatus(b []byte, is11 bool, code int) []byte {
 	return append(b, "\r\n"...)
 }
 
-// appendHeader appends h's fields (not the trailers: those declared, the
-// TrailerPrefix ones), their values' line breaks made spaces.
-func appendHeader(b []byte, h http.Header, trailers []string) []byte {
-	for k, vv := range h {
-		if strings.HasPrefix(k, http.TrailerPrefix) || len(trailers) > 0 && declared(trailers, k) {
+// appendHeader appends h's fields sorted by name, as net/http writes
+// them (invalid names left out; for the 1xx heads).
+func appendHeader(b []byte, h http.Header) []byte {
+	var ks [32]string
+	keys := ks[:0]
+	for k := range h {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if !httpguts.ValidHeaderFieldName(k) {
 			continue
 		}
-		for _, v := range vv {
+		for _, v := range h[k] {
 			b = appendField(b, k, v)
 		}
 	}
@@ -299,18 +404,18 @@ func appendField(b []byte, name, v string) []byte {
 	return append(b, "\r\n"...)
 }
 
-func declared(trailers []string, k string) bool {
-	for _, t := range trailers {
-		if t == k {
-			return true
-		}
-	}
-	return false
-}
-
+// appendValue appends v with its line breaks made spaces, then trimmed of
+// ASCII white space (net/http's headerNewlineToSpace and
+// textproto.TrimString).
 func appendValue(b []byte, v string) []byte {
-	v = strings.TrimSpace(v)
-	for i := 0; i < len(v); i++ {
+	i, j := 0, len(v)
+	for i < j && asciiSpace(v[i]) {
+		i++
+	}
+	for j > i && asciiSpace(v[j-1]) {
+		j--
+	}
+	for ; i < j; i++ {
 		if c := v[i]; c == '\r' || c == '\n' {
 			b = append(b, ' ')
 		} else {
@@ -319,6 +424,8 @@ func appendValue(b []byte, v string) []byte {
 	}
 	return b
 }
+
+func asciiSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
 
 // flushOut writes c.out to the socket.
 func (w *h1Response) flushOut() error {
@@ -392,25 +499,31 @@ func (w *h1Response) finishResponse() bool {
 	return !w.closeAfter && !w.broken
 }
 
-// appendTrailers appends the trailer fields: the declared ones and the
-// TrailerPrefix ones, as net/http sends them.
+// appendTrailers appends the trailer fields as net/http sends them: the
+// TrailerPrefix ones (names as given) and the declared ones, sorted by
+// name.
 func (w *h1Response) appendTrailers(b []byte) []byte {
 	h := w.header
-	for _, k := range w.trailers {
-		for _, v := range h[k] {
-			b = append(b, k...)
-			b = append(b, ": "...)
-			b = appendValue(b, v)
-			b = append(b, "\r\n"...)
+	var ks [16]string
+	keys := append(ks[:0], w.trailers...)
+	for k := range h {
+		if name, ok := strings.CutPrefix(k, http.TrailerPrefix); ok && !slices.Contains(w.trailers, name) {
+			keys = append(keys, name)
 		}
 	}
-	for k, vv := range h {
-		if !strings.HasPrefix(k, http.TrailerPrefix) {
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	for _, k := range keys {
+		if !httpguts.ValidHeaderFieldName(k) {
 			continue
 		}
-		name := http.CanonicalHeaderKey(k[len(http.TrailerPrefix):])
-		for _, v := range vv {
-			b = appendField(b, name, v)
+		for _, v := range h[http.TrailerPrefix+k] {
+			b = appendField(b, k, v)
+		}
+		if slices.Contains(w.trailers, k) {
+			for _, v := range h[k] {
+				b = appendField(b, k, v)
+			}
 		}
 	}
 	return b
@@ -428,6 +541,7 @@ func (w *h1Response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	c := w.c
 	c.stopWatch()
+	c.lr.remain, c.armed = math.MaxInt64, false // a watcher may have armed the head's limit
 	if w.committed {
 		w.flushOut()
 	}

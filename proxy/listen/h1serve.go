@@ -44,7 +44,7 @@ const (
 const HTTPServerEnv = "SLUICE_HTTP_SERVER"
 
 // ValidHTTPServer reports whether name is a cleartext HTTP server's name
-// ("" is the default).
+// ("" is the default, HTTPServerSluice).
 func ValidHTTPServer(name string) bool {
 	return name == "" || name == HTTPServerGo || name == HTTPServerSluice
 }
@@ -54,7 +54,7 @@ func (s *Server) ownH1() bool {
 	if e := os.Getenv(HTTPServerEnv); e != "" {
 		name = e
 	}
-	return name == HTTPServerSluice
+	return name != HTTPServerGo // "" is Sluice's own, the default
 }
 
 // httpServer is what Server runs on a listener: an *http.Server or an

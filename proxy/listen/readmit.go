@@ -47,11 +47,15 @@ type readmitListener struct {
 	stop  sync.Once
 
 	mu     sync.Mutex
-	closed bool                  // draining or closed: Readmit refuses
-	fresh  map[*capConn]struct{} // re-admitted, no request started yet
+	closed bool                     // draining or closed: Readmit refuses
+	fresh  map[*capConn]struct{}    // re-admitted, no request started yet
+	parked map[*ParkedConn]struct{} // kept on an event loop (ParkConn)
 	// serve, when set (the h1 server, h1serve.go), serves a re-admitted
 	// connection at once instead of queueing it for Accept.
 	serve func(net.Conn)
+	// idle bounds a kept connection's wait for its next request on an
+	// event loop (ParkConn): the server's idle_timeout.
+	idle time.Duration
 }
 
 type accepted struct {
@@ -61,7 +65,7 @@ type accepted struct {
 
 func newReadmitListener(cl *capListener) *readmitListener {
 	l := &readmitListener{Listener: cl, acc: make(chan accepted), re: make(chan net.Conn, readmitBacklog),
-		done: make(chan struct{}), fresh: map[*capConn]struct{}{}}
+		done: make(chan struct{}), fresh: map[*capConn]struct{}{}, parked: map[*ParkedConn]struct{}{}}
 	cl.re = l
 	return l
 }
@@ -108,9 +112,19 @@ func (l *readmitListener) drain() {
 	l.closed = true
 	fresh := l.fresh
 	l.fresh = map[*capConn]struct{}{}
+	parked := l.parked
+	l.parked = map[*ParkedConn]struct{}{}
+	for p := range parked {
+		p.closeAsked = true
+	}
 	l.mu.Unlock()
 	for c := range fresh {
 		c.Close()
+	}
+	for p := range parked {
+		if p.closer != nil {
+			p.closer() // the loop closes it
+		}
 	}
 	for {
 		select {
@@ -162,13 +176,19 @@ func ReadmitConn(orig net.Conn, prefix []byte) bool {
 	if l == nil || orig != net.Conn(cc) {
 		return false
 	}
+	l.admit(cc, retire(orig, cc, prefix))
+	return true
+}
+
+// ReadmitConn's preparation: orig goes over to a successor connection.
+func retire(orig net.Conn, cc *capConn, prefix []byte) *keptConn {
 	cc.retired.Store(true)
 	cc.timer.Stop()
 	inner := cc.Conn
 	if kc, ok := inner.(*keptConn); ok {
 		// Re-admitted before: no wrapper per stream on a long-lived
 		// connection. What its replay still holds follows prefix (which
-		// net/http read from it earlier).
+		// the server read from it earlier).
 		inner = kc.Conn
 		if len(kc.prefix) > 0 {
 			prefix = append(prefix[:len(prefix):len(prefix)], kc.prefix...)
@@ -177,18 +197,116 @@ func ReadmitConn(orig net.Conn, prefix []byte) bool {
 	// The server may have left deadlines on the socket (its timeouts);
 	// the next request sets its own.
 	inner.SetDeadline(time.Time{})
-	l.admit(cc, &keptConn{Conn: inner, remote: orig.RemoteAddr(), local: orig.LocalAddr(), prefix: prefix})
-	return true
+	return &keptConn{Conn: inner, remote: orig.RemoteAddr(), local: orig.LocalAddr(), prefix: prefix}
+}
+
+// ParkedConn is a kept client connection waiting for its next request on
+// an event loop (evloop.Parked): ParkConn made it, the loop's Wake
+// re-admits it to the server (served at once by Sluice's own HTTP/1.1
+// server, queued for Accept by net/http's), its Close closes it. While
+// parked it counts against its address's cap once, and the server's
+// drain asks the loop to close it.
+type ParkedConn struct {
+	l    *readmitListener
+	c    *capConn
+	idle time.Duration
+	// Under l.mu:
+	closer     func()
+	closeAsked bool
+}
+
+// ParkConn is ReadmitConn for a connection whose socket stays on the
+// event loop until its next request arrives: it returns nil when orig
+// cannot go back to its server (as ReadmitConn's false) or when bytes
+// past the request were read already (prefix: served at once by
+// ReadmitConn instead), and unless Sluice's own HTTP/1.1 server serves
+// the listener (it serves a woken connection at once). After it returned non-nil, orig's Close does
+// nothing and the ParkedConn owns the socket.
+func ParkConn(orig net.Conn, prefix []byte) *ParkedConn {
+	cc, l := openReadmitter(orig)
+	if l == nil || orig != net.Conn(cc) || len(prefix) > 0 {
+		return nil
+	}
+	if kc, ok := cc.Conn.(*keptConn); ok && len(kc.prefix) > 0 {
+		return nil
+	}
+	p := &ParkedConn{l: l, idle: l.idle}
+	l.mu.Lock()
+	if l.closed || l.serve == nil || l.idle <= 0 {
+		l.mu.Unlock()
+		return nil
+	}
+	p.c = successor(cc, retire(orig, cc, nil), l)
+	l.parked[p] = struct{}{}
+	l.mu.Unlock()
+	return p
+}
+
+// Idle is the connection's idle bound on the loop: the listener's
+// idle_timeout, as for any kept connection.
+func (p *ParkedConn) Idle() time.Duration { return p.idle }
+
+// SetCloser takes the function that asks the loop to close p (the
+// drain's).
+func (p *ParkedConn) SetCloser(f func()) {
+	p.l.mu.Lock()
+	p.closer = f
+	asked := p.closeAsked
+	p.l.mu.Unlock()
+	if asked {
+		f()
+	}
+}
+
+// Wake re-admits p: its client sent its next request.
+func (p *ParkedConn) Wake() {
+	if !p.unpark() {
+		p.c.Close() // the drain came first
+		return
+	}
+	p.l.admitConn(p.c)
+}
+
+// Close closes p's socket and releases its count.
+func (p *ParkedConn) Close() {
+	p.unpark()
+	p.c.Close()
+}
+
+func (p *ParkedConn) unpark() bool {
+	p.l.mu.Lock()
+	defer p.l.mu.Unlock()
+	_, ok := p.l.parked[p]
+	delete(p.l.parked, p)
+	return ok && !p.l.closed
 }
 
 // admit queues kc, the socket of cc, for Accept as a new connection (or
 // closes it when the server is draining or the backlog is full).
 func (l *readmitListener) admit(cc *capConn, kc *keptConn) {
-	c := &capConn{Conn: kc, l: cc.l, ip: cc.ip, re: l}
+	l.admitConn(successor(cc, kc, l))
+}
+
+// successor is the counted connection kc, the socket of cc, goes on as.
+func successor(cc *capConn, kc *keptConn, l *readmitListener) *capConn {
+	c := &capConn{Conn: kc, l: cc.l, ip: cc.ip, re: l, timer: stoppedTimer}
 	// The count goes over to the new connection: the original's release
 	// (KeepCounted) finds nothing left to release.
 	c.counted.Store(cc.counted.Swap(false))
-	c.timer = newFirstTimer(c, cc.l.first)
+	return c
+}
+
+// stoppedTimer is a parked connection's first-request timer until its
+// Wake arms one (its Close stops it).
+var stoppedTimer = func() *time.Timer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}()
+
+// admitConn is admit's second half.
+func (l *readmitListener) admitConn(c *capConn) {
+	c.timer = newFirstTimer(c, c.l.first)
 	l.mu.Lock()
 	if !l.closed && l.serve != nil {
 		l.fresh[c] = struct{}{}

@@ -67,8 +67,8 @@ type Server struct {
 	// HeaderXForwardedFor (default) or HeaderForwarded.
 	ClientHeader string
 	// HTTPServer serves HTTP/1.1 on the cleartext listener:
-	// HTTPServerGo (net/http's, the default when empty) or HTTPServerSluice
-	// (h1serve.go). The environment's SLUICE_HTTP_SERVER overrides it.
+	// HTTPServerSluice (h1serve.go, the default; also "") or HTTPServerGo
+	// (net/http's). The environment's SLUICE_HTTP_SERVER overrides it.
 	HTTPServer string
 	// Log receives server errors. Nil means slog.Default().
 	Log *slog.Logger
@@ -148,6 +148,7 @@ func (s *Server) listen() error {
 			return err
 		}
 		rl := newReadmitListener(s.capListener(ln))
+		rl.idle = s.idleTimeout()
 		s.readmit = append(s.readmit, rl)
 		if s.ownH1() {
 			hs := s.newH1Server(s.Handler)
