@@ -426,27 +426,7 @@ func TestH2LoopConnCloseCancelsAll(t *testing.T) {
 func TestH2LoopReloadKeepsStream(t *testing.T) {
 	b := newStepBackend(t, 3)
 	e := h2LoopEdge(t, b.url, edgeOpts{})
-	resp := post(t, xh2Client(), e.https+"/v1/chat/completions", chatBody(""))
-	defer resp.Body.Close()
-	onLoop(t, e, 1)
-	st := *e.handler.State()
-	prev := e.handler.Swap(&st)
-	select {
-	case <-prev:
-		t.Fatal("previous state done while its stream runs on the loop")
-	case <-time.After(100 * time.Millisecond):
-	}
-	b.next <- struct{}{}
-	b.next <- struct{}{}
-	events, done := readEvents(t, resp.Body)
-	if !done || len(events) != 3 {
-		t.Fatalf("done=%v, %d events", done, len(events))
-	}
-	select {
-	case <-prev:
-	case <-time.After(5 * time.Second):
-		t.Fatal("previous state not done 5s after its stream ended")
-	}
+	reloadKeepsStream(t, b, e, xh2Client(), e.https)
 }
 
 // TestH2LoopOff: with SLUICE_H2_LOOP=0 the h2 stream stays on its

@@ -178,6 +178,22 @@ type loopStream struct {
 	h2 *listen.H2LoopStream
 }
 
+// loopable returns what a hand-off of l's stream to an event loop needs,
+// whatever the client's protocol: the HTTP sink (not the WebSocket
+// bridge), a backend body that detaches and the loops; g is nil when the
+// stream must stay on its goroutine.
+func (x *exchange) loopable(l *leg) (s *httpSink, d detacher, g *evloop.Group) {
+	s, isHTTP := x.sink.(*httpSink)
+	if !isHTTP {
+		return nil, nil, nil
+	}
+	d, detaches := l.resp.Body.(detacher)
+	if !detaches {
+		return nil, nil, nil
+	}
+	return s, d, x.h.eventLoops()
+}
+
 // handOff moves l's stream to an event loop when it can: an HTTP/1.1
 // client over cleartext TCP, the HTTP sink, a backend body that detaches.
 // It reports false, having changed nothing, when the stream stays on this
@@ -188,15 +204,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	if r.ProtoMajor != 1 || r.TLS != nil {
 		return false, nil
 	}
-	s, isHTTP := x.sink.(*httpSink)
-	if !isHTTP {
-		return false, nil
-	}
-	d, detaches := l.resp.Body.(detacher)
-	if !detaches {
-		return false, nil
-	}
-	g := x.h.eventLoops()
+	s, d, g := x.loopable(l)
 	if g == nil {
 		return false, nil
 	}

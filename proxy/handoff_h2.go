@@ -40,15 +40,7 @@ func (x *exchange) handOffH2(l *leg) (bool, error) {
 	if !h2Loop.Load() || r.ProtoMajor != 2 {
 		return false, nil
 	}
-	s, isHTTP := x.sink.(*httpSink)
-	if !isHTTP {
-		return false, nil
-	}
-	d, detaches := l.resp.Body.(detacher)
-	if !detaches {
-		return false, nil
-	}
-	g := x.h.eventLoops()
+	s, d, g := x.loopable(l)
 	if g == nil {
 		return false, nil
 	}

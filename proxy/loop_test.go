@@ -337,7 +337,15 @@ func TestLoopDrain(t *testing.T) {
 func TestLoopReloadKeepsStream(t *testing.T) {
 	b := newStepBackend(t, 3)
 	e := loopEdge(t, b.url, edgeOpts{})
-	resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
+	reloadKeepsStream(t, b, e, h1Client(), e.http)
+}
+
+// reloadKeepsStream swaps e's state while a stream of b (three events, the
+// first sent at once) runs on a loop: the previous state must not be done
+// before the stream ended, and must be done soon after.
+func reloadKeepsStream(t *testing.T, b *stepBackend, e *testEdge, c *http.Client, base string) {
+	t.Helper()
+	resp := post(t, c, base+"/v1/chat/completions", chatBody(""))
 	defer resp.Body.Close()
 	onLoop(t, e, 1)
 	st := *e.handler.State()

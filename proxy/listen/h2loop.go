@@ -146,14 +146,7 @@ func (s *H2LoopStream) Flush() {
 			return // the write under way takes the buffer (or nothing to do)
 		}
 		if c.roomFor(len(w.buf)) {
-			b := w.buf
-			w.buf = w.spare[:0]
-			w.flushing = true
-			w.started++
-			c.mu.Unlock()
-			_, err := c.nc.Write(b)
-			c.mu.Lock()
-			c.wroteLocked(b, err)
+			c.writeBufLocked()
 			more := len(w.buf) > 0 && w.err == nil
 			if w.waiting > 0 {
 				c.cond.Broadcast()

@@ -68,14 +68,7 @@ func (c *h2conn) flushLocked() error {
 		return w.err
 	}
 	for len(w.buf) > 0 && w.err == nil {
-		b := w.buf
-		w.buf = w.spare[:0]
-		w.flushing = true
-		w.started++
-		c.mu.Unlock()
-		_, err := c.nc.Write(b)
-		c.mu.Lock()
-		c.wroteLocked(b, err)
+		c.writeBufLocked()
 	}
 	if w.waiting > 0 {
 		c.cond.Broadcast()
@@ -84,6 +77,21 @@ func (c *h2conn) flushLocked() error {
 		c.resumeLocked()
 	}
 	return w.err
+}
+
+// writeBufLocked takes the buffer and writes it once, without c.mu (held
+// on entry and on return), as the connection's one writer; the frames added
+// meanwhile wait in the new buffer for the caller's next write.
+func (c *h2conn) writeBufLocked() {
+	w := &c.w
+	b := w.buf
+	w.buf = w.spare[:0]
+	w.flushing = true
+	w.started++
+	c.mu.Unlock()
+	_, err := c.nc.Write(b)
+	c.mu.Lock()
+	c.wroteLocked(b, err)
 }
 
 // wroteLocked ends a socket write of b (taken from w.buf) that returned
