@@ -28,8 +28,8 @@ func warmConns(poolSize int) int {
 	return min(n, poolSize)
 }
 
-// warmUp opens conns connections to each server of c (simultaneous
-// PINGs; the connections stay idle in the pool) and loads every script
+// warmUp opens conns connections to each server of c (pingN; the
+// connections stay idle in the pool) and loads every script
 // (SCRIPT LOAD, on every master of a cluster), within ctx. It returns the
 // first failure; the pings go first, so a server that is down costs one
 // dial.
@@ -61,9 +61,33 @@ type scriptsError struct{ err error }
 func (e *scriptsError) Error() string { return "loading the scripts: " + e.err.Error() }
 func (e *scriptsError) Unwrap() error { return e.err }
 
-// pingN sends n PINGs at once: each takes its own connection from the
-// pool, dialling it.
+// pingN opens n connections, dialling each with a PING. On a
+// *redis.Client (a single server, a failover client, a cluster's shard)
+// the PINGs go one after the other, each holding its connection
+// (Client.Conn) until all are done, so that n connections are open
+// afterwards (overlapping PINGs could take a connection another had just
+// put back, and open fewer: seen under load, 3 of 4), and a server that
+// is down costs one dial. One after the other because go-redis v9.23
+// races on its options when Conns of one client are first used at once
+// (initConn's maintenance-notifications fallback). Other clients (a
+// ring) get n overlapping PINGs.
 func pingN(ctx context.Context, c redis.Cmdable, n int) error {
+	if rc, ok := c.(*redis.Client); ok {
+		conns := make([]*redis.Conn, 0, n)
+		defer func() {
+			for _, cn := range conns {
+				cn.Close() // back to the pool, open
+			}
+		}()
+		for range n {
+			cn := rc.Conn()
+			conns = append(conns, cn)
+			if err := cn.Ping(ctx).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
