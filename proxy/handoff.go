@@ -178,6 +178,22 @@ type loopStream struct {
 	h2 *listen.H2LoopStream
 }
 
+// holdServer counts ls as a running handler of its server (listen.Hold:
+// Shutdown waits for it) until it ends; the drain's deadline ends it with
+// the shutting_down event once the loop has it.
+func (ls *loopStream) holdServer(ctx context.Context) {
+	var stopped context.Context
+	ls.release, stopped = listen.Hold(ctx)
+	if stopped != nil {
+		ls.stopAt = context.AfterFunc(stopped, func() {
+			<-ls.done
+			if ls.h != nil {
+				ls.h.End(context.Cause(stopped))
+			}
+		})
+	}
+}
+
 // loopable returns what a hand-off of l's stream to an event loop needs,
 // whatever the client's protocol: the HTTP sink (not the WebSocket
 // bridge), a backend body that detaches and the loops; g is nil when the
@@ -322,11 +338,9 @@ func (x *exchange) handOffRest(l *leg, ls *loopStream, g *evloop.Group, conn net
 	raw []byte, dec *chunked.Decoder, remaining int64, reuse func(int)) (bool, error) {
 	r := x.r
 	shared := ls.shared
-	var pending []byte
-	if n := l.br.Buffered(); n > 0 {
-		p, _ := l.br.Peek(n)
-		pending = bytes.Clone(p)
-	}
+	// The leg's read buffers are not needed any more: an idle stream on
+	// the loop holds none.
+	pending := l.handOverBuffers()
 	if n := brw.Reader.Buffered(); n > 0 {
 		// The client pipelined a request after this one (the body was
 		// read to its end): with keep-alive it is served on the
@@ -338,25 +352,8 @@ func (x *exchange) handOffRest(l *leg, ls *loopStream, g *evloop.Group, conn net
 		}
 		brw.Reader.Discard(n)
 	}
-	// The leg's read buffers are not needed any more: an idle stream on
-	// the loop holds none.
-	l.br.Reset(nil)
-	readerPool.Put(l.br)
-	l.br = nil
-	putEvent(l.bufp)
-	l.bufp, l.ev = nil, nil
 	x.shed(l)
-	var stopped context.Context
-	ls.release, stopped = listen.Hold(r.Context()) // Shutdown waits for the stream
-	if stopped != nil {
-		// The drain's deadline: the stream ends with shutting_down.
-		ls.stopAt = context.AfterFunc(stopped, func() {
-			<-ls.done
-			if ls.h != nil {
-				ls.h.End(context.Cause(stopped))
-			}
-		})
-	}
+	ls.holdServer(r.Context())
 	x.loop = ls
 	out := ls.sink.out
 	ls.sink.out = nil // the loop's from here

@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"bytes"
-	"context"
 	"os"
 	"sync/atomic"
 
@@ -60,28 +58,10 @@ func (x *exchange) handOffH2(l *leg) (bool, error) {
 	ls := &loopStream{x: x, l: l, done: make(chan struct{}), shared: shared, h2: hs, uncount: func() {}}
 	ls.sink.framed = true
 	ls.sink.trailer = wantsTrailer(r)
-	var pending []byte
-	if n := l.br.Buffered(); n > 0 {
-		p, _ := l.br.Peek(n)
-		pending = bytes.Clone(p)
-	}
-	l.br.Reset(nil)
-	readerPool.Put(l.br)
-	l.br = nil
-	putEvent(l.bufp)
-	l.bufp, l.ev = nil, nil
+	pending := l.handOverBuffers()
 	x.sink = &ls.sink
 	x.shed(l)
-	var stopped context.Context
-	ls.release, stopped = listen.Hold(r.Context()) // Shutdown waits for the stream
-	if stopped != nil {
-		ls.stopAt = context.AfterFunc(stopped, func() {
-			<-ls.done
-			if ls.h != nil {
-				ls.h.End(context.Cause(stopped))
-			}
-		})
-	}
+	ls.holdServer(r.Context())
 	x.loop = ls
 	es := &evloop.Stream{Sink: hs, Upstream: up, Pending: pending, Raw: raw, Decoder: dec, Remaining: remaining,
 		Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse, Shared: shared}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -170,15 +171,7 @@ func (l *leg) close() {
 	}
 	l.wd.stop()
 	l.cancel(context.Canceled)
-	if l.br != nil {
-		l.br.Reset(nil)
-		readerPool.Put(l.br)
-		l.br = nil
-	}
-	if l.bufp != nil {
-		putEvent(l.bufp)
-		l.bufp, l.ev = nil, nil
-	}
+	l.releaseBuffers()
 	l.releaseWindow()
 	if l.span != nil {
 		l.endSpan()
@@ -291,4 +284,29 @@ func (x *exchange) drainRace() {
 	for ; rc.pending > 0; rc.pending-- {
 		<-rc.out
 	}
+}
+
+// releaseBuffers gives l's read buffers back to their pools.
+func (l *leg) releaseBuffers() {
+	if l.br != nil {
+		l.br.Reset(nil)
+		readerPool.Put(l.br)
+		l.br = nil
+	}
+	if l.bufp != nil {
+		putEvent(l.bufp)
+		l.bufp, l.ev = nil, nil
+	}
+}
+
+// handOverBuffers returns a copy of what l's reader holds unread (the
+// backend's bytes a loop must see first) and releases its read buffers:
+// a stream on a loop holds none.
+func (l *leg) handOverBuffers() (pending []byte) {
+	if n := l.br.Buffered(); n > 0 {
+		p, _ := l.br.Peek(n)
+		pending = bytes.Clone(p)
+	}
+	l.releaseBuffers()
+	return pending
 }
