@@ -200,48 +200,10 @@ func TestH2LoopBackendDiesMidStream(t *testing.T) {
 // running at the drain's deadline ends with the shutting_down event and
 // END_STREAM.
 func TestH2LoopDrain(t *testing.T) {
-	for _, finishes := range []bool{true, false} {
-		t.Run("finishes="+strconv.FormatBool(finishes), func(t *testing.T) {
-			b := newStepBackend(t, 3)
-			e := h2LoopEdge(t, b.url, edgeOpts{})
-			resp := post(t, xh2Client(), e.https+"/v1/chat/completions", chatBody(""))
-			defer resp.Body.Close()
-			onLoop(t, e, 1)
-			timeout := 300 * time.Millisecond
-			if finishes {
-				timeout = 10 * time.Second
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			defer cancel()
-			shut := make(chan error, 1)
-			go func() { shut <- e.server.Shutdown(ctx) }()
-			select {
-			case err := <-shut:
-				t.Fatalf("Shutdown returned (%v) while a loop stream ran", err)
-			case <-time.After(100 * time.Millisecond):
-			}
-			if finishes {
-				b.next <- struct{}{}
-				b.next <- struct{}{}
-			}
-			events, err := readEventsErr(resp.Body)
-			if err != io.EOF {
-				t.Fatalf("body ended with %v", err)
-			}
-			last := events[len(events)-1]
-			switch {
-			case finishes && last.data != "[DONE]":
-				t.Fatalf("last event %+v, want [DONE]", last)
-			case !finishes && (last.name != "error" || !strings.Contains(last.data, "shutting_down")):
-				t.Fatalf("last event %+v, want shutting_down", last)
-			}
-			select {
-			case <-shut:
-			case <-time.After(10 * time.Second):
-				t.Fatal("Shutdown still running 10s after the stream ended")
-			}
-		})
-	}
+	drainsStream(t, func(t *testing.T, b *stepBackend) (*testEdge, *http.Client, string) {
+		e := h2LoopEdge(t, b.url, edgeOpts{})
+		return e, xh2Client(), e.https
+	})
 }
 
 // h2raw is a client of HTTP/2 frames over TLS, for windows, resets and

@@ -288,11 +288,24 @@ func TestLoopSettlesAndReleasesSlot(t *testing.T) {
 // still running at its end gets the shutting_down error event and a clean
 // end of the body.
 func TestLoopDrain(t *testing.T) {
+	drainsStream(t, func(t *testing.T, b *stepBackend) (*testEdge, *http.Client, string) {
+		e := loopEdge(t, b.url, edgeOpts{})
+		return e, h1Client(), e.http
+	})
+}
+
+// drainsStream shuts the server down while a stream (three events of a
+// step backend, the first sent at once) runs on a loop: Shutdown waits for
+// it; a stream that finishes within the drain ends with [DONE], one that
+// does not ends with the shutting_down event at the deadline; Shutdown
+// returns soon after. edge starts the edge for the backend and gives its
+// client and base URL.
+func drainsStream(t *testing.T, edge func(*testing.T, *stepBackend) (*testEdge, *http.Client, string)) {
 	for _, finishes := range []bool{true, false} {
 		t.Run(fmt.Sprintf("finishes=%v", finishes), func(t *testing.T) {
 			b := newStepBackend(t, 3)
-			e := loopEdge(t, b.url, edgeOpts{})
-			resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
+			e, c, base := edge(t, b)
+			resp := post(t, c, base+"/v1/chat/completions", chatBody(""))
 			defer resp.Body.Close()
 			onLoop(t, e, 1)
 			timeout := 300 * time.Millisecond
