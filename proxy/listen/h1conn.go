@@ -60,10 +60,16 @@ type h1Conn struct {
 	wmu     sync.Mutex
 	watch   int
 	running bool // a handler runs (or its response is being finished)
-	stop    bool // the Hijack asked the watcher to stop
-	closing bool // the connection is closing: a waiting watcher exits
-	cancel  context.CancelCauseFunc
-	wake    chan struct{} // cap 1: to the waiting watcher, or from it to the Hijack
+	// bodyEnded: the running request's body was read to its end (or it
+	// had none); a watcher may start only then. A timer armed for an
+	// earlier request whose function had already started when Stop ran
+	// would otherwise claim the watch of the next request while its
+	// handler still reads the body from the same reader.
+	bodyEnded bool
+	stop      bool // the Hijack asked the watcher to stop
+	closing   bool // the connection is closing: a waiting watcher exits
+	cancel    context.CancelCauseFunc
+	wake      chan struct{} // cap 1: to the waiting watcher, or from it to the Hijack
 
 	watchT *time.Timer // starts the watcher h1WatchDelay after the body's end
 
@@ -276,7 +282,7 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 	w.head = req.Method == http.MethodHead
 	w.is11 = req.ProtoAtLeast(1, 1)
 	c.wmu.Lock()
-	c.watch, c.running, c.stop, c.cancel = watchNone, true, false, cancel
+	c.watch, c.running, c.stop, c.cancel, c.bodyEnded = watchNone, true, false, cancel, false
 	c.wmu.Unlock()
 	if w.body.eof.Load() {
 		c.bodyDone()
@@ -364,6 +370,9 @@ func tcpConnOf(c net.Conn) *net.TCPConn {
 // request, a stream going to the event loops) pays no goroutine and no
 // aborted read for it.
 func (c *h1Conn) bodyDone() {
+	c.wmu.Lock()
+	c.bodyEnded = true
+	c.wmu.Unlock()
 	d := c.srv.watchDelay
 	if d <= 0 {
 		if c.claimWatch() {
@@ -387,11 +396,11 @@ func (c *h1Conn) watchLate() {
 }
 
 // claimWatch reports whether a watcher is to start: the handler runs (and
-// did not hijack) and none was started.
+// did not hijack), its request's body ended and none was started.
 func (c *h1Conn) claimWatch() bool {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if c.watch != watchNone || !c.running || c.stop {
+	if c.watch != watchNone || !c.running || c.stop || !c.bodyEnded {
 		return false
 	}
 	c.watch = watchReading

@@ -405,3 +405,43 @@ func TestH1AbortHandlerCuts(t *testing.T) {
 		t.Fatal("a cut answer read as complete")
 	}
 }
+
+// TestH1StaleWatchTimerLeavesNextBodyAlone: the watcher's timer (armed at
+// a body's end) may fire just as its handler returns, when Stop can no
+// longer stop it; it must not start a watcher on the next request while
+// that request's handler still reads its body from the same reader. A
+// watch delay near the handlers' run time and bodies sent in two parts
+// make the timer's firing land around the handlers' ends; every echoed
+// body must come back whole (and the race detector sees no shared read).
+func TestH1StaleWatchTimerLeavesNextBodyAlone(t *testing.T) {
+	t.Setenv("SLUICE_H1_WATCH_DELAY", "100us")
+	var n atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		time.Sleep(time.Duration(50+n.Add(1)%100) * time.Microsecond)
+		w.Write(b)
+	})
+	_, addr := startOwn(t, h, time.Minute)
+	c, br := dialRaw(t, addr)
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; i < 400 && time.Now().Before(deadline); i++ {
+		body := fmt.Sprintf("first-half-%04d|second-half-%04d", i, i)
+		head := fmt.Sprintf("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", len(body))
+		half := len(body) / 2
+		if _, err := io.WriteString(c, head+body[:half]); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(i%3) * 100 * time.Microsecond)
+		if _, err := io.WriteString(c, body[half:]); err != nil {
+			t.Fatal(err)
+		}
+		resp, got := readResp(t, br, http.MethodPost)
+		if resp.StatusCode != http.StatusOK || got != body {
+			t.Fatalf("request %d: %d %q, want 200 %q", i, resp.StatusCode, got, body)
+		}
+	}
+}
