@@ -194,6 +194,17 @@ func (ls *loopStream) holdServer(ctx context.Context) {
 	}
 }
 
+// refused undoes holdServer and the exchange's tie to ls for a stream no
+// loop took: the stream is its goroutine's again.
+func (ls *loopStream) refused() {
+	ls.x.loop = nil
+	close(ls.done)
+	if ls.stopAt != nil {
+		ls.stopAt()
+	}
+	ls.release()
+}
+
 // loopable returns what a hand-off of l's stream to an event loop needs,
 // whatever the client's protocol: the HTTP sink (not the WebSocket
 // bridge), a backend body that detaches and the loops; g is nil when the
@@ -369,13 +380,8 @@ func (x *exchange) handOffRest(l *leg, ls *loopStream, g *evloop.Group, conn net
 		// The loops are closed (the handler is shutting down) or failed,
 		// or the sockets could not be taken: the backend's socket is
 		// closed; complete here.
-		x.loop = nil
-		close(ls.done)
-		if ls.stopAt != nil {
-			ls.stopAt()
-		}
 		ls.uncount()
-		ls.release()
+		ls.refused()
 		cause := addErr(err)
 		if es.Client != nil {
 			// The client's connection is ours again (Add leaves it when no

@@ -70,12 +70,7 @@ func (x *exchange) handOffH2(l *leg) (bool, error) {
 		// No loop took it (closed or failed loops, or the backend's
 		// socket could not be taken): the stream is this goroutine's
 		// again, and ends here with the error event.
-		x.loop = nil
-		close(ls.done)
-		if ls.stopAt != nil {
-			ls.stopAt()
-		}
-		ls.release()
+		ls.refused()
 		hs.Reattach()
 		x.sink = s
 		cause := addErr(err)
