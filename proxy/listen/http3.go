@@ -63,7 +63,7 @@ func (s *Server) listenHTTP3(addr string, cfg HTTP3Config) (*h3Listener, error) 
 	}
 	q := &h3Listener{udp: udp, tr: tr, ln: ln, gate: gate, drained: make(chan struct{})}
 	q.srv = &http3.Server{
-		Handler:        s.wrap(ListenerHTTP3, s.Handler),
+		Handler:        h3Handler(s.wrap(ListenerHTTP3, s.Handler)),
 		IdleTimeout:    cfg.IdleTimeout,
 		MaxHeaderBytes: maxHeaderBytes,
 		ConnContext:    s.h3ConnContext,
