@@ -188,6 +188,7 @@ func (s *Server) h3ConnContext(ctx context.Context, c *quic.Conn) context.Contex
 		}
 	}
 	cs.quic = c
+	ctx = context.WithValue(ctx, serverKey{}, s) // for Hold: a stream on an event loop outlives its handler
 	ctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.base, func() { cancel(context.Cause(s.base)) })
 	context.AfterFunc(ctx, func() { stop() })
