@@ -174,8 +174,9 @@ type loopStream struct {
 	conn   net.Conn
 	prefix []byte
 	shared bool // handed over with evloop.Stream.Shared
-	// h2 is the client's side of an HTTP/2 stream (handoff_h2.go).
-	h2 *listen.H2LoopStream
+	// framed is the client's side of an HTTP/2 or HTTP/3 stream
+	// (handoff_h2.go).
+	framed loopClient
 }
 
 // holdServer counts ls as a running handler of its server (listen.Hold:
@@ -654,8 +655,8 @@ func (ls *loopStream) complete() {
 	x := ls.x
 	ls.l.close()
 	x.complete(false, true) // its sink.End gives the tail to the loop (loopSink.End)
-	if ls.h2 != nil {
-		ls.h2.SetTrailer(ls.sink.trail)
+	if ls.framed != nil {
+		ls.framed.SetTrailer(ls.sink.trail)
 	}
 	ls.h.Finish(ls.sink.tail)
 	x.h.helpLoops()

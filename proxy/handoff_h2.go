@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net/http"
 	"os"
 	"sync/atomic"
 
@@ -28,21 +29,47 @@ var h2Loop atomic.Bool
 
 func init() { h2Loop.Store(os.Getenv(H2LoopEnv) != "0") }
 
-// handOffH2 moves an HTTP/2 stream whose head and first event were sent
-// to an event loop, when it can: Sluice's own HTTP/2 server, the HTTP
-// sink, a backend body that detaches. It reports false, having changed
-// nothing, when the stream stays on this goroutine; else relayOpenAI
-// returns err (errHandedOff when the loop has the stream).
-func (x *exchange) handOffH2(l *leg) (bool, error) {
+// detachH2 is listen.DetachH2 as a loopClient.
+func detachH2(w http.ResponseWriter) (loopClient, bool) {
+	if hs, ok := listen.DetachH2(w); ok {
+		return hs, true
+	}
+	return nil, false
+}
+
+// loopClient is the client's side of a framed stream on a loop: an
+// HTTP/2 stream of Sluice's own server (listen.H2LoopStream) or a
+// taken-over HTTP/3 stream (listen.H3LoopStream, handoff_h3.go).
+type loopClient interface {
+	evloop.ClientSink
+	// Reattach gives the stream back to its handler (no loop took it).
+	Reattach()
+	// SetTrailer sets the trailer the stream's end carries.
+	SetTrailer(http.Header)
+}
+
+// handOffFramed moves an HTTP/2 or HTTP/3 stream whose head and first
+// event were sent to an event loop, when it can: Sluice's own HTTP/2
+// server or a taken-over HTTP/3 stream, the HTTP sink, a backend body
+// that detaches. It reports false, having changed nothing, when the
+// stream stays on this goroutine; else relayOpenAI returns err
+// (errHandedOff when the loop has the stream).
+func (x *exchange) handOffFramed(l *leg) (bool, error) {
 	r := x.r
-	if !h2Loop.Load() || r.ProtoMajor != 2 {
+	var detach func(http.ResponseWriter) (loopClient, bool)
+	switch {
+	case r.ProtoMajor == 2 && h2Loop.Load():
+		detach = detachH2
+	case r.ProtoMajor == 3 && h3Loop.Load():
+		detach = detachH3
+	default:
 		return false, nil
 	}
 	s, d, g := x.loopable(l)
 	if g == nil {
 		return false, nil
 	}
-	hs, ok := listen.DetachH2(s.w)
+	hs, ok := detach(s.w)
 	if !ok {
 		return false, nil
 	}
@@ -55,7 +82,7 @@ func (x *exchange) handOffH2(l *leg) (bool, error) {
 	shared := sharedConns.Load()
 	reuse := reuseFunc(l.resp.Body, up, shared)
 	l.wd.stop() // the loop watches idleness
-	ls := &loopStream{x: x, l: l, done: make(chan struct{}), shared: shared, h2: hs, uncount: func() {}}
+	ls := &loopStream{x: x, l: l, done: make(chan struct{}), shared: shared, framed: hs, uncount: func() {}}
 	ls.sink.framed = true
 	ls.sink.trailer = wantsTrailer(r)
 	pending := l.handOverBuffers()

@@ -58,7 +58,7 @@ func (x *exchange) relayOpenAI(l *leg) error {
 			return err
 		}
 		if first {
-			if ok, err := x.handOffH2(l); ok {
+			if ok, err := x.handOffFramed(l); ok {
 				return err // an event loop relays the rest (handoff_h2.go)
 			}
 		}

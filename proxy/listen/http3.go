@@ -63,7 +63,7 @@ func (s *Server) listenHTTP3(addr string, cfg HTTP3Config) (*h3Listener, error) 
 	}
 	q := &h3Listener{udp: udp, tr: tr, ln: ln, gate: gate, drained: make(chan struct{})}
 	q.srv = &http3.Server{
-		Handler:        s.wrap(ListenerHTTP3, s.Handler),
+		Handler:        h3Handler(s.wrap(ListenerHTTP3, s.Handler)),
 		IdleTimeout:    cfg.IdleTimeout,
 		MaxHeaderBytes: maxHeaderBytes,
 		ConnContext:    s.h3ConnContext,
@@ -188,6 +188,7 @@ func (s *Server) h3ConnContext(ctx context.Context, c *quic.Conn) context.Contex
 		}
 	}
 	cs.quic = c
+	ctx = context.WithValue(ctx, serverKey{}, s) // for Hold: a stream on an event loop outlives its handler
 	ctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.base, func() { cancel(context.Cause(s.base)) })
 	context.AfterFunc(ctx, func() { stop() })
