@@ -60,6 +60,7 @@ type loop struct {
 	// kicks are the streams whose ClientSink was written in this batch:
 	// each sink's Flush runs once at the batch's end (kickAll).
 	kicks []*stream
+	probe tokProbe // TEMPORARY
 
 	// own is held by whoever serves the loop: its goroutine, from its
 	// epoll_wait to the end of that batch, or a helper (Group.Help).
@@ -352,6 +353,14 @@ func (l *loop) kickAll() {
 
 func (l *loop) dispatchBatch(n int, now time.Time) bool {
 	woken := false
+	if probeEvery > 0 {
+		l.probe.pos, l.probe.batchN = 0, 0
+		for _, ev := range l.ready[:max(n, 0)] {
+			if s := l.fdStream(int(ev.Fd)); s != nil && int(ev.Fd) == s.ufd {
+				l.probe.batchN++
+			}
+		}
+	}
 	for _, ev := range l.ready[:max(n, 0)] {
 		fd := int(ev.Fd)
 		if fd == l.efd {
@@ -654,11 +663,20 @@ func (l *loop) upstreamReady(s *stream, now time.Time) {
 			return
 		}
 		s.last = now
+		emit := l.rbuf[:0]
+		if probeEvery > 0 {
+			emit = append(l.probe.scratch[:0], l.rbuf[:n]...)
+			l.probe.scratch = emit
+		}
 		out, done, ferr := l.feed(s, l.out[:0], l.rbuf[:n], now)
+		settled := l.settle(s, out, done, ferr)
+		if probeEvery > 0 {
+			l.probeRead(emit, now)
+		}
 		// A short read took all that was there, and more data brings a new
 		// edge; but an EOF that came with the data brings none: after
 		// EPOLLRDHUP read on until it.
-		if l.settle(s, out, done, ferr) || n < len(l.rbuf) && !s.upHup {
+		if settled || n < len(l.rbuf) && !s.upHup {
 			return
 		}
 	}
