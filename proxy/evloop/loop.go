@@ -60,7 +60,11 @@ type loop struct {
 	// kicks are the streams whose ClientSink was written in this batch:
 	// each sink's Flush runs once at the batch's end (kickAll).
 	kicks []*stream
-	probe tokProbe // TEMPORARY
+	// assist relays part of a long batch (Options.Assist); nil when off.
+	assist *assistant
+	seq    uint64    // batches dispatched, for stream.mark
+	items  []*stream // splitBatch's list
+	probe  tokProbe  // TEMPORARY
 
 	// own is held by whoever serves the loop: its goroutine, from its
 	// epoll_wait to the end of that batch, or a helper (Group.Help).
@@ -96,8 +100,12 @@ func newLoop(g *Group, opts Options) (*loop, error) {
 		unix.Close(efd)
 		return nil, err
 	}
-	return &loop{g: g, opts: opts, epfd: epfd, efd: efd, rbuf: make([]byte, opts.ReadBuffer),
-		out: make([]byte, 0, opts.ReadBuffer+opts.ReadBuffer/4), ready: make([]unix.EpollEvent, events)}, nil
+	l := &loop{g: g, opts: opts, epfd: epfd, efd: efd, rbuf: make([]byte, opts.ReadBuffer),
+		out: make([]byte, 0, opts.ReadBuffer+opts.ReadBuffer/4), ready: make([]unix.EpollEvent, events)}
+	if opts.Assist > 0 {
+		l.assist = newAssistant(opts.ReadBuffer)
+	}
+	return l, nil
 }
 
 var one = []byte{1, 0, 0, 0, 0, 0, 0, 0}
@@ -153,6 +161,9 @@ func (l *loop) stop() {
 // (measured in BenchmarkRelay).
 func (l *loop) run() {
 	defer l.g.wg.Done()
+	if l.assist != nil {
+		defer close(l.assist.wake) // no batch runs after run's return
+	}
 	defer unix.Close(l.efd)
 	if l.opts.Polled && !l.opts.Blocking && !l.opts.OwnProcs {
 		l.runPolled()
@@ -353,6 +364,10 @@ func (l *loop) kickAll() {
 
 func (l *loop) dispatchBatch(n int, now time.Time) bool {
 	woken := false
+	var split *assistBatch
+	if l.assist != nil && n >= l.opts.Assist {
+		split = l.splitBatch(n, now)
+	}
 	if probeEvery > 0 {
 		l.probe.pos, l.probe.batchN = 0, 0
 		for _, ev := range l.ready[:max(n, 0)] {
@@ -374,12 +389,21 @@ func (l *loop) dispatchBatch(n int, now time.Time) bool {
 		s := l.byFD[fd]
 		if fd == s.cfd {
 			l.clientReady(s, ev.Events, now)
+		} else if s.inSplit {
+			continue
 		} else {
 			if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 				s.upHup = true // read to EOF: no edge will come for it
 			}
 			l.upstreamReady(s, now)
 		}
+	}
+	if split != nil {
+		split.join()
+		for _, s := range split.items {
+			s.inSplit = false
+		}
+		l.assistDone(split, now)
 	}
 	// Commands after the batch: a descriptor a stream closed above may
 	// be reused by a stream added here, and a stale event must not
@@ -402,7 +426,10 @@ func (l *loop) help(now int64) {
 	if !l.exited {
 		n, _ := rawEpollWait(l.epfd, l.ready)
 		l.polled.Store(mono())
-		if n > 0 && l.dispatch(n, time.Now()) {
+		l.probe.help = true
+		stop := n > 0 && l.dispatch(n, time.Now())
+		l.probe.help = false
+		if stop {
 			l.exited = true // the loop's goroutine sees it when its wait returns
 		}
 	}
@@ -1150,6 +1177,12 @@ type stream struct {
 	upEnded      bool       // the backend's body reached its end (framing)
 	upDirty      bool       // bytes past the body's end, or a decode error, seen
 	draining     bool       // completed; the body's end is being read (drainUp)
+	// mark is the loop's seq of the last batch that saw the client's
+	// socket ready; inSplit: the backend's read is in this batch's split
+	// list (Options.Assist); assist is what the assistant left.
+	mark    uint64
+	inSplit bool
+	assist  assistState
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
