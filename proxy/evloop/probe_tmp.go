@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"time"
@@ -17,11 +18,13 @@ var probeEvery, _ = strconv.Atoi(os.Getenv("SLUICE_TOKPROBE"))
 type tokSample struct {
 	wake, inBatch, total int64 // ns: emit→batch start, batch start→write, emit→write
 	pos, n               int   // the stream's place among the batch's upstream reads, the batch's size
+	help                 bool
 }
 
 type tokProbe struct {
 	pos     int
 	batchN  int
+	help    bool
 	samples []tokSample
 	scratch []byte
 }
@@ -53,7 +56,7 @@ func (l *loop) probeRead(p []byte, batch time.Time) {
 	}
 	now := time.Now().UnixNano()
 	b := batch.UnixNano()
-	l.probe.samples = append(l.probe.samples, tokSample{wake: b - e, inBatch: now - b, total: now - e, pos: l.probe.pos, n: l.probe.batchN})
+	l.probe.samples = append(l.probe.samples, tokSample{wake: b - e, inBatch: now - b, total: now - e, pos: l.probe.pos, n: l.probe.batchN, help: l.probe.help})
 	l.probe.pos++
 	if len(l.probe.samples) >= probeEvery {
 		l.probe.print()
@@ -87,7 +90,12 @@ func (p *tokProbe) print() {
 	line += fmt.Sprintf(" reads/batch per token P50/P90/P99 %d/%d/%d;", sizes[len(sizes)/2], sizes[len(sizes)*9/10], sizes[len(sizes)*99/100])
 	// which tokens are in the top 1% of emit→write: share whose batch→write > emit→batch
 	cut := tot[len(tot)*99/100]
-	var nTail, inDom int
+	var nTail, inDom, viaHelp, helpAll int
+	for _, x := range s {
+		if x.help {
+			helpAll++
+		}
+	}
 	var tailPos, tailN []int64
 	for _, x := range s {
 		if x.total >= cut {
@@ -95,13 +103,16 @@ func (p *tokProbe) print() {
 			if x.inBatch > x.wake {
 				inDom++
 			}
+			if x.help {
+				viaHelp++
+			}
 			tailPos = append(tailPos, int64(x.pos))
 			tailN = append(tailN, int64(x.n))
 		}
 	}
 	slices.Sort(tailPos)
 	slices.Sort(tailN)
-	line += fmt.Sprintf(" top1%%: %d, batch→write dominant in %d, pos P50 %d, batch size P50 %d", nTail, inDom, tailPos[len(tailPos)/2], tailN[len(tailN)/2])
+	line += fmt.Sprintf(" top1%%: %d, batch→write dominant in %d, via Help %d (all: %d), pos P50 %d, batch size P50 %d", nTail, inDom, viaHelp, helpAll, tailPos[len(tailPos)/2], tailN[len(tailN)/2])
 	for _, b := range [][2]int{{0, 1}, {1, 4}, {4, 8}, {8, 16}, {16, 32}, {32, 1 << 30}} {
 		var v []int64
 		for _, x := range s {
@@ -112,13 +123,44 @@ func (p *tokProbe) print() {
 		slices.Sort(v)
 		line += fmt.Sprintf(" | pos %d-%d: %d tok, P50/P99 %.0f/%.0f", b[0], b[1]-1, len(v), q(v, .5), q(v, .99))
 	}
+	line += schedLine()
 	fmt.Fprintln(os.Stderr, line)
 	p.samples = p.samples[:0]
 }
 
-func (l *loop) fdStream(fd int) *stream {
-	if fd < 0 || fd >= len(l.byFD) {
-		return nil
+var lastSched []uint64
+var lastGC uint64
+
+// schedLine is the scheduler's latency (runnable → running) since the
+// last call, P50/P90/P99 µs, and the GC cycles since then.
+func schedLine() string {
+	ms := []metrics.Sample{{Name: "/sched/latencies:seconds"}, {Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(ms)
+	h := ms[0].Value.Float64Histogram()
+	gc := ms[1].Value.Uint64()
+	cur := append([]uint64(nil), h.Counts...)
+	d := make([]uint64, len(cur))
+	var tot uint64
+	for i := range cur {
+		if i < len(lastSched) {
+			d[i] = cur[i] - lastSched[i]
+		} else {
+			d[i] = cur[i]
+		}
+		tot += d[i]
 	}
-	return l.byFD[fd]
+	lastSched = cur
+	ngc := gc - lastGC
+	lastGC = gc
+	at := func(f float64) float64 {
+		var c uint64
+		for i, v := range d {
+			c += v
+			if float64(c) >= f*float64(tot) {
+				return h.Buckets[i+1] * 1e6
+			}
+		}
+		return 0
+	}
+	return fmt.Sprintf(" || sched P50/P90/P99/P99.9 %.0f/%.0f/%.0f/%.0f µs over %d; gc %d", at(.5), at(.9), at(.99), at(.999), tot, ngc)
 }
