@@ -64,7 +64,6 @@ type loop struct {
 	assist *assistant
 	seq    uint64    // batches dispatched, for stream.mark
 	items  []*stream // splitBatch's list
-	probe  tokProbe  // TEMPORARY
 
 	// own is held by whoever serves the loop: its goroutine, from its
 	// epoll_wait to the end of that batch, or a helper (Group.Help).
@@ -368,14 +367,6 @@ func (l *loop) dispatchBatch(n int, now time.Time) bool {
 	if l.assist != nil && n >= l.opts.Assist {
 		split = l.splitBatch(n, now)
 	}
-	if probeEvery > 0 {
-		l.probe.pos, l.probe.batchN = 0, 0
-		for _, ev := range l.ready[:max(n, 0)] {
-			if s := l.fdStream(int(ev.Fd)); s != nil && int(ev.Fd) == s.ufd {
-				l.probe.batchN++
-			}
-		}
-	}
 	for _, ev := range l.ready[:max(n, 0)] {
 		fd := int(ev.Fd)
 		if fd == l.efd {
@@ -426,10 +417,7 @@ func (l *loop) help(now int64) {
 	if !l.exited {
 		n, _ := rawEpollWait(l.epfd, l.ready)
 		l.polled.Store(mono())
-		l.probe.help = true
-		stop := n > 0 && l.dispatch(n, time.Now())
-		l.probe.help = false
-		if stop {
+		if n > 0 && l.dispatch(n, time.Now()) {
 			l.exited = true // the loop's goroutine sees it when its wait returns
 		}
 	}
@@ -690,20 +678,11 @@ func (l *loop) upstreamReady(s *stream, now time.Time) {
 			return
 		}
 		s.last = now
-		emit := l.rbuf[:0]
-		if probeEvery > 0 {
-			emit = append(l.probe.scratch[:0], l.rbuf[:n]...)
-			l.probe.scratch = emit
-		}
 		out, done, ferr := l.feed(s, l.out[:0], l.rbuf[:n], now)
-		settled := l.settle(s, out, done, ferr)
-		if probeEvery > 0 {
-			l.probeRead(emit, now)
-		}
 		// A short read took all that was there, and more data brings a new
 		// edge; but an EOF that came with the data brings none: after
 		// EPOLLRDHUP read on until it.
-		if settled || n < len(l.rbuf) && !s.upHup {
+		if l.settle(s, out, done, ferr) || n < len(l.rbuf) && !s.upHup {
 			return
 		}
 	}
