@@ -112,7 +112,9 @@ func (l *loop) split(items []*stream, now time.Time) *assistBatch {
 // assistOnly (tests) leaves every item of a split batch to the assistant.
 var assistOnly atomic.Bool
 
-// join waits until the assistant has finished b's items.
+// join waits until the assistant has finished b's items. The assistant
+// raises busy before it takes an item, so once the loop has found the
+// list exhausted, an item the assistant took is one busy still counts.
 func (b *assistBatch) join() {
 	for b.busy.Load() != 0 {
 		runtime.Gosched()
