@@ -151,6 +151,30 @@ median() { sort -n | awk '{v[NR]=$1} END {if (NR==0) print "-"; else if (NR%2) p
 		done
 	fi
 } | tee "$OUT/summary.txt"
+if [[ $SHAPE == h1 ]]; then
+	# The latency figures of each round (OUT/raw/*.json): token delay P99 and
+	# TTFT P50 (ms), and each side's TTFT P50 minus nginx's of the same round.
+	python3 - "$OUT" "$ROUNDS" "${names[@]}" <<'PY' | tee -a "$OUT/summary.txt"
+import json, statistics, sys
+out, rounds, names = sys.argv[1], range(1, int(sys.argv[2]) + 1), sys.argv[3:]
+def get(r, n):
+    try:
+        t = json.load(open(f"{out}/raw/{r}-{n}.json"))["targets"][0]
+        return t["token_delay"]["p99_ms"], t["ttft"]["p50_ms"]
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+print("side | token delay P99 per round (ms) | median | TTFT P50 per round (ms) | median | median of TTFT P50 - nginx's")
+for n in names:
+    v = {r: get(r, n) for r in rounds}
+    v = {r: x for r, x in v.items() if x}
+    if not v:
+        continue
+    d = [x[1] - get(r, "nginx")[1] for r, x in v.items() if "nginx" in names and get(r, "nginx")]
+    print(f"{n} | {'/'.join('%.2f' % x[0] for x in v.values())} | {statistics.median(x[0] for x in v.values()):.2f} | "
+          f"{'/'.join('%.3f' % x[1] for x in v.values())} | {statistics.median(x[1] for x in v.values()):.3f} | "
+          + ("%+.3f" % statistics.median(d) if d else "-"))
+PY
+fi
 if [[ ${PERF:-0} == 1 ]]; then
 	echo "side | per round, 5 s: syscalls, read, write, epoll_(p)wait, futex, nanosleep, context switches"
 	for name in "${names[@]}"; do

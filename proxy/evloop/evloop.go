@@ -226,6 +226,13 @@ type Options struct {
 	// OwnProcs imply it: their loops wait in epoll_wait itself, and a
 	// helper would take the events that should wake them.
 	NoHelp bool
+	// Assist, when > 0, gives each loop an assistant goroutine that
+	// relays a batch's plain backend reads with it once the batch has at
+	// least Assist of them: the loop and the assistant take them from one
+	// list in order, so that on an idle P the last streams of a long
+	// batch do not wait for all the others (see loop.split). 0 (the
+	// default) means no assistant.
+	Assist int
 }
 
 // MaxEventBytes bounds one event (as proxy.MaxEventBytes does).
@@ -279,6 +286,10 @@ func New(opts Options) (*Group, error) {
 	for _, l := range g.loops {
 		g.wg.Add(1)
 		go l.run()
+		if l.assist != nil {
+			g.wg.Add(1)
+			go l.assistRun()
+		}
 	}
 	return g, nil
 }
@@ -310,8 +321,19 @@ const WaitEnv = "SLUICE_LOOP_WAIT"
 // it is 0 (for measuring it; docs/BENCHMARKS.md, "h1cpu4").
 const LoopsEnv = "SLUICE_LOOPS"
 
-// fromEnv applies WaitEnv and LoopsEnv to opts.
+// AssistEnv names the environment variable that sets Options.Assist
+// when it is 0 (for measuring it; docs/BENCHMARKS.md, "tokentail").
+const AssistEnv = "SLUICE_LOOP_ASSIST"
+
+// fromEnv applies WaitEnv, LoopsEnv and AssistEnv to opts.
 func fromEnv(opts Options) (Options, error) {
+	if v := os.Getenv(AssistEnv); v != "" && opts.Assist == 0 {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return opts, fmt.Errorf("evloop: %s=%q: want a number of reads", AssistEnv, v)
+		}
+		opts.Assist = n
+	}
 	if v := os.Getenv(LoopsEnv); v != "" && opts.Loops == 0 {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {

@@ -60,6 +60,10 @@ type loop struct {
 	// kicks are the streams whose ClientSink was written in this batch:
 	// each sink's Flush runs once at the batch's end (kickAll).
 	kicks []*stream
+	// assist relays part of a long batch (Options.Assist); nil when off.
+	assist *assistant
+	seq    uint64    // batches dispatched, for stream.mark
+	items  []*stream // splitBatch's list
 
 	// own is held by whoever serves the loop: its goroutine, from its
 	// epoll_wait to the end of that batch, or a helper (Group.Help).
@@ -95,8 +99,12 @@ func newLoop(g *Group, opts Options) (*loop, error) {
 		unix.Close(efd)
 		return nil, err
 	}
-	return &loop{g: g, opts: opts, epfd: epfd, efd: efd, rbuf: make([]byte, opts.ReadBuffer),
-		out: make([]byte, 0, opts.ReadBuffer+opts.ReadBuffer/4), ready: make([]unix.EpollEvent, events)}, nil
+	l := &loop{g: g, opts: opts, epfd: epfd, efd: efd, rbuf: make([]byte, opts.ReadBuffer),
+		out: make([]byte, 0, opts.ReadBuffer+opts.ReadBuffer/4), ready: make([]unix.EpollEvent, events)}
+	if opts.Assist > 0 {
+		l.assist = newAssistant(opts.ReadBuffer)
+	}
+	return l, nil
 }
 
 var one = []byte{1, 0, 0, 0, 0, 0, 0, 0}
@@ -152,6 +160,9 @@ func (l *loop) stop() {
 // (measured in BenchmarkRelay).
 func (l *loop) run() {
 	defer l.g.wg.Done()
+	if l.assist != nil {
+		defer close(l.assist.wake) // no batch runs after run's return
+	}
 	defer unix.Close(l.efd)
 	if l.opts.Polled && !l.opts.Blocking && !l.opts.OwnProcs {
 		l.runPolled()
@@ -352,6 +363,10 @@ func (l *loop) kickAll() {
 
 func (l *loop) dispatchBatch(n int, now time.Time) bool {
 	woken := false
+	var split *assistBatch
+	if l.assist != nil && n >= l.opts.Assist {
+		split = l.splitBatch(n, now)
+	}
 	for _, ev := range l.ready[:max(n, 0)] {
 		fd := int(ev.Fd)
 		if fd == l.efd {
@@ -365,12 +380,21 @@ func (l *loop) dispatchBatch(n int, now time.Time) bool {
 		s := l.byFD[fd]
 		if fd == s.cfd {
 			l.clientReady(s, ev.Events, now)
+		} else if s.inSplit {
+			continue
 		} else {
 			if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 				s.upHup = true // read to EOF: no edge will come for it
 			}
 			l.upstreamReady(s, now)
 		}
+	}
+	if split != nil {
+		split.join()
+		for _, s := range split.items {
+			s.inSplit = false
+		}
+		l.assistDone(split, now)
 	}
 	// Commands after the batch: a descriptor a stream closed above may
 	// be reused by a stream added here, and a stale event must not
@@ -1132,6 +1156,12 @@ type stream struct {
 	upEnded      bool       // the backend's body reached its end (framing)
 	upDirty      bool       // bytes past the body's end, or a decode error, seen
 	draining     bool       // completed; the body's end is being read (drainUp)
+	// mark is the loop's seq of the last batch that saw the client's
+	// socket ready; inSplit: the backend's read is in this batch's split
+	// list (Options.Assist); assist is what the assistant left.
+	mark    uint64
+	inSplit bool
+	assist  assistState
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
