@@ -108,6 +108,9 @@ for r in $(seq "$ROUNDS"); do
 			wait_port "$port" || exit 1
 			sleep 1
 			pids=$sp
+			# CHILD_PIDS=1: a side's binary may be a wrapper that starts
+			# several processes (smallreq5/workers.sh); count them all.
+			((${CHILD_PIDS:-0})) && pids=$(echo $sp $(pgrep -P $sp) | tr ' ' ,)
 		fi
 		if [[ ${PERF:-0} == 1 ]]; then
 			(sleep 5; perf stat -e 'raw_syscalls:sys_enter,syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_epoll_pwait,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,syscalls:sys_enter_nanosleep,context-switches' -p "$pids" -o "$OUT/raw/perf-$r-$name.txt" -- sleep 5) &

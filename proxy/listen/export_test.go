@@ -11,3 +11,6 @@ func QUICCounts(s *Server) (map[string]int, int64) {
 
 // MaxHeaderBytes is the listeners' header limit.
 const MaxHeaderBytes = maxHeaderBytes
+
+// H1WatchDelay is the own h1 server's default watch delay.
+const H1WatchDelay = h1WatchDelay

@@ -193,6 +193,9 @@ func (c *h1Conn) h2Preface() bool {
 // net/http's MaxHeaderBytes plus its 4 KiB of slack.
 const h1HeadLimit = maxHeaderBytes + 4096
 
+// h1HeaderHint is the size hint of a response's header map.
+const h1HeaderHint = 16
+
 // readRequest is net/http's request parser without http.ReadRequest's
 // deletion of the Host field, which the server's Host rules need to see
 // (net/http's server calls it so; it is marked for linkname use).
@@ -258,7 +261,10 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 		}
 	}
 	delete(req.Header, "Host")
-	w := &h1Response{c: c, contentLength: -1, header: make(http.Header)}
+	// The header map is sized for a proxied answer's fields (a small
+	// request's has 14: request ids, rate limits, Server-Timing, …), so
+	// it is not grown twice while the handler fills it.
+	w := &h1Response{c: c, contentLength: -1, header: make(http.Header, h1HeaderHint)}
 	w.body.w = w
 	w.body.rc = req.Body
 	if req.Body == http.NoBody {

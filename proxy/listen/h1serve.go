@@ -97,8 +97,14 @@ type h1Server struct {
 }
 
 // h1WatchDelay is h1Server.watchDelay's default; SLUICE_H1_WATCH_DELAY
-// (a duration) overrides it, for the benchmarks of both ways.
-const h1WatchDelay = time.Millisecond
+// (a duration) overrides it, for the benchmarks of both ways. It bounds
+// how late a client's close is noticed while its handler runs. A started
+// watcher costs a goroutine (the timer's), its stack's growth to the
+// handler's depth and a hand-over of the connection: under target 3's
+// load a small request waits several milliseconds for its backend, so
+// 1 ms (h1own) started one for nearly every request (docs/BENCHMARKS.md,
+// "smallreq5").
+const h1WatchDelay = 100 * time.Millisecond
 
 func (s *Server) newH1Server(h http.Handler) *h1Server {
 	hs := &h1Server{

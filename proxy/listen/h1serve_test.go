@@ -250,6 +250,40 @@ func TestH1ClientGoneCancels(t *testing.T) {
 	}
 }
 
+// TestH1WatchDelayDefault: by default a client's close is noticed once
+// its handler has run the watch delay past the body's end, not sooner (a
+// small answer within the delay pays no watcher), and not much later.
+func TestH1WatchDelayDefault(t *testing.T) {
+	if listen.H1WatchDelay < 50*time.Millisecond {
+		t.Fatalf("default watch delay %v; small requests waiting on a loaded backend would each start a watcher", listen.H1WatchDelay)
+	}
+	started, cancelled := make(chan time.Time, 1), make(chan time.Duration, 1)
+	_, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		t0 := time.Now()
+		started <- t0
+		select {
+		case <-r.Context().Done():
+			cancelled <- time.Since(t0)
+		case <-time.After(5 * time.Second):
+			cancelled <- -1
+		}
+	}), 0)
+	c, _ := dialRaw(t, addr)
+	io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+	<-started
+	c.Close()
+	d := <-cancelled
+	switch {
+	case d < 0:
+		t.Fatal("the request's context was not cancelled within 5s of the client's close")
+	case d < listen.H1WatchDelay*8/10:
+		t.Fatalf("cancelled %v after the body's end; the watcher started before the delay (%v)", d, listen.H1WatchDelay)
+	case d > listen.H1WatchDelay+2*time.Second:
+		t.Fatalf("cancelled %v after the body's end; want about %v", d, listen.H1WatchDelay)
+	}
+}
+
 // TestH1H2CPriorKnowledge: a connection opening with the HTTP/2 preface is
 // served as h2c, with the connection's facts.
 func TestH1H2CPriorKnowledge(t *testing.T) {

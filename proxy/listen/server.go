@@ -140,7 +140,7 @@ func (s *Server) Listen() error {
 
 func (s *Server) listen() error {
 	if s.HTTPAddr != "" {
-		ln, err := net.Listen("tcp", s.HTTPAddr)
+		ln, err := listenTCP(s.HTTPAddr)
 		if err != nil {
 			return fmt.Errorf("listening on %s (%s): %w", s.HTTPAddr, ListenerHTTP, err)
 		}
