@@ -83,7 +83,14 @@ func TestH2LoopEachTokenAtOnce(t *testing.T) {
 func TestH2LoopManyStreamsOneConn(t *testing.T) {
 	_, simURL := startSim(t, fastSim())
 	e := h2LoopEdge(t, simURL, edgeOpts{})
-	c := xh2Client()
+	manyStreamsOneConn(t, e, xh2Client(), e.https)
+}
+
+// manyStreamsOneConn runs 24 streams of 40 tokens at once through one
+// client (one connection) to base, checks each whole and that several
+// were on the loops at once, and that none is left there.
+func manyStreamsOneConn(t *testing.T, e *testEdge, c *http.Client, base string) {
+	t.Helper()
 	const n = 24
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -103,7 +110,7 @@ func TestH2LoopManyStreamsOneConn(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp := post(t, c, e.https+"/v1/chat/completions", chatBody(`"max_tokens":40`))
+			resp := post(t, c, base+"/v1/chat/completions", chatBody(`"max_tokens":40`))
 			defer resp.Body.Close()
 			events, err := readEventsErr(resp.Body)
 			if err != io.EOF {

@@ -3,12 +3,9 @@ package proxy_test
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -104,49 +101,7 @@ func TestH3LoopNoTrailerUnasked(t *testing.T) {
 func TestH3LoopManyStreamsOneConn(t *testing.T) {
 	_, simURL := startSim(t, fastSim())
 	e := h3LoopEdge(t, simURL, edgeOpts{})
-	c := h3Client(t)
-	const n = 24
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	var maxOnLoop atomicMax
-	stop := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(2 * time.Millisecond):
-				maxOnLoop.note(e.handler.LoopStreams())
-			}
-		}
-	}()
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp := post(t, c, e.h3+"/v1/chat/completions", chatBody(`"max_tokens":40`))
-			defer resp.Body.Close()
-			events, err := readEventsErr(resp.Body)
-			if err != io.EOF {
-				errs <- err
-				return
-			}
-			// the role chunk, 40 tokens, the finish chunk, [DONE]
-			if len(events) != 43 || events[42].data != "[DONE]" {
-				errs <- errors.New("stream incomplete: " + strconv.Itoa(len(events)) + " events")
-			}
-		}()
-	}
-	wg.Wait()
-	close(stop)
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if maxOnLoop.get() < 2 {
-		t.Fatalf("at most %d streams on the loops at once", maxOnLoop.get())
-	}
-	onLoop(t, e, 0)
+	manyStreamsOneConn(t, e, h3Client(t), e.h3)
 }
 
 // TestH3LoopClientCancelCancelsBackend: the client cancelling its request

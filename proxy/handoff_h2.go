@@ -25,16 +25,26 @@ import (
 const H2LoopEnv = "SLUICE_H2_LOOP"
 
 // h2Loop turns the HTTP/2 hand-off on (H2LoopEnv; the tests set it).
-var h2Loop atomic.Bool
+var h2Loop = switchOn(H2LoopEnv)
 
-func init() { h2Loop.Store(os.Getenv(H2LoopEnv) != "0") }
+// switchOn is an on-by-default switch that the environment variable name
+// turns off ("0").
+func switchOn(name string) *atomic.Bool {
+	on := new(atomic.Bool)
+	on.Store(os.Getenv(name) != "0")
+	return on
+}
 
 // detachH2 is listen.DetachH2 as a loopClient.
-func detachH2(w http.ResponseWriter) (loopClient, bool) {
-	if hs, ok := listen.DetachH2(w); ok {
-		return hs, true
+func detachH2(w http.ResponseWriter) (loopClient, bool) { return asLoopClient(listen.DetachH2(w)) }
+
+// asLoopClient gives a listener's detached stream as a loopClient (nil,
+// false when it was not detached).
+func asLoopClient[C loopClient](c C, ok bool) (loopClient, bool) {
+	if !ok {
+		return nil, false
 	}
-	return nil, false
+	return c, true
 }
 
 // loopClient is the client's side of a framed stream on a loop: an

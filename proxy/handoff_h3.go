@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"net/http"
-	"os"
-	"sync/atomic"
 
 	"github.com/sluice-proxy/sluice/proxy/listen"
 )
@@ -26,14 +24,7 @@ import (
 const H3LoopEnv = "SLUICE_H3_LOOP"
 
 // h3Loop turns the HTTP/3 hand-off on (H3LoopEnv; the tests set it).
-var h3Loop atomic.Bool
-
-func init() { h3Loop.Store(os.Getenv(H3LoopEnv) != "0") }
+var h3Loop = switchOn(H3LoopEnv)
 
 // detachH3 is listen.DetachH3 as a loopClient.
-func detachH3(w http.ResponseWriter) (loopClient, bool) {
-	if hs, ok := listen.DetachH3(w); ok {
-		return hs, true
-	}
-	return nil, false
-}
+func detachH3(w http.ResponseWriter) (loopClient, bool) { return asLoopClient(listen.DetachH3(w)) }

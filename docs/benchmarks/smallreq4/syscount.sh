@@ -28,8 +28,9 @@ for name in "${names[@]}"; do
     envname=ENV_$name
     ( [[ -n ${!envname:-} ]] && export ${!envname}; exec "${BIN[$name]}" serve -c "$OUT/conf/sluice.yaml" ) >"$OUT/logs/sluice-$name.log" 2>&1 &
     sp=$!; PIDS+=($sp); port=$HTTP; wait_port $port || exit 1; sleep 1; pids=$sp
+    ((${CHILD_PIDS:-0})) && pids=$(echo $sp $(pgrep -P $sp) | tr " " ,)
   fi
-  perf stat -e "$EV" -p "$pids" -o "$OUT/raw/perf-$name.txt" &
+  perf stat -e "$EV,context-switches" -p "$pids" -o "$OUT/raw/perf-$name.txt" &
   pp=$!
   "$first" bench -target "http://127.0.0.1:$port" -pid "$pids" -compare "http://127.0.0.1:$SIM" \
     -model sim-stream -no-stream -concurrency 16 -prompt-tokens 16 -output-tokens 1 -duration "$DUR" -rounds 2 \
@@ -37,6 +38,6 @@ for name in "${names[@]}"; do
   kill -INT $pp; wait $pp
   sent=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["targets"][0]["counts"]["sent"])' "$OUT/raw/$name.json")
   echo "== $name: $sent requests" | tee -a "$OUT/summary.txt"
-  awk -v n="$sent" '/syscalls:sys_enter_/ {gsub(",","",$1); if ($1+0 > 0) printf "%-28s %10d %8.3f\n", $2, $1, $1/n}' "$OUT/raw/perf-$name.txt" | sort -k3 -nr | tee -a "$OUT/summary.txt"
+  awk -v n="$sent" '/syscalls:sys_enter_|context-switches/ {gsub(",","",$1); if ($1+0 > 0) printf "%-28s %10d %8.3f\n", $2, $1, $1/n}' "$OUT/raw/perf-$name.txt" | sort -k3 -nr | tee -a "$OUT/summary.txt"
   kill "$sp"; wait "$sp" 2>/dev/null
 done
