@@ -158,9 +158,18 @@ func (m *atomicMax) get() int64 {
 func TestH2LoopResetCancelsBackend(t *testing.T) {
 	b := newStepBackend(t, 100)
 	e := h2LoopEdge(t, b.url, edgeOpts{})
+	cancelCancelsBackend(t, e, b, xh2Client(), e.https, "RST_STREAM")
+}
+
+// cancelCancelsBackend: a client that cancels its request after the
+// first event (its context ends) makes the edge cancel the backend's
+// request at once and log the client's close; what names what the
+// client sends.
+func cancelCancelsBackend(t *testing.T, e *testEdge, b *stepBackend, c *http.Client, base, what string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	resp := postCtx(t, ctx, xh2Client(), e.https+"/v1/chat/completions", chatBody(""))
+	resp := postCtx(t, ctx, c, base+"/v1/chat/completions", chatBody(""))
 	defer resp.Body.Close()
 	onLoop(t, e, 1)
 	if _, err := newEventReader(resp.Body).next(); err != nil {
@@ -170,7 +179,7 @@ func TestH2LoopResetCancelsBackend(t *testing.T) {
 	select {
 	case <-b.cancelled:
 	case <-time.After(5 * time.Second):
-		t.Fatal("the backend's request was not cancelled 5s after RST_STREAM")
+		t.Fatal("the backend's request was not cancelled 5s after " + what)
 	}
 	onLoop(t, e, 0)
 	id := resp.Header.Get("X-Request-Id")
@@ -185,7 +194,14 @@ func TestH2LoopBackendDiesMidStream(t *testing.T) {
 	b := newStepBackend(t, 10)
 	b.cut = 3
 	e := h2LoopEdge(t, b.url, edgeOpts{})
-	resp := post(t, xh2Client(), e.https+"/v1/chat/completions", chatBody(""))
+	backendDiesMidStream(t, e, b, xh2Client(), e.https)
+}
+
+// backendDiesMidStream: a backend (cut after 3 events) closing before
+// [DONE] ends the client's stream with the error event and a clean end.
+func backendDiesMidStream(t *testing.T, e *testEdge, b *stepBackend, c *http.Client, base string) {
+	t.Helper()
+	resp := post(t, c, base+"/v1/chat/completions", chatBody(""))
 	defer resp.Body.Close()
 	onLoop(t, e, 1)
 	go func() {

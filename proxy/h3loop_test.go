@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"context"
 	"crypto/tls"
 	"io"
 	"net/http"
@@ -110,25 +109,7 @@ func TestH3LoopManyStreamsOneConn(t *testing.T) {
 func TestH3LoopClientCancelCancelsBackend(t *testing.T) {
 	b := newStepBackend(t, 100)
 	e := h3LoopEdge(t, b.url, edgeOpts{})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	resp := postCtx(t, ctx, h3Client(t), e.h3+"/v1/chat/completions", chatBody(""))
-	defer resp.Body.Close()
-	onLoop(t, e, 1)
-	if _, err := newEventReader(resp.Body).next(); err != nil {
-		t.Fatal(err)
-	}
-	cancel()
-	select {
-	case <-b.cancelled:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the backend's request was not cancelled 5s after the client cancelled")
-	}
-	onLoop(t, e, 0)
-	id := resp.Header.Get("X-Request-Id")
-	waitFor(t, 5*time.Second, "the access log line", func() bool {
-		return len(e.log.lines(id, `"error":"client_closed_request"`)) == 1
-	})
+	cancelCancelsBackend(t, e, b, h3Client(t), e.h3, "STOP_SENDING")
 }
 
 // TestH3LoopConnCloseCancelsAll: the client's QUIC connection closing
@@ -160,22 +141,7 @@ func TestH3LoopBackendDiesMidStream(t *testing.T) {
 	b := newStepBackend(t, 10)
 	b.cut = 3
 	e := h3LoopEdge(t, b.url, edgeOpts{})
-	resp := post(t, h3Client(t), e.h3+"/v1/chat/completions", chatBody(""))
-	defer resp.Body.Close()
-	onLoop(t, e, 1)
-	go func() {
-		for range 3 {
-			b.next <- struct{}{}
-		}
-	}()
-	events, err := readEventsErr(resp.Body)
-	if err != io.EOF {
-		t.Fatalf("body ended with %v, want a clean end", err)
-	}
-	if len(events) != 4 || events[3].name != "error" || !strings.Contains(events[3].data, `"type":"server_error"`) {
-		t.Fatalf("events %+v", events)
-	}
-	onLoop(t, e, 0)
+	backendDiesMidStream(t, e, b, h3Client(t), e.h3)
 }
 
 // TestH3LoopIdleBackend: a backend that sends nothing for
