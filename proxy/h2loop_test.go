@@ -176,11 +176,7 @@ func cancelCancelsBackend(t *testing.T, e *testEdge, b *stepBackend, c *http.Cli
 		t.Fatal(err)
 	}
 	cancel()
-	select {
-	case <-b.cancelled:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the backend's request was not cancelled 5s after " + what)
-	}
+	b.waitCancelled(t, "the backend's request was not cancelled 5s after "+what)
 	onLoop(t, e, 0)
 	id := resp.Header.Get("X-Request-Id")
 	waitFor(t, 5*time.Second, "the access log line", func() bool {
@@ -376,11 +372,7 @@ func TestH2LoopSlowReaderBounded(t *testing.T) {
 	if got > 256 {
 		t.Fatalf("%d bytes of DATA past a 256-byte window", got)
 	}
-	select {
-	case <-b.cancelled:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the backend's request was not cancelled")
-	}
+	b.waitCancelled(t, "the backend's request was not cancelled")
 	onLoop(t, e, 0)
 }
 

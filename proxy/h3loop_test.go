@@ -159,11 +159,7 @@ func TestH3LoopIdleBackend(t *testing.T) {
 	if len(events) != 2 || events[1].name != "error" {
 		t.Fatalf("events %+v", events)
 	}
-	select {
-	case <-b.cancelled:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the idle backend's request was not cancelled")
-	}
+	b.waitCancelled(t, "the idle backend's request was not cancelled")
 	onLoop(t, e, 0)
 }
 
@@ -235,11 +231,7 @@ func TestH3LoopSlowReaderBounded(t *testing.T) {
 			t.Fatal("the backend neither read on nor cancelled")
 		}
 	}
-	select {
-	case <-b.cancelled:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the backend's request was not cancelled")
-	}
+	b.waitCancelled(t, "the backend's request was not cancelled")
 cancelled:
 	onLoop(t, e, 0)
 	body, err := io.ReadAll(resp.Body)

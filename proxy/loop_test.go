@@ -37,6 +37,17 @@ type stepBackend struct {
 	cut int
 }
 
+// waitCancelled fails the test with msg unless the backend sees a request
+// cancelled within 5 s.
+func (b *stepBackend) waitCancelled(t *testing.T, msg string) {
+	t.Helper()
+	select {
+	case <-b.cancelled:
+	case <-time.After(5 * time.Second):
+		t.Fatal(msg)
+	}
+}
+
 func newStepBackend(t *testing.T, n int) *stepBackend {
 	b := &stepBackend{next: make(chan struct{}), cancelled: make(chan struct{}, 1), n: n}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
