@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"strconv"
@@ -130,7 +131,11 @@ func TestFaultsBurstNoOvershoot(t *testing.T) {
 			t.Errorf("burst %d: %d leases in Redis on a limit of %d", b, l, lim.MaxConcurrency)
 		}
 		for i, tk := range got {
-			settle(t, by[i], tk, Usage{})
+			// A settle Redis answers late under machine load is queued for
+			// the heartbeat (ErrSettleDeferred): the burst's bound holds.
+			if err := by[i].Settle(context.Background(), tk, Usage{}); err != nil && !errors.Is(err, ErrSettleDeferred) {
+				t.Fatalf("Settle: %v", err)
+			}
 		}
 	}
 	t.Logf("%d bursts of %d on 3 nodes, limit %d: peak %d admitted, %d degraded decisions",

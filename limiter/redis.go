@@ -21,6 +21,11 @@ var ErrAbandoned = errors.New("limiter: admission abandoned after a timeout")
 // its deadline (the caller had given up): nothing was written.
 var ErrExpired = errors.New("limiter: admission reached Redis after its deadline")
 
+// ErrSettleDeferred wraps a settle that Redis did not take in time: the
+// ticket counts as settled here and its write is queued for the
+// heartbeat's next beat, so the tenant's charge is late, not lost.
+var ErrSettleDeferred = errors.New("limiter: settle deferred (retried by the heartbeat)")
+
 // maxPending bounds the settles queued for the heartbeat.
 const maxPending = 100000
 

@@ -436,10 +436,21 @@ func TestRegionsPartition(t *testing.T) {
 	}
 
 	start := time.Now()
-	phase(warm, 2)
-	before := f.shares(tenant)
-	if before[2] < 0.5 {
-		t.Fatalf("the hot far region's share before the cut is %.3f, want > 0.5", before[2])
+	// The far region's share grows with its demand at each rebalancing; on
+	// a loaded machine the drivers send less per interval, so the warm-up
+	// runs again (at most four times) until the share is the hot one's.
+	var before []float64
+	for try := 0; ; try++ {
+		phase(warm, 2)
+		before = f.shares(tenant)
+		if before[2] >= 0.5 {
+			break
+		}
+		if try == 3 {
+			t.Fatalf("the hot far region's share before the cut is %.3f after %v of warm-up, want > 0.5",
+				before[2], time.Since(start).Round(time.Millisecond))
+		}
+		t.Logf("warm-up %d: the hot far region's share is %.3f; warming up again", try+1, before[2])
 	}
 	_, failedBefore := far.Syncs()
 	f.relays[2].Partition(true)

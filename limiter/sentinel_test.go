@@ -159,7 +159,7 @@ func admitAcrossFailover(t *testing.T, nodes []*Shared, lim Limits, tenant strin
 				time.Sleep(time.Duration(2+i%9) * time.Millisecond)
 				cur.Add(-1)
 				if err := node.Settle(context.Background(), d.Ticket, Usage{}); err != nil {
-					if !strings.Contains(err.Error(), "retried by the heartbeat") {
+					if !errors.Is(err, ErrSettleDeferred) {
 						errorf("Settle: %v", err)
 					}
 					atomic.AddInt64(&res.settleErrs, 1)

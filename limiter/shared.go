@@ -245,7 +245,7 @@ func (s *Shared) Settle(ctx context.Context, t *Ticket, u Usage) error {
 	sctx, cancel := context.WithTimeout(ctx, s.opt.SettleTimeout)
 	defer cancel()
 	if err := s.store.Settle(sctx, st.inner, u); err != nil {
-		return fmt.Errorf("settle (retried by the heartbeat): %w", err)
+		return fmt.Errorf("%w: %w", ErrSettleDeferred, err)
 	}
 	return nil
 }
