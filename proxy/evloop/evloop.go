@@ -204,35 +204,9 @@ type Options struct {
 	Sweep time.Duration
 	// ReadBuffer is the size of each loop's read buffer; 0 means 64 KiB.
 	ReadBuffer int
-	// Blocking makes each loop block in epoll_wait on its own thread
-	// instead of waiting in Go's netpoller (see loop.run).
-	Blocking bool
-	// OwnProcs gives each loop a scheduler P of its own: New raises
-	// GOMAXPROCS by Loops (Close lowers it again), and a loop that holds
-	// streams waits in epoll_wait without leaving the Go scheduler, so
-	// its P is never handed to other goroutines while it waits and a
-	// ready socket is served as soon as the kernel wakes the thread,
-	// instead of after the run queues (see loop.waitHeld). It overrides
-	// Blocking.
-	OwnProcs bool
-	// Polled makes each loop serve its batches inside the netpoller's
-	// read of its epoll descriptor and park right after an epoll_wait
-	// that drained the ready list, instead of leaving the read after each
-	// batch and polling once more (empty) before it parks: one
-	// epoll_wait fewer per wake-up (see loop.runPolled). Ignored with
-	// Blocking or OwnProcs.
-	Polled bool
-	// NoHelp makes Help do nothing (see Group.Help). Blocking and
-	// OwnProcs imply it: their loops wait in epoll_wait itself, and a
-	// helper would take the events that should wake them.
+	// NoHelp makes Help do nothing (see Group.Help): for measuring what
+	// Help costs and gives.
 	NoHelp bool
-	// Assist, when > 0, gives each loop an assistant goroutine that
-	// relays a batch's plain backend reads with it once the batch has at
-	// least Assist of them: the loop and the assistant take them from one
-	// list in order, so that on an idle P the last streams of a long
-	// batch do not wait for all the others (see loop.split). 0 (the
-	// default) means no assistant.
-	Assist int
 }
 
 // MaxEventBytes bounds one event (as proxy.MaxEventBytes does).
@@ -256,7 +230,6 @@ type Group struct {
 	wg    sync.WaitGroup
 	live  atomic.Int64
 	once  sync.Once
-	procs int                   // added to GOMAXPROCS by New (OwnProcs)
 	err   atomic.Pointer[error] // the first loop failure (loop.fail)
 	// closing is set by Close before it stops the loops: Add then
 	// refuses with ErrClosed, not with the failure of a loop.
@@ -286,10 +259,6 @@ func New(opts Options) (*Group, error) {
 	for _, l := range g.loops {
 		g.wg.Add(1)
 		go l.run()
-		if l.assist != nil {
-			g.wg.Add(1)
-			go l.assistRun()
-		}
 	}
 	return g, nil
 }
@@ -309,51 +278,19 @@ func New(opts Options) (*Group, error) {
 // simulator and clients share the cores).
 func DefaultLoops(procs int) int { return max(1, procs-1) }
 
-// WaitEnv names the environment variable that selects how loops wait
-// when Options chooses no mode (neither Blocking nor OwnProcs): "netpoll"
-// (or unset: the default, Go's netpoller), "blocking" (Options.Blocking)
-// or "ownprocs" (Options.OwnProcs). It exists to measure the modes in a
-// running `sluice serve` (docs/BENCHMARKS.md, "h1cpu4"); neither other
-// mode is cheaper or faster there. Any other value makes New fail.
-const WaitEnv = "SLUICE_LOOP_WAIT"
-
 // LoopsEnv names the environment variable that sets Options.Loops when
-// it is 0 (for measuring it; docs/BENCHMARKS.md, "h1cpu4").
+// it is 0: an operator's override of DefaultLoops, which was measured on
+// 2 Ps only (docs/BENCHMARKS.md, "h1cpu4"; docs/OPERATIONS.md).
 const LoopsEnv = "SLUICE_LOOPS"
 
-// AssistEnv names the environment variable that sets Options.Assist
-// when it is 0 (for measuring it; docs/BENCHMARKS.md, "tokentail").
-const AssistEnv = "SLUICE_LOOP_ASSIST"
-
-// fromEnv applies WaitEnv, LoopsEnv and AssistEnv to opts.
+// fromEnv applies LoopsEnv to opts.
 func fromEnv(opts Options) (Options, error) {
-	if v := os.Getenv(AssistEnv); v != "" && opts.Assist == 0 {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return opts, fmt.Errorf("evloop: %s=%q: want a number of reads", AssistEnv, v)
-		}
-		opts.Assist = n
-	}
 	if v := os.Getenv(LoopsEnv); v != "" && opts.Loops == 0 {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
 			return opts, fmt.Errorf("evloop: %s=%q: want a number of loops", LoopsEnv, v)
 		}
 		opts.Loops = n
-	}
-	if opts.Blocking || opts.OwnProcs {
-		return opts, nil
-	}
-	switch v := os.Getenv(WaitEnv); v {
-	case "", "netpoll":
-	case "polled":
-		opts.Polled = true
-	case "blocking":
-		opts.Blocking = true
-	case "ownprocs":
-		opts.OwnProcs = true
-	default:
-		return opts, fmt.Errorf("evloop: %s=%q: want netpoll, polled, blocking or ownprocs", WaitEnv, v)
 	}
 	return opts, nil
 }
@@ -376,11 +313,7 @@ func build(opts Options) (*Group, error) {
 	if opts.ReadBuffer <= 0 {
 		opts.ReadBuffer = 64 << 10
 	}
-	g := &Group{help: !opts.Blocking && !opts.OwnProcs && !opts.NoHelp}
-	if opts.OwnProcs {
-		g.procs = opts.Loops
-		addProcs(g.procs)
-	}
+	g := &Group{help: !opts.NoHelp}
 	for range opts.Loops {
 		l, err := newLoop(g, opts)
 		if err != nil {
@@ -585,7 +518,6 @@ func (g *Group) Close() {
 			l.stop()
 		}
 		g.wg.Wait()
-		addProcs(-g.procs)
 	})
 }
 

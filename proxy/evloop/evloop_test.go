@@ -587,18 +587,8 @@ func TestOutWrittenByAdd(t *testing.T) {
 // parks; an event whose readiness were lost between the loop's last
 // epoll_wait and its park would stall its stream for good once the
 // others are done (readEvent's deadline).
-// In both netpoller modes: run's and Polled's (which parks right after
-// an epoll_wait that drained the ready list).
 func TestNoLostWakeUp(t *testing.T) {
-	for _, polled := range []bool{false, true} {
-		t.Run(map[bool]string{false: "netpoller", true: "polled"}[polled], func(t *testing.T) {
-			noLostWakeUp(t, Options{Loops: 1, Sweep: time.Hour, Polled: polled})
-		})
-	}
-}
-
-func noLostWakeUp(t *testing.T, opts Options) {
-	g := newGroup(t, opts)
+	g := newGroup(t, Options{Loops: 1, Sweep: time.Hour})
 	const streams, events = 4, 1500
 	var wg sync.WaitGroup
 	errs := make(chan error, streams)
