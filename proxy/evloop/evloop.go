@@ -11,9 +11,10 @@
 // bytes the client has not taken yet are kept per stream, in pooled
 // buffers.
 //
-// The sockets are taken out of Go's netpoller (dup, then the net.Conn is
-// closed) and registered edge-triggered with EPOLLIN|EPOLLOUT|EPOLLRDHUP,
-// once: no epoll_ctl per event. EPOLLOUT only fires after a write was cut
+// The sockets stay under their net.Conns in Go's netpoller (where no
+// goroutine waits on them while a loop has them); their own descriptors
+// are registered in the loop's epoll set too, edge-triggered with
+// EPOLLIN|EPOLLOUT|EPOLLRDHUP, once: no epoll_ctl per event. EPOLLOUT only fires after a write was cut
 // short (EAGAIN), when the client's socket drains again.
 package evloop
 
@@ -121,8 +122,15 @@ type Waker interface {
 // Stream is what Add hands to a loop.
 type Stream struct {
 	// Client and Upstream are the connections; each must be a
-	// syscall.Conn (a *net.TCPConn). Add takes them over: it closes both.
-	// With Sink, Client is nil: the client side is Sink.
+	// syscall.Conn (a *net.TCPConn). They stay in Go's netpoller (where
+	// no goroutine waits on them while the loop has them): the loop uses
+	// their own descriptors, registered in its epoll set beside the
+	// netpoller's, and closes a socket with its net.Conn's Close.
+	// Keeper.Keep and Reuse take over the net.Conn itself (their fd is
+	// its descriptor, out of the loop's epoll set and still open), with
+	// nothing to rebuild: a socket's way in and out of the loop costs two
+	// epoll_ctl. Nothing else may close either connection while the loop
+	// has it. With Sink, Client is nil: the client side is Sink.
 	Client, Upstream net.Conn
 	// Sink, when set, is the client's side instead of Client's socket
 	// (an HTTP/2 stream): the loop gives it what the Relay produced and
@@ -155,10 +163,10 @@ type Stream struct {
 	// with nothing after them, and the backend did not half-close. A body
 	// not yet at its end when the Relay is done is read on (and dropped),
 	// after the stream's client side has finished too, for a second at
-	// most (drainGrace; then the socket is closed). fd is a non-blocking descriptor of the socket, no longer
-	// in the loop's epoll set; Reuse owns it (it must close it). It runs
-	// on the loop and must not block. Every other end closes the socket.
-	// With Shared, Reuse owns Upstream instead (fd is its descriptor).
+	// most (drainGrace; then the socket is closed). fd is Upstream's
+	// descriptor, no longer in the loop's epoll set; Reuse owns Upstream
+	// from then on. It runs on the loop and must not block. Every other
+	// end closes the socket.
 	Reuse func(fd int)
 	// KeepInput leaves what the client sends during the stream unread
 	// (its next, pipelined request) for whoever gets the socket after
@@ -166,25 +174,14 @@ type Stream struct {
 	// (EPOLLRDHUP). When the socket is closed instead, its input is read
 	// and dropped first (a close over unread input resets the connection).
 	KeepInput bool
-	// Shared leaves Client and Upstream in Go's netpoller (where no
-	// goroutine waits on them while the loop has them): the loop uses
-	// their own descriptors, registered in its epoll set beside the
-	// netpoller's, instead of duplicates, and closes a socket with its
-	// net.Conn's Close. Keeper.Keep and Reuse then take over the
-	// net.Conn itself (their fd is its descriptor, out of the loop's
-	// epoll set and still open), with nothing to rebuild: the socket's
-	// way in and out of the loop costs two epoll_ctl instead of a dup, a
-	// close and, to give it back, a net.FileConn. Nothing else may close
-	// either connection while the loop has it.
-	Shared bool
 }
 
 // Keeper is a Relay that may take the client's socket over when its
 // stream ended cleanly: Event said done (End got a nil error), the last
 // bytes were all written, and the client is still there. Keep runs on the
 // loop, after the socket left the loop's epoll set, and before Closed; it
-// reports whether it took fd (else the loop closes it). It must not block.
-// For a Shared stream, taking fd means taking the Stream's Client over.
+// reports whether it took fd, the Stream's Client's descriptor (taking it
+// means taking Client over; else the loop closes it). It must not block.
 type Keeper interface {
 	Keep(fd int) bool
 }
@@ -387,58 +384,34 @@ func (h *Handle) Finish(tail []byte) {
 	h.l.command(func() { h.l.release(h.s, tail) })
 }
 
-// Add hands s to a loop. It takes the sockets out of Go's netpoller and
-// closes s.Client and s.Upstream whatever happens; on error the stream was
-// not taken (Relay is not called) and both connections are closed, with
-// one exception: a stream refused because no loop takes streams (ErrClosed:
-// the group is closed; ErrFailed, with the first failure's cause: every
-// loop failed) leaves s.Client open for the caller, who can still end the
-// response (an error event), and s.Out holding what Add did not write of
-// it. For a Shared stream s.Client is the connection given; else the
-// duplicate Add made becomes a new net.Conn in s.Client (nil when it could
-// not). After any other error s.Client is nil.
+// Add hands s to a loop. On error the stream was not taken (Relay is not
+// called) and s.Upstream is closed; so is s.Client, with one exception: a
+// stream refused because no loop takes streams (ErrClosed: the group is
+// closed; ErrFailed, with the first failure's cause: every loop failed)
+// leaves s.Client open for the caller, who can still end the response (an
+// error event), and s.Out holding what Add did not write of it. After any
+// other error s.Client is nil.
 func (g *Group) Add(s *Stream) (*Handle, error) {
 	st := &stream{relay: s.Relay, keepIn: s.KeepInput, dec: s.Decoder, remaining: s.Remaining,
-		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse, csink: s.Sink}
+		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse, csink: s.Sink, cfd: -1}
+	ufd, uerr := fdOf(s.Upstream)
+	var cerr error
 	if s.Sink != nil {
-		st.cfd, st.keepIn = -1, false
-		if s.Shared {
-			ufd, err := fdOf(s.Upstream)
-			if err != nil {
-				s.Upstream.Close()
-				return nil, err
-			}
-			st.ufd, st.uconn = ufd, s.Upstream
-		} else {
-			ufd, err := detach(s.Upstream)
-			if err != nil {
-				return nil, err
-			}
-			st.ufd = ufd
-		}
-	} else if s.Shared {
-		cfd, cerr := fdOf(s.Client)
-		ufd, uerr := fdOf(s.Upstream)
-		if err := errors.Join(cerr, uerr); err != nil {
-			s.Client.Close()
-			s.Upstream.Close()
-			s.Client = nil
-			return nil, err
-		}
-		st.cfd, st.ufd, st.cconn, st.uconn = cfd, ufd, s.Client, s.Upstream
+		st.keepIn = false
 	} else {
-		cfd, err := detach(s.Client)
+		st.cfd, cerr = fdOf(s.Client)
+	}
+	if err := errors.Join(cerr, uerr); err != nil {
+		if s.Client != nil {
+			s.Client.Close()
+		}
+		s.Upstream.Close()
 		s.Client = nil
-		if err != nil {
-			s.Upstream.Close()
-			return nil, err
-		}
-		ufd, err := detach(s.Upstream)
-		if err != nil {
-			unix.Close(cfd)
-			return nil, err
-		}
-		st.cfd, st.ufd = cfd, ufd
+		return nil, err
+	}
+	st.ufd, st.uconn = ufd, s.Upstream
+	if s.Sink == nil {
+		st.cconn = s.Client
 	}
 	cfd := st.cfd
 	// Out (the head and the first token) is written here, on the caller's
@@ -479,26 +452,10 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 		st.pendp, st.first = nil, nil
 	}
 	s.Out = out // the caller's again, with the client's connection
-	if !s.Shared && st.csink == nil {
-		s.Client = fileConn(st.cfd) // closes st.cfd
-		st.cfd = -1
-	}
 	if err := g.Err(); err != nil && !g.closing.Load() {
 		return nil, err // every loop failed (loop.fail wraps ErrFailed)
 	}
 	return nil, ErrClosed
-}
-
-// fileConn is a net.Conn on a copy of the socket fd, which it closes;
-// nil when none can be made.
-func fileConn(fd int) net.Conn {
-	f := os.NewFile(uintptr(fd), "client")
-	nc, err := net.FileConn(f)
-	f.Close()
-	if err != nil {
-		return nil
-	}
-	return nc
 }
 
 // EndAll ends every stream running now with err (for example the drain's
@@ -522,7 +479,7 @@ func (g *Group) Close() {
 }
 
 // fdOf returns c's own descriptor (non-blocking: Go's netpoller set it
-// so), for Stream.Shared.
+// so).
 func fdOf(c net.Conn) (int, error) {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
@@ -534,36 +491,6 @@ func fdOf(c net.Conn) (int, error) {
 	}
 	fd := -1
 	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
-		return -1, err
-	}
-	return fd, nil
-}
-
-// detach returns a non-blocking duplicate of c's socket and closes c (Go's
-// poller lets go of its own descriptor; the socket lives on in the copy).
-func detach(c net.Conn) (int, error) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		c.Close()
-		return -1, errors.New("evloop: connection has no file descriptor")
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		c.Close()
-		return -1, err
-	}
-	fd := -1
-	var derr error
-	if err := raw.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
-		c.Close()
-		return -1, err
-	}
-	c.Close()
-	if derr != nil {
-		return -1, derr
-	}
-	if err := unix.SetNonblock(fd, true); err != nil {
-		unix.Close(fd)
 		return -1, err
 	}
 	return fd, nil

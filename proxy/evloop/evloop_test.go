@@ -112,7 +112,6 @@ func handleOn(t testing.TB, g *Group, s Stream, hold chan error) (up, cl net.Con
 	r = newRelay()
 	r.hold = hold
 	s.Client, s.Upstream, s.Relay = cs, us, r
-	s.Shared = s.Shared || testShared
 	if s.Decoder == nil && s.Remaining == 0 {
 		s.Decoder = new(chunked.Decoder)
 	}
@@ -120,7 +119,8 @@ func handleOn(t testing.TB, g *Group, s Stream, hold chan error) (up, cl net.Con
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { up.Close(); cl.Close() })
+	// cs and us too: a kept or reused connection is the test's to close.
+	t.Cleanup(func() { up.Close(); cl.Close(); cs.Close(); us.Close() })
 	return up, cl, r, h
 }
 

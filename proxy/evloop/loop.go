@@ -605,20 +605,18 @@ func (l *loop) closeUp(s *stream) {
 	s.draining = false
 }
 
-// closeUp closes the backend's socket (its net.Conn when Shared).
+// closeUp closes the backend's socket (its net.Conn).
 func (s *stream) closeUp() { closeSock(&s.uconn, &s.ufd) }
 
-// closeClient closes the client's socket (its net.Conn when Shared).
+// closeClient closes the client's socket (its net.Conn).
 func (s *stream) closeClient() { closeSock(&s.cconn, &s.cfd) }
 
-// closeSock closes one of a stream's sockets: the net.Conn c when the
-// stream is Shared, else the descriptor fd; both are cleared.
+// closeSock closes one of a stream's sockets, the net.Conn c whose
+// descriptor is fd; both are cleared.
 func closeSock(c *net.Conn, fd *int) {
 	if *c != nil {
 		(*c).Close()
 		*c = nil
-	} else if *fd >= 0 {
-		unix.Close(*fd)
 	}
 	*fd = -1
 }
@@ -952,8 +950,9 @@ func (l *loop) unmap(fd int) {
 // stream is one relayed stream's state in its loop.
 type stream struct {
 	cfd, ufd int
-	// cconn and uconn are the connections of a Shared stream (their own
-	// descriptors are cfd and ufd), closed by their Close; nil otherwise.
+	// cconn and uconn are the stream's connections (their own descriptors
+	// are cfd and ufd), closed by their Close; nil once closed or given
+	// back (and cconn for a Sink stream).
 	cconn, uconn net.Conn
 	relay        Relay
 	dec          *chunked.Decoder

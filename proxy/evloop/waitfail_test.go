@@ -101,55 +101,50 @@ func TestWaitFailureEndsTheLoop(t *testing.T) {
 
 // TestAddRefusedAfterFailure: once every loop failed (BreakWaits), Add
 // refuses with ErrFailed and the wait's error (not ErrClosed: the group
-// was not closed), and leaves the client's connection open for the
-// caller, with the bytes of Out the socket did not take: for a Shared
-// stream the connection given, else a new one on the same socket. After
-// Close the refusal is ErrClosed.
+// was not closed), and leaves the client's connection (the one given)
+// open for the caller, with the bytes of Out the socket did not take.
+// After Close the refusal is ErrClosed.
 func TestAddRefusedAfterFailure(t *testing.T) {
-	for _, shared := range []bool{true, false} {
-		t.Run(map[bool]string{true: "shared", false: "dup"}[shared], func(t *testing.T) {
-			g, err := New(Options{Loops: 2})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer g.Close()
-			g.BreakWaits()
-			if err := g.Err(); !errors.Is(err, ErrFailed) || !errors.Is(err, unix.EINVAL) {
-				t.Fatalf("Group.Err() = %v; want ErrFailed and EINVAL", err)
-			}
-			ln := listen(t)
-			for i, wantErr := range []error{ErrFailed, ErrClosed} {
-				if i == 1 {
-					g.Close()
-				}
-				cs, cl := pair(t, ln)
-				us, up := pair(t, ln)
-				s := &Stream{Client: cs, Upstream: us, Relay: newRelay(), Out: []byte("head"), Shared: shared}
-				_, err := g.Add(s)
-				if !errors.Is(err, wantErr) || (wantErr == ErrClosed) != errors.Is(err, ErrClosed) {
-					t.Fatalf("Add: %v; want %v", err, wantErr)
-				}
-				if s.Client == nil {
-					t.Fatal("Add closed the client's connection")
-				}
-				if shared && s.Client != cs {
-					t.Fatal("a shared stream's connection was replaced")
-				}
-				if _, err := s.Client.Write([]byte("|end")); err != nil {
-					t.Fatalf("the client's connection left by Add: %v", err)
-				}
-				s.Client.Close()
-				b, err := io.ReadAll(cl)
-				if err != nil || string(b) != "head|end" {
-					t.Fatalf("client read %q, %v; want Out, then the caller's bytes", b, err)
-				}
-				up.SetReadDeadline(time.Now().Add(5 * time.Second))
-				if _, err := up.Read(make([]byte, 1)); err != io.EOF {
-					t.Fatalf("backend's socket after the refusal: %v; want EOF", err)
-				}
-				cl.Close()
-				up.Close()
-			}
-		})
+	g, err := New(Options{Loops: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	g.BreakWaits()
+	if err := g.Err(); !errors.Is(err, ErrFailed) || !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("Group.Err() = %v; want ErrFailed and EINVAL", err)
+	}
+	ln := listen(t)
+	for i, wantErr := range []error{ErrFailed, ErrClosed} {
+		if i == 1 {
+			g.Close()
+		}
+		cs, cl := pair(t, ln)
+		us, up := pair(t, ln)
+		s := &Stream{Client: cs, Upstream: us, Relay: newRelay(), Out: []byte("head")}
+		_, err := g.Add(s)
+		if !errors.Is(err, wantErr) || (wantErr == ErrClosed) != errors.Is(err, ErrClosed) {
+			t.Fatalf("Add: %v; want %v", err, wantErr)
+		}
+		if s.Client == nil {
+			t.Fatal("Add closed the client's connection")
+		}
+		if s.Client != cs {
+			t.Fatal("the client's connection was replaced")
+		}
+		if _, err := s.Client.Write([]byte("|end")); err != nil {
+			t.Fatalf("the client's connection left by Add: %v", err)
+		}
+		s.Client.Close()
+		b, err := io.ReadAll(cl)
+		if err != nil || string(b) != "head|end" {
+			t.Fatalf("client read %q, %v; want Out, then the caller's bytes", b, err)
+		}
+		up.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := up.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("backend's socket after the refusal: %v; want EOF", err)
+		}
+		cl.Close()
+		up.Close()
 	}
 }
