@@ -1,8 +1,8 @@
 // Package evloop relays committed HTTP/1.1 event streams without a
 // goroutine per stream: a few loops (one fewer than GOMAXPROCS, at least
-// one: DefaultLoops), each one goroutine blocked in epoll_wait, own the
-// client's and the backend's sockets once the response head and the
-// first event have been sent. Per wake-up and
+// one: DefaultLoops), each one goroutine waiting for its epoll descriptor
+// in Go's netpoller, own the client's and the backend's sockets once the
+// response head and the first event have been sent. Per wake-up and
 // stream a loop reads what the backend sent into a buffer shared by the
 // loop, decodes the chunked coding in place, splits the payload into SSE
 // events, hands each to the stream's Relay (which appends what the client

@@ -20,8 +20,8 @@ func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
 // events is how many ready descriptors one epoll_wait returns at most.
 const events = 256
 
-// loop is one event loop: a goroutine blocked in epoll_wait and the
-// streams it owns. Everything but mu's fields is touched by the loop's
+// loop is one event loop: a goroutine waiting for its epoll descriptor
+// (in Go's netpoller) and the streams it owns. Everything but mu's fields is touched by the loop's
 // goroutine only.
 type loop struct {
 	g    *Group
