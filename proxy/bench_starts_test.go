@@ -15,9 +15,10 @@ import (
 // brings (docs/BENCHMARKS.md, "sparse4"): 16 keep-alive HTTP/1.1 clients
 // each run 8 streams in a row of 3 tokens paced at 1 ms (the first
 // written at the hand-off, the others relayed by a loop), directly, then
-// through Sluice with the sockets taken out of Go's netpoller at the
-// hand-off and rebuilt at the end ("dup"), then with them left under
-// their net.Conns ("shared", evloop.Stream.Shared, the default), and so
+// through Sluice ("shared": the sockets left under their net.Conns; the
+// "dup" case, taken out of Go's netpoller at the hand-off and rebuilt at
+// the end, was removed: docs/ARCHITECTURE.md, "Designs weighed and
+// removed"), and so
 // without the request path's help to the loops ("shared-nohelp",
 // evloop.Group.Help); an op is one round of each, in turn. It reports the process CPU per stream of
 // each case and Sluice's part of it (the case minus direct).
@@ -27,14 +28,12 @@ func BenchmarkStreamStarts(b *testing.B) {
 	e := fullEdge(b, poolOf(srv.URL))
 	const clients, per, n, every = 16, 8, 3, time.Millisecond
 	cases := []struct {
-		c            protoCase
-		shared, help bool
-	}{{protoCase{"direct", srv.URL, h1Pool()}, false, true}, {protoCase{"dup", e.http, h1Pool()}, false, true},
-		{protoCase{"shared", e.http, h1Pool()}, true, true}, {protoCase{"shared-nohelp", e.http, h1Pool()}, true, false}}
-	defer proxy.SetSharedConns(true)
+		c    protoCase
+		help bool
+	}{{protoCase{"direct", srv.URL, h1Pool()}, true},
+		{protoCase{"shared", e.http, h1Pool()}, true}, {protoCase{"shared-nohelp", e.http, h1Pool()}, false}}
 	defer proxy.SetLoopHelp(true)
 	round := func(i int) time.Duration {
-		proxy.SetSharedConns(cases[i].shared)
 		proxy.SetLoopHelp(cases[i].help)
 		start := cpuTime(b)
 		var wg sync.WaitGroup
@@ -69,14 +68,11 @@ func BenchmarkStreamStarts(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 }
 
-// SLUICE_TEST_NOHELP=1 turns the loops' help off, SLUICE_TEST_DUPCONNS=1
-// the shared sockets, for every test and benchmark of the package (to
-// compare, say, BenchmarkStreamCost or BenchmarkHeldStreams both ways).
+// SLUICE_TEST_NOHELP=1 turns the loops' help off for every test and
+// benchmark of the package (to compare, say, BenchmarkStreamCost both
+// ways).
 func init() {
 	if os.Getenv("SLUICE_TEST_NOHELP") == "1" {
 		proxy.SetLoopHelp(false)
-	}
-	if os.Getenv("SLUICE_TEST_DUPCONNS") == "1" {
-		proxy.SetSharedConns(false)
 	}
 }

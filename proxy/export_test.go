@@ -1,9 +1,5 @@
 package proxy
 
-// SetSharedConns sets how streams go to the event loops (sharedConns),
-// for the tests and benchmarks of both ways.
-func SetSharedConns(on bool) { sharedConns.Store(on) }
-
 // SetLoopHelp turns the request path's help to the event loops
 // (Handler.helpLoops) on or off.
 func SetLoopHelp(on bool) { noHelp.Store(!on) }

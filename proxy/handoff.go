@@ -46,39 +46,18 @@ type returner interface {
 }
 
 // reuseFunc is the evloop.Stream's Reuse for a detached body: the
-// connection goes to the transport's idle pool. With shared (up stayed
-// open under the loop, evloop.Stream.Shared) that is up itself; else the
-// loop's descriptor becomes a net.Conn again (net.FileConn takes a copy,
-// the loop's is closed). Nil when the connection cannot serve another
+// connection, up itself (it stayed open under the loop), goes to the
+// transport's idle pool. Nil when the connection cannot serve another
 // request.
-func reuseFunc(body any, up net.Conn, shared bool) func(fd int) {
+func reuseFunc(body any, up net.Conn) func(fd int) {
 	rb, ok := body.(returner)
 	if !ok || !rb.Reusable() {
 		return nil
 	}
-	if shared {
-		return func(int) { rb.Return(up) }
-	}
-	return func(fd int) {
-		f := os.NewFile(uintptr(fd), "upstream")
-		nc, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			return
-		}
-		rb.Return(nc)
-	}
+	return func(int) { rb.Return(up) }
 }
 
-// sharedConns hands streams to the loops with their sockets left open
-// under their net.Conns (evloop.Stream.Shared): a kept client connection
-// and a reused backend connection go back as they are, without the dup,
-// close and net.FileConn that taking them out of Go's netpoller and back
-// costs per stream. A variable for the tests and benchmarks of both ways.
-var sharedConns atomic.Bool
-
 func init() {
-	sharedConns.Store(true)
 	parkKept.Store(os.Getenv("SLUICE_KEEP_ON_LOOP") == "1")
 }
 
@@ -173,7 +152,6 @@ type loopStream struct {
 	keep   bool
 	conn   net.Conn
 	prefix []byte
-	shared bool // handed over with evloop.Stream.Shared
 	// framed is the client's side of an HTTP/2 or HTTP/3 stream
 	// (handoff_h2.go).
 	framed loopClient
@@ -243,11 +221,10 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	if err != nil {
 		return false, nil
 	}
-	shared := sharedConns.Load()
-	reuse := reuseFunc(l.resp.Body, up, shared)
+	reuse := reuseFunc(l.resp.Body, up)
 	early, earlyKeep := listen.EarlySocket(r.Context())
 	if early == nil {
-		return x.handOffHijacked(l, s, g, up, raw, dec, remaining, reuse, shared)
+		return x.handOffHijacked(l, s, g, up, raw, dec, remaining, reuse)
 	}
 	// The head and the first token are built and written before the
 	// Hijack, through the socket under net/http's connection (nothing
@@ -257,7 +234,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	// token left.
 	hdr := x.commitLoopHead(l, s)
 	l.wd.stop() // the loop watches idleness
-	ls, done := x.firstBytes(l, hdr, nil, keepAlive(r) && earlyKeep, shared)
+	ls, done := x.firstBytes(l, hdr, nil, keepAlive(r) && earlyKeep)
 	ls.sink.out = ls.sink.out[writeRaw(early, ls.sink.out):]
 	conn, brw, err := s.rc.Hijack()
 	if err != nil {
@@ -281,7 +258,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 // before the Hijack (not from a listener of package listen): the head and
 // first token are written after it.
 func (x *exchange) handOffHijacked(l *leg, s *httpSink, g *evloop.Group, up net.Conn, raw []byte, dec *chunked.Decoder,
-	remaining int64, reuse func(int), shared bool) (bool, error) {
+	remaining int64, reuse func(int)) (bool, error) {
 	r := x.r
 	conn, brw, err := s.rc.Hijack()
 	if err != nil {
@@ -299,7 +276,7 @@ func (x *exchange) handOffHijacked(l *leg, s *httpSink, g *evloop.Group, up net.
 	// The handler returns now and its request's context is cancelled
 	// then, but the exchange goes on: nothing after this point consults
 	// that context (loopFailed is told why the stream ended).
-	ls, done := x.firstBytes(l, hdr, conn, keepAlive(r) && listen.CanReadmit(conn), shared)
+	ls, done := x.firstBytes(l, hdr, conn, keepAlive(r) && listen.CanReadmit(conn))
 	if done {
 		return true, x.loopAbort(conn, up, nil)
 	}
@@ -327,8 +304,8 @@ func (x *exchange) commitLoopHead(l *leg, s *httpSink) http.Header {
 // write comes before the Hijack). done: the stream ended with its first
 // event; no loop is needed, and loopAbort closes the connection, which
 // the head then says.
-func (x *exchange) firstBytes(l *leg, hdr http.Header, conn net.Conn, keep, shared bool) (*loopStream, bool) {
-	ls := &loopStream{x: x, l: l, done: make(chan struct{}), conn: conn, shared: shared, keep: keep}
+func (x *exchange) firstBytes(l *leg, hdr http.Header, conn net.Conn, keep bool) (*loopStream, bool) {
+	ls := &loopStream{x: x, l: l, done: make(chan struct{}), conn: conn, keep: keep}
 	ls.sink.hdr = hdr
 	ls.sink.trailer = wantsTrailer(x.r)
 	ls.sink.plain = !x.r.ProtoAtLeast(1, 1)
@@ -349,7 +326,6 @@ func (x *exchange) firstBytes(l *leg, hdr http.Header, conn net.Conn, keep, shar
 func (x *exchange) handOffRest(l *leg, ls *loopStream, g *evloop.Group, conn net.Conn, brw *bufio.ReadWriter, up net.Conn,
 	raw []byte, dec *chunked.Decoder, remaining int64, reuse func(int)) (bool, error) {
 	r := x.r
-	shared := ls.shared
 	// The leg's read buffers are not needed any more: an idle stream on
 	// the loop holds none.
 	pending := l.handOverBuffers()
@@ -370,12 +346,11 @@ func (x *exchange) handOffRest(l *leg, ls *loopStream, g *evloop.Group, conn net
 	out := ls.sink.out
 	ls.sink.out = nil // the loop's from here
 	// The client's connection counts against its address's cap until the
-	// loop closes its socket (Add closes conn at once; with shared, the
-	// loop does when the stream ends, unless the server takes it back).
+	// loop closes its socket when the stream ends (unless the server
+	// takes it back).
 	ls.uncount = listen.KeepCounted(conn)
 	es := &evloop.Stream{Client: conn, Upstream: up, Out: out, Pending: pending, Raw: raw,
-		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls.relay(), Reuse: reuse, KeepInput: ls.keep,
-		Shared: shared}
+		Decoder: dec, Remaining: remaining, Idle: x.st.Config.StreamIdleTimeout, Relay: ls.relay(), Reuse: reuse, KeepInput: ls.keep}
 	h, err := g.Add(es)
 	if err != nil {
 		// The loops are closed (the handler is shutting down) or failed,
@@ -606,16 +581,13 @@ func (ls *loopStream) Keep(fd int) bool {
 	if !ls.keep || x.err != nil || x.clientGone {
 		return false
 	}
-	if ls.shared {
-		return listen.ReadmitConn(ls.conn, ls.prefix)
-	}
-	return listen.Readmit(ls.conn, fd, ls.prefix)
+	return listen.ReadmitConn(ls.conn, ls.prefix)
 }
 
 // relay is the Relay ls is on its loop: a parkingStream when its kept
 // connection may wait for its next request on the loop (parkKept).
 func (ls *loopStream) relay() evloop.Relay {
-	if ls.keep && ls.shared && parkKept.Load() {
+	if ls.keep && parkKept.Load() {
 		return parkingStream{ls}
 	}
 	return ls

@@ -89,10 +89,9 @@ func (x *exchange) handOffFramed(l *leg) (bool, error) {
 		return false, nil
 	}
 	x.netRTT() // read while the handler runs (the access log reports it)
-	shared := sharedConns.Load()
-	reuse := reuseFunc(l.resp.Body, up, shared)
+	reuse := reuseFunc(l.resp.Body, up)
 	l.wd.stop() // the loop watches idleness
-	ls := &loopStream{x: x, l: l, done: make(chan struct{}), shared: shared, framed: hs, uncount: func() {}}
+	ls := &loopStream{x: x, l: l, done: make(chan struct{}), framed: hs, uncount: func() {}}
 	ls.sink.framed = true
 	ls.sink.trailer = wantsTrailer(r)
 	pending := l.handOverBuffers()
@@ -101,7 +100,7 @@ func (x *exchange) handOffFramed(l *leg) (bool, error) {
 	ls.holdServer(r.Context())
 	x.loop = ls
 	es := &evloop.Stream{Sink: hs, Upstream: up, Pending: pending, Raw: raw, Decoder: dec, Remaining: remaining,
-		Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse, Shared: shared}
+		Idle: x.st.Config.StreamIdleTimeout, Relay: ls, Reuse: reuse}
 	h, err := g.Add(es)
 	if err != nil {
 		// No loop took it (closed or failed loops, or the backend's

@@ -18,75 +18,64 @@ import (
 // no failure load, and no "upstream attempt failed" is logged. A stream
 // handed off after that is refused by the failed loops: it ends with the
 // same internal_error event (the loops failed; the node is not draining),
-// and the access log says internal_error, not shutting_down. In both ways
-// of handing streams over (shared sockets, the default, and duplicates).
+// and the access log says internal_error, not shutting_down.
 func TestLoopFailureIsNotTheBackends(t *testing.T) {
-	for _, shared := range []bool{true, false} {
-		name := "shared"
-		if !shared {
-			name = "dup"
+	b := newStepBackend(t, 4)
+	t.Cleanup(func() { // before the backend's Close: its handlers report cancellations
+		for {
+			select {
+			case <-b.cancelled:
+			case <-time.After(time.Second):
+				return
+			}
 		}
-		t.Run(name, func(t *testing.T) {
-			proxy.SetSharedConns(shared)
-			defer proxy.SetSharedConns(true)
-			b := newStepBackend(t, 4)
-			t.Cleanup(func() { // before the backend's Close: its handlers report cancellations
-				for {
-					select {
-					case <-b.cancelled:
-					case <-time.After(time.Second):
-						return
-					}
-				}
-			})
-			pool := poolOf(b.url)
-			pool.EjectAfter = 1 // one failure counted would eject it
-			errLog := &logBuffer{}
-			e := startEdge(t, edgeOpts{pool: pool, h1up: true, errLog: errLog})
-			backend := e.pools["p"].Backends()[0]
-			var resps []*http.Response
-			for range 2 {
-				resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
-				defer resp.Body.Close()
-				resps = append(resps, resp)
-			}
-			onLoop(t, e, 2)
-			proxy.BreakLoops(e.handler)
-			for i, resp := range resps {
-				checkInternalError(t, resp, i)
-			}
-			onLoop(t, e, 0)
-			// The refused hand-off: the first token went out before Add.
-			resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
-			defer resp.Body.Close()
-			checkInternalError(t, resp, 2)
-			// The backend's three requests were cancelled: the failed
-			// loops closed their sockets (and the refused stream's).
-			for i := range 3 {
-				select {
-				case <-b.cancelled:
-				case <-time.After(5 * time.Second):
-					t.Fatalf("%d of the backend's 3 requests cancelled", i)
-				}
-			}
-			now := time.Now()
-			if !backend.Healthy(now) || backend.FailureLoad(now) != 0 {
-				t.Fatalf("backend healthy %v, failure load %v after the loops failed; want healthy, 0",
-					backend.Healthy(now), backend.FailureLoad(now))
-			}
-			waitFor(t, 5*time.Second, "three access log lines with internal_error", func() bool {
-				return len(e.log.lines(`"internal_error"`)) == 3
-			})
-			if n := len(e.log.lines("shutting_down")); n != 0 {
-				t.Fatalf("%d access log lines say shutting_down", n)
-			}
-			if got := errLog.lines("upstream attempt failed"); len(got) != 0 {
-				t.Fatalf("the loops' failure was logged as the backend's: %q", got)
-			}
-			if got := errLog.lines("event loop failed"); len(got) != 3 {
-				t.Fatalf("%d log lines say the event loop failed; want 3", len(got))
-			}
-		})
+	})
+	pool := poolOf(b.url)
+	pool.EjectAfter = 1 // one failure counted would eject it
+	errLog := &logBuffer{}
+	e := startEdge(t, edgeOpts{pool: pool, h1up: true, errLog: errLog})
+	backend := e.pools["p"].Backends()[0]
+	var resps []*http.Response
+	for range 2 {
+		resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
+		defer resp.Body.Close()
+		resps = append(resps, resp)
+	}
+	onLoop(t, e, 2)
+	proxy.BreakLoops(e.handler)
+	for i, resp := range resps {
+		checkInternalError(t, resp, i)
+	}
+	onLoop(t, e, 0)
+	// The refused hand-off: the first token went out before Add.
+	resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
+	defer resp.Body.Close()
+	checkInternalError(t, resp, 2)
+	// The backend's three requests were cancelled: the failed
+	// loops closed their sockets (and the refused stream's).
+	for i := range 3 {
+		select {
+		case <-b.cancelled:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of the backend's 3 requests cancelled", i)
+		}
+	}
+	now := time.Now()
+	if !backend.Healthy(now) || backend.FailureLoad(now) != 0 {
+		t.Fatalf("backend healthy %v, failure load %v after the loops failed; want healthy, 0",
+			backend.Healthy(now), backend.FailureLoad(now))
+	}
+	waitFor(t, 5*time.Second, "three access log lines with internal_error", func() bool {
+		return len(e.log.lines(`"internal_error"`)) == 3
+	})
+	if n := len(e.log.lines("shutting_down")); n != 0 {
+		t.Fatalf("%d access log lines say shutting_down", n)
+	}
+	if got := errLog.lines("upstream attempt failed"); len(got) != 0 {
+		t.Fatalf("the loops' failure was logged as the backend's: %q", got)
+	}
+	if got := errLog.lines("event loop failed"); len(got) != 3 {
+		t.Fatalf("%d log lines say the event loop failed; want 3", len(got))
 	}
 }
 

@@ -62,7 +62,7 @@ func goroutineRelay(up, cl net.Conn) {
 // harness allocates nothing per event).
 func BenchmarkRelay(b *testing.B) {
 	for _, streams := range []int{64} {
-		for _, mode := range []string{"loop", "loop-blocking", "goroutine"} {
+		for _, mode := range []string{"loop", "goroutine"} {
 			b.Run(fmt.Sprintf("%s/streams=%d", mode, streams), func(b *testing.B) { runRelayBench(b, mode, streams) })
 		}
 	}
@@ -73,7 +73,7 @@ func runRelayBench(b *testing.B, mode string, streams int) {
 	var g *Group
 	if mode != "goroutine" {
 		var err error
-		if g, err = New(Options{Blocking: mode == "loop-blocking"}); err != nil {
+		if g, err = New(Options{}); err != nil {
 			b.Fatal(err)
 		}
 		defer g.Close()

@@ -1,8 +1,8 @@
 // Package evloop relays committed HTTP/1.1 event streams without a
 // goroutine per stream: a few loops (one fewer than GOMAXPROCS, at least
-// one: DefaultLoops), each one goroutine blocked in epoll_wait, own the
-// client's and the backend's sockets once the response head and the
-// first event have been sent. Per wake-up and
+// one: DefaultLoops), each one goroutine waiting for its epoll descriptor
+// in Go's netpoller, own the client's and the backend's sockets once the
+// response head and the first event have been sent. Per wake-up and
 // stream a loop reads what the backend sent into a buffer shared by the
 // loop, decodes the chunked coding in place, splits the payload into SSE
 // events, hands each to the stream's Relay (which appends what the client
@@ -11,9 +11,10 @@
 // bytes the client has not taken yet are kept per stream, in pooled
 // buffers.
 //
-// The sockets are taken out of Go's netpoller (dup, then the net.Conn is
-// closed) and registered edge-triggered with EPOLLIN|EPOLLOUT|EPOLLRDHUP,
-// once: no epoll_ctl per event. EPOLLOUT only fires after a write was cut
+// The sockets stay under their net.Conns in Go's netpoller (where no
+// goroutine waits on them while a loop has them); their own descriptors
+// are registered in the loop's epoll set too, edge-triggered with
+// EPOLLIN|EPOLLOUT|EPOLLRDHUP, once: no epoll_ctl per event. EPOLLOUT only fires after a write was cut
 // short (EAGAIN), when the client's socket drains again.
 package evloop
 
@@ -121,8 +122,15 @@ type Waker interface {
 // Stream is what Add hands to a loop.
 type Stream struct {
 	// Client and Upstream are the connections; each must be a
-	// syscall.Conn (a *net.TCPConn). Add takes them over: it closes both.
-	// With Sink, Client is nil: the client side is Sink.
+	// syscall.Conn (a *net.TCPConn). They stay in Go's netpoller (where
+	// no goroutine waits on them while the loop has them): the loop uses
+	// their own descriptors, registered in its epoll set beside the
+	// netpoller's, and closes a socket with its net.Conn's Close.
+	// Keeper.Keep and Reuse take over the net.Conn itself (their fd is
+	// its descriptor, out of the loop's epoll set and still open), with
+	// nothing to rebuild: a socket's way in and out of the loop costs two
+	// epoll_ctl. Nothing else may close either connection while the loop
+	// has it. With Sink, Client is nil: the client side is Sink.
 	Client, Upstream net.Conn
 	// Sink, when set, is the client's side instead of Client's socket
 	// (an HTTP/2 stream): the loop gives it what the Relay produced and
@@ -155,10 +163,10 @@ type Stream struct {
 	// with nothing after them, and the backend did not half-close. A body
 	// not yet at its end when the Relay is done is read on (and dropped),
 	// after the stream's client side has finished too, for a second at
-	// most (drainGrace; then the socket is closed). fd is a non-blocking descriptor of the socket, no longer
-	// in the loop's epoll set; Reuse owns it (it must close it). It runs
-	// on the loop and must not block. Every other end closes the socket.
-	// With Shared, Reuse owns Upstream instead (fd is its descriptor).
+	// most (drainGrace; then the socket is closed). fd is Upstream's
+	// descriptor, no longer in the loop's epoll set; Reuse owns Upstream
+	// from then on. It runs on the loop and must not block. Every other
+	// end closes the socket.
 	Reuse func(fd int)
 	// KeepInput leaves what the client sends during the stream unread
 	// (its next, pipelined request) for whoever gets the socket after
@@ -166,25 +174,14 @@ type Stream struct {
 	// (EPOLLRDHUP). When the socket is closed instead, its input is read
 	// and dropped first (a close over unread input resets the connection).
 	KeepInput bool
-	// Shared leaves Client and Upstream in Go's netpoller (where no
-	// goroutine waits on them while the loop has them): the loop uses
-	// their own descriptors, registered in its epoll set beside the
-	// netpoller's, instead of duplicates, and closes a socket with its
-	// net.Conn's Close. Keeper.Keep and Reuse then take over the
-	// net.Conn itself (their fd is its descriptor, out of the loop's
-	// epoll set and still open), with nothing to rebuild: the socket's
-	// way in and out of the loop costs two epoll_ctl instead of a dup, a
-	// close and, to give it back, a net.FileConn. Nothing else may close
-	// either connection while the loop has it.
-	Shared bool
 }
 
 // Keeper is a Relay that may take the client's socket over when its
 // stream ended cleanly: Event said done (End got a nil error), the last
 // bytes were all written, and the client is still there. Keep runs on the
 // loop, after the socket left the loop's epoll set, and before Closed; it
-// reports whether it took fd (else the loop closes it). It must not block.
-// For a Shared stream, taking fd means taking the Stream's Client over.
+// reports whether it took fd, the Stream's Client's descriptor (taking it
+// means taking Client over; else the loop closes it). It must not block.
 type Keeper interface {
 	Keep(fd int) bool
 }
@@ -204,35 +201,9 @@ type Options struct {
 	Sweep time.Duration
 	// ReadBuffer is the size of each loop's read buffer; 0 means 64 KiB.
 	ReadBuffer int
-	// Blocking makes each loop block in epoll_wait on its own thread
-	// instead of waiting in Go's netpoller (see loop.run).
-	Blocking bool
-	// OwnProcs gives each loop a scheduler P of its own: New raises
-	// GOMAXPROCS by Loops (Close lowers it again), and a loop that holds
-	// streams waits in epoll_wait without leaving the Go scheduler, so
-	// its P is never handed to other goroutines while it waits and a
-	// ready socket is served as soon as the kernel wakes the thread,
-	// instead of after the run queues (see loop.waitHeld). It overrides
-	// Blocking.
-	OwnProcs bool
-	// Polled makes each loop serve its batches inside the netpoller's
-	// read of its epoll descriptor and park right after an epoll_wait
-	// that drained the ready list, instead of leaving the read after each
-	// batch and polling once more (empty) before it parks: one
-	// epoll_wait fewer per wake-up (see loop.runPolled). Ignored with
-	// Blocking or OwnProcs.
-	Polled bool
-	// NoHelp makes Help do nothing (see Group.Help). Blocking and
-	// OwnProcs imply it: their loops wait in epoll_wait itself, and a
-	// helper would take the events that should wake them.
+	// NoHelp makes Help do nothing (see Group.Help): for measuring what
+	// Help costs and gives.
 	NoHelp bool
-	// Assist, when > 0, gives each loop an assistant goroutine that
-	// relays a batch's plain backend reads with it once the batch has at
-	// least Assist of them: the loop and the assistant take them from one
-	// list in order, so that on an idle P the last streams of a long
-	// batch do not wait for all the others (see loop.split). 0 (the
-	// default) means no assistant.
-	Assist int
 }
 
 // MaxEventBytes bounds one event (as proxy.MaxEventBytes does).
@@ -256,7 +227,6 @@ type Group struct {
 	wg    sync.WaitGroup
 	live  atomic.Int64
 	once  sync.Once
-	procs int                   // added to GOMAXPROCS by New (OwnProcs)
 	err   atomic.Pointer[error] // the first loop failure (loop.fail)
 	// closing is set by Close before it stops the loops: Add then
 	// refuses with ErrClosed, not with the failure of a loop.
@@ -286,10 +256,6 @@ func New(opts Options) (*Group, error) {
 	for _, l := range g.loops {
 		g.wg.Add(1)
 		go l.run()
-		if l.assist != nil {
-			g.wg.Add(1)
-			go l.assistRun()
-		}
 	}
 	return g, nil
 }
@@ -309,51 +275,19 @@ func New(opts Options) (*Group, error) {
 // simulator and clients share the cores).
 func DefaultLoops(procs int) int { return max(1, procs-1) }
 
-// WaitEnv names the environment variable that selects how loops wait
-// when Options chooses no mode (neither Blocking nor OwnProcs): "netpoll"
-// (or unset: the default, Go's netpoller), "blocking" (Options.Blocking)
-// or "ownprocs" (Options.OwnProcs). It exists to measure the modes in a
-// running `sluice serve` (docs/BENCHMARKS.md, "h1cpu4"); neither other
-// mode is cheaper or faster there. Any other value makes New fail.
-const WaitEnv = "SLUICE_LOOP_WAIT"
-
 // LoopsEnv names the environment variable that sets Options.Loops when
-// it is 0 (for measuring it; docs/BENCHMARKS.md, "h1cpu4").
+// it is 0: an operator's override of DefaultLoops, which was measured on
+// 2 Ps only (docs/BENCHMARKS.md, "h1cpu4"; docs/OPERATIONS.md).
 const LoopsEnv = "SLUICE_LOOPS"
 
-// AssistEnv names the environment variable that sets Options.Assist
-// when it is 0 (for measuring it; docs/BENCHMARKS.md, "tokentail").
-const AssistEnv = "SLUICE_LOOP_ASSIST"
-
-// fromEnv applies WaitEnv, LoopsEnv and AssistEnv to opts.
+// fromEnv applies LoopsEnv to opts.
 func fromEnv(opts Options) (Options, error) {
-	if v := os.Getenv(AssistEnv); v != "" && opts.Assist == 0 {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return opts, fmt.Errorf("evloop: %s=%q: want a number of reads", AssistEnv, v)
-		}
-		opts.Assist = n
-	}
 	if v := os.Getenv(LoopsEnv); v != "" && opts.Loops == 0 {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
 			return opts, fmt.Errorf("evloop: %s=%q: want a number of loops", LoopsEnv, v)
 		}
 		opts.Loops = n
-	}
-	if opts.Blocking || opts.OwnProcs {
-		return opts, nil
-	}
-	switch v := os.Getenv(WaitEnv); v {
-	case "", "netpoll":
-	case "polled":
-		opts.Polled = true
-	case "blocking":
-		opts.Blocking = true
-	case "ownprocs":
-		opts.OwnProcs = true
-	default:
-		return opts, fmt.Errorf("evloop: %s=%q: want netpoll, polled, blocking or ownprocs", WaitEnv, v)
 	}
 	return opts, nil
 }
@@ -376,11 +310,7 @@ func build(opts Options) (*Group, error) {
 	if opts.ReadBuffer <= 0 {
 		opts.ReadBuffer = 64 << 10
 	}
-	g := &Group{help: !opts.Blocking && !opts.OwnProcs && !opts.NoHelp}
-	if opts.OwnProcs {
-		g.procs = opts.Loops
-		addProcs(g.procs)
-	}
+	g := &Group{help: !opts.NoHelp}
 	for range opts.Loops {
 		l, err := newLoop(g, opts)
 		if err != nil {
@@ -454,58 +384,34 @@ func (h *Handle) Finish(tail []byte) {
 	h.l.command(func() { h.l.release(h.s, tail) })
 }
 
-// Add hands s to a loop. It takes the sockets out of Go's netpoller and
-// closes s.Client and s.Upstream whatever happens; on error the stream was
-// not taken (Relay is not called) and both connections are closed, with
-// one exception: a stream refused because no loop takes streams (ErrClosed:
-// the group is closed; ErrFailed, with the first failure's cause: every
-// loop failed) leaves s.Client open for the caller, who can still end the
-// response (an error event), and s.Out holding what Add did not write of
-// it. For a Shared stream s.Client is the connection given; else the
-// duplicate Add made becomes a new net.Conn in s.Client (nil when it could
-// not). After any other error s.Client is nil.
+// Add hands s to a loop. On error the stream was not taken (Relay is not
+// called) and s.Upstream is closed; so is s.Client, with one exception: a
+// stream refused because no loop takes streams (ErrClosed: the group is
+// closed; ErrFailed, with the first failure's cause: every loop failed)
+// leaves s.Client open for the caller, who can still end the response (an
+// error event), and s.Out holding what Add did not write of it. After any
+// other error s.Client is nil.
 func (g *Group) Add(s *Stream) (*Handle, error) {
 	st := &stream{relay: s.Relay, keepIn: s.KeepInput, dec: s.Decoder, remaining: s.Remaining,
-		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse, csink: s.Sink}
+		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse, csink: s.Sink, cfd: -1}
+	ufd, uerr := fdOf(s.Upstream)
+	var cerr error
 	if s.Sink != nil {
-		st.cfd, st.keepIn = -1, false
-		if s.Shared {
-			ufd, err := fdOf(s.Upstream)
-			if err != nil {
-				s.Upstream.Close()
-				return nil, err
-			}
-			st.ufd, st.uconn = ufd, s.Upstream
-		} else {
-			ufd, err := detach(s.Upstream)
-			if err != nil {
-				return nil, err
-			}
-			st.ufd = ufd
-		}
-	} else if s.Shared {
-		cfd, cerr := fdOf(s.Client)
-		ufd, uerr := fdOf(s.Upstream)
-		if err := errors.Join(cerr, uerr); err != nil {
-			s.Client.Close()
-			s.Upstream.Close()
-			s.Client = nil
-			return nil, err
-		}
-		st.cfd, st.ufd, st.cconn, st.uconn = cfd, ufd, s.Client, s.Upstream
+		st.keepIn = false
 	} else {
-		cfd, err := detach(s.Client)
+		st.cfd, cerr = fdOf(s.Client)
+	}
+	if err := errors.Join(cerr, uerr); err != nil {
+		if s.Client != nil {
+			s.Client.Close()
+		}
+		s.Upstream.Close()
 		s.Client = nil
-		if err != nil {
-			s.Upstream.Close()
-			return nil, err
-		}
-		ufd, err := detach(s.Upstream)
-		if err != nil {
-			unix.Close(cfd)
-			return nil, err
-		}
-		st.cfd, st.ufd = cfd, ufd
+		return nil, err
+	}
+	st.ufd, st.uconn = ufd, s.Upstream
+	if s.Sink == nil {
+		st.cconn = s.Client
 	}
 	cfd := st.cfd
 	// Out (the head and the first token) is written here, on the caller's
@@ -546,26 +452,10 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 		st.pendp, st.first = nil, nil
 	}
 	s.Out = out // the caller's again, with the client's connection
-	if !s.Shared && st.csink == nil {
-		s.Client = fileConn(st.cfd) // closes st.cfd
-		st.cfd = -1
-	}
 	if err := g.Err(); err != nil && !g.closing.Load() {
 		return nil, err // every loop failed (loop.fail wraps ErrFailed)
 	}
 	return nil, ErrClosed
-}
-
-// fileConn is a net.Conn on a copy of the socket fd, which it closes;
-// nil when none can be made.
-func fileConn(fd int) net.Conn {
-	f := os.NewFile(uintptr(fd), "client")
-	nc, err := net.FileConn(f)
-	f.Close()
-	if err != nil {
-		return nil
-	}
-	return nc
 }
 
 // EndAll ends every stream running now with err (for example the drain's
@@ -585,12 +475,11 @@ func (g *Group) Close() {
 			l.stop()
 		}
 		g.wg.Wait()
-		addProcs(-g.procs)
 	})
 }
 
 // fdOf returns c's own descriptor (non-blocking: Go's netpoller set it
-// so), for Stream.Shared.
+// so).
 func fdOf(c net.Conn) (int, error) {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
@@ -602,36 +491,6 @@ func fdOf(c net.Conn) (int, error) {
 	}
 	fd := -1
 	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
-		return -1, err
-	}
-	return fd, nil
-}
-
-// detach returns a non-blocking duplicate of c's socket and closes c (Go's
-// poller lets go of its own descriptor; the socket lives on in the copy).
-func detach(c net.Conn) (int, error) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		c.Close()
-		return -1, errors.New("evloop: connection has no file descriptor")
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		c.Close()
-		return -1, err
-	}
-	fd := -1
-	var derr error
-	if err := raw.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
-		c.Close()
-		return -1, err
-	}
-	c.Close()
-	if derr != nil {
-		return -1, derr
-	}
-	if err := unix.SetNonblock(fd, true); err != nil {
-		unix.Close(fd)
 		return -1, err
 	}
 	return fd, nil

@@ -85,10 +85,9 @@ func TestHelpServesLoops(t *testing.T) {
 	}
 }
 
-// TestHelpOffWhenBlocking: loops that wait in epoll_wait themselves are
-// never helped (a helper would take the events that wake them).
-func TestHelpOffWhenBlocking(t *testing.T) {
-	for _, o := range []Options{{Loops: 1, Blocking: true}, {Loops: 1, NoHelp: true}} {
+// TestHelpOff: with NoHelp, Help leaves a loop's ready streams alone.
+func TestHelpOff(t *testing.T) {
+	for _, o := range []Options{{Loops: 1, NoHelp: true}} {
 		g, err := build(o)
 		if err != nil {
 			t.Fatal(err)

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -18,24 +17,11 @@ import (
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
 
-// procs guards the Ps that groups with OwnProcs added to GOMAXPROCS.
-var procs sync.Mutex
-
-// addProcs raises (n > 0) or lowers GOMAXPROCS by n.
-func addProcs(n int) {
-	if n == 0 {
-		return
-	}
-	procs.Lock()
-	defer procs.Unlock()
-	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + n)
-}
-
 // events is how many ready descriptors one epoll_wait returns at most.
 const events = 256
 
-// loop is one event loop: a goroutine blocked in epoll_wait and the
-// streams it owns. Everything but mu's fields is touched by the loop's
+// loop is one event loop: a goroutine waiting for its epoll descriptor
+// (in Go's netpoller) and the streams it owns. Everything but mu's fields is touched by the loop's
 // goroutine only.
 type loop struct {
 	g    *Group
@@ -60,10 +46,6 @@ type loop struct {
 	// kicks are the streams whose ClientSink was written in this batch:
 	// each sink's Flush runs once at the batch's end (kickAll).
 	kicks []*stream
-	// assist relays part of a long batch (Options.Assist); nil when off.
-	assist *assistant
-	seq    uint64    // batches dispatched, for stream.mark
-	items  []*stream // splitBatch's list
 
 	// own is held by whoever serves the loop: its goroutine, from its
 	// epoll_wait to the end of that batch, or a helper (Group.Help).
@@ -85,9 +67,7 @@ func newLoop(g *Group, opts Options) (*loop, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !opts.Blocking && !opts.OwnProcs {
-		unix.SetNonblock(epfd, true) // os.NewFile then puts it in the netpoller
-	}
+	unix.SetNonblock(epfd, true) // os.NewFile then puts it in the netpoller
 	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
 		unix.Close(epfd)
@@ -101,9 +81,6 @@ func newLoop(g *Group, opts Options) (*loop, error) {
 	}
 	l := &loop{g: g, opts: opts, epfd: epfd, efd: efd, rbuf: make([]byte, opts.ReadBuffer),
 		out: make([]byte, 0, opts.ReadBuffer+opts.ReadBuffer/4), ready: make([]unix.EpollEvent, events)}
-	if opts.Assist > 0 {
-		l.assist = newAssistant(opts.ReadBuffer)
-	}
 	return l, nil
 }
 
@@ -156,82 +133,65 @@ func (l *loop) stop() {
 // stays blocked in a system call, so the runtime never has to hand the
 // loop's P to another thread (as it must for a goroutine blocked in
 // epoll_wait past sysmon's 20 µs), and a wake-up costs what any
-// goroutine's does. With Options.Blocking it blocks in epoll_wait instead
-// (measured in BenchmarkRelay).
+// goroutine's does. (A loop blocking in epoll_wait on its own thread, one
+// holding a P of its own, and one serving its batches inside the
+// netpoller's read were measured and removed: docs/ARCHITECTURE.md,
+// "Designs weighed and removed".)
 func (l *loop) run() {
 	defer l.g.wg.Done()
-	if l.assist != nil {
-		defer close(l.assist.wake) // no batch runs after run's return
-	}
 	defer unix.Close(l.efd)
-	if l.opts.Polled && !l.opts.Blocking && !l.opts.OwnProcs {
-		l.runPolled()
-		return
+	f := os.NewFile(uintptr(l.epfd), "evloop") // non-blocking: in the netpoller
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		panic("evloop: " + err.Error())
 	}
-	var wait func(timeout time.Duration) (int, error)
-	if l.opts.OwnProcs {
-		defer unix.Close(l.epfd)
-		wait = l.waitHeld
-	} else if l.opts.Blocking {
-		defer unix.Close(l.epfd)
-		wait = l.waitBlocking
-	} else {
-		f := os.NewFile(uintptr(l.epfd), "evloop") // non-blocking: in the netpoller
-		defer f.Close()
-		rc, err := f.SyscallConn()
-		if err != nil {
-			panic("evloop: " + err.Error())
+	var deadline time.Time
+	wait := func(timeout time.Duration) (int, error) {
+		switch {
+		case timeout < 0 && !deadline.IsZero():
+			deadline = time.Time{}
+			f.SetReadDeadline(deadline)
+		case timeout >= 0 && (deadline.IsZero() || !time.Now().Before(deadline) || time.Until(deadline) > timeout):
+			deadline = time.Now().Add(timeout)
+			f.SetReadDeadline(deadline)
 		}
-		var deadline time.Time
-		wait = func(timeout time.Duration) (int, error) {
-			switch {
-			case timeout < 0 && !deadline.IsZero():
-				deadline = time.Time{}
-				f.SetReadDeadline(deadline)
-			case timeout >= 0 && (deadline.IsZero() || !time.Now().Before(deadline) || time.Until(deadline) > timeout):
-				deadline = time.Now().Add(timeout)
-				f.SetReadDeadline(deadline)
+		n, locked := 0, false
+		var werr error
+		rc.Read(func(fd uintptr) bool {
+			// A helper may have served what woke us (Group.Help):
+			// then there is nothing to take and we wait again.
+			l.own.Lock()
+			if l.exited {
+				locked = true
+				return true
 			}
-			n, locked := 0, false
-			var werr error
-			rc.Read(func(fd uintptr) bool {
-				// A helper may have served what woke us (Group.Help):
-				// then there is nothing to take and we wait again.
-				l.own.Lock()
-				if l.exited {
-					locked = true
-					return true
-				}
-				n, werr = rawEpollWait(int(fd), l.ready)
-				if werr == unix.EINTR || werr == unix.EAGAIN {
-					werr = nil
-				}
-				l.polled.Store(mono())
-				// (a helper added streams or drains: the sweep's deadline is due)
-				if n > 0 || werr != nil || timeout < 0 && l.sweepEvery() >= 0 {
-					locked = true
-					return true
-				}
-				l.own.Unlock()
-				return false
-			})
-			if !locked { // the deadline: the sweep's turn
-				l.own.Lock()
+			n, werr = rawEpollWait(int(fd), l.ready)
+			if werr == unix.EINTR || werr == unix.EAGAIN {
+				werr = nil
 			}
-			if werr != nil {
-				return 0, fmt.Errorf("evloop: epoll_wait: %w", werr)
+			l.polled.Store(mono())
+			// (a helper added streams or drains: the sweep's deadline is due)
+			if n > 0 || werr != nil || timeout < 0 && l.sweepEvery() >= 0 {
+				locked = true
+				return true
 			}
-			return max(n, 0), nil
+			l.own.Unlock()
+			return false
+		})
+		if !locked { // the deadline: the sweep's turn
+			l.own.Lock()
 		}
+		if werr != nil {
+			return 0, fmt.Errorf("evloop: epoll_wait: %w", werr)
+		}
+		return max(n, 0), nil
 	}
 	sweep := l.opts.Sweep
 	lastSweep := time.Now()
 	timeout := time.Duration(-1) // no streams yet
 	for {
 		n, err := wait(timeout)
-		if l.opts.Blocking || l.opts.OwnProcs {
-			l.own.Lock() // no helpers in these modes: never contended
-		}
 		if l.exited { // a helper took the stop command
 			l.own.Unlock()
 			return
@@ -254,82 +214,6 @@ func (l *loop) run() {
 		}
 		timeout = l.sweepEvery()
 		l.own.Unlock()
-	}
-}
-
-// runPolled is run (the netpoller's wait) with Options.Polled. run
-// leaves the netpoller's read of the epoll descriptor after each batch
-// and enters it again, and the read's entry clears the descriptor's
-// readiness (pollReset), so it must poll once more before it parks: an
-// event that came during the batch would otherwise be lost. Here the
-// batches are served inside one read's function: the readiness is
-// cleared once, when the read begins, and any event after that (during a
-// batch or after the last epoll_wait) marks the descriptor ready again,
-// so the function may park right after an epoll_wait that returned fewer
-// events than it had room for: each wake-up costs the netpoller's wait
-// and one epoll_wait, not two. The read is left only to arm or clear
-// the sweep's deadline, when that deadline passed, and to stop.
-func (l *loop) runPolled() {
-	f := os.NewFile(uintptr(l.epfd), "evloop") // non-blocking: in the netpoller
-	defer f.Close()
-	rc, err := f.SyscallConn()
-	if err != nil {
-		panic("evloop: " + err.Error())
-	}
-	sweep := l.opts.Sweep
-	lastSweep := time.Now()
-	var deadline time.Time
-	stop, active := false, time.Duration(-1)
-	serve := func(fd uintptr) bool {
-		l.own.Lock()
-		defer l.own.Unlock()
-		for {
-			if l.exited { // a helper took the stop command
-				stop = true
-				return true
-			}
-			n, werr := rawEpollWait(int(fd), l.ready)
-			if werr == unix.EINTR || werr == unix.EAGAIN {
-				n, werr = 0, nil
-			}
-			l.polled.Store(mono())
-			now := time.Now()
-			if werr != nil {
-				l.fail(fmt.Errorf("evloop: epoll_wait: %w", werr), now)
-				l.exited, stop = true, true
-				return true
-			}
-			if n > 0 && l.dispatch(n, now) {
-				l.exited, stop = true, true
-				return true
-			}
-			if now.Sub(lastSweep) >= sweep {
-				lastSweep = now
-				l.sweep(now)
-			}
-			if a := l.sweepEvery(); a != active {
-				active = a
-				return true // the sweep's deadline must be armed or cleared
-			}
-			// A command may have changed the epoll set itself
-			// (BreakWaits): poll once more after commands.
-			if n < len(l.ready) && !(n > 0 && l.woken) {
-				return false // drained: park (see above)
-			}
-		}
-	}
-	for !stop {
-		// active is written by serve under own and read here after
-		// Read returned, on the same goroutine.
-		switch now := time.Now(); {
-		case active < 0 && !deadline.IsZero():
-			deadline = time.Time{}
-			f.SetReadDeadline(deadline)
-		case active >= 0 && (deadline.IsZero() || !now.Before(deadline) || deadline.Sub(now) > active):
-			deadline = now.Add(active)
-			f.SetReadDeadline(deadline)
-		}
-		rc.Read(serve) // an error is the deadline: arm it again and serve
 	}
 }
 
@@ -363,10 +247,6 @@ func (l *loop) kickAll() {
 
 func (l *loop) dispatchBatch(n int, now time.Time) bool {
 	woken := false
-	var split *assistBatch
-	if l.assist != nil && n >= l.opts.Assist {
-		split = l.splitBatch(n, now)
-	}
 	for _, ev := range l.ready[:max(n, 0)] {
 		fd := int(ev.Fd)
 		if fd == l.efd {
@@ -380,21 +260,12 @@ func (l *loop) dispatchBatch(n int, now time.Time) bool {
 		s := l.byFD[fd]
 		if fd == s.cfd {
 			l.clientReady(s, ev.Events, now)
-		} else if s.inSplit {
-			continue
 		} else {
 			if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 				s.upHup = true // read to EOF: no edge will come for it
 			}
 			l.upstreamReady(s, now)
 		}
-	}
-	if split != nil {
-		split.join()
-		for _, s := range split.items {
-			s.inSplit = false
-		}
-		l.assistDone(split, now)
 	}
 	// Commands after the batch: a descriptor a stream closed above may
 	// be reused by a stream added here, and a stale event must not
@@ -424,24 +295,6 @@ func (l *loop) help(now int64) {
 	l.own.Unlock()
 }
 
-// waitBlocking waits in epoll_wait (timeout < 0: without a bound). An
-// interrupted wait returns no events; any other failure is returned (the
-// loop then fails, see fail).
-func (l *loop) waitBlocking(timeout time.Duration) (int, error) {
-	ms := -1
-	if timeout >= 0 {
-		ms = int(timeout / time.Millisecond)
-	}
-	n, err := unix.EpollWait(l.epfd, l.ready, ms)
-	if err != nil {
-		if err == unix.EINTR {
-			return 0, nil
-		}
-		return 0, fmt.Errorf("evloop: epoll_wait: %w", err)
-	}
-	return max(n, 0), nil
-}
-
 // fail ends a loop whose wait failed (its epoll descriptor is unusable;
 // err wraps the errno; the streams' error wraps ErrFailed too): no more streams are taken, the queued ones and
 // commands are run, and every stream is ended with err and closed, as
@@ -461,34 +314,6 @@ func (l *loop) fail(err error, now time.Time) {
 	l.closeDrains()
 	l.kickAll()
 	l.closeParked()
-}
-
-// waitHeld waits in epoll_wait while keeping the loop's P (Options.
-// OwnProcs): a raw system call, which the scheduler does not see, so no
-// other goroutine takes the P meanwhile and the thread goes on with the
-// ready sockets as soon as the kernel wakes it; the run queues, the
-// netpoller's poll (which a busy scheduler leaves to sysmon, every 10 ms)
-// and a P's hand-back are not on the way. The P is the one New added to
-// GOMAXPROCS, so the rest of the process keeps as many as before. The
-// runtime still stops the loop when it must: a preemption request (for a
-// stop-the-world, or every 10 ms for fairness) is a signal, epoll_wait
-// returns EINTR and the goroutine yields at its next function call. With
-// no streams (timeout < 0) there is nothing to serve: the loop waits in
-// an ordinary, scheduler-visible epoll_wait and gives its P back.
-func (l *loop) waitHeld(timeout time.Duration) (int, error) {
-	if timeout < 0 {
-		return l.waitBlocking(timeout)
-	}
-	ms := int(timeout / time.Millisecond)
-	r, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.epfd), uintptr(unsafe.Pointer(&l.ready[0])),
-		uintptr(len(l.ready)), uintptr(ms), 0, 0)
-	if errno != 0 {
-		if errno == unix.EINTR {
-			return 0, nil
-		}
-		return 0, fmt.Errorf("evloop: epoll_pwait: %w", errno)
-	}
-	return int(r), nil
 }
 
 // runQueued starts the streams and runs the commands taken from the
@@ -780,20 +605,18 @@ func (l *loop) closeUp(s *stream) {
 	s.draining = false
 }
 
-// closeUp closes the backend's socket (its net.Conn when Shared).
+// closeUp closes the backend's socket (its net.Conn).
 func (s *stream) closeUp() { closeSock(&s.uconn, &s.ufd) }
 
-// closeClient closes the client's socket (its net.Conn when Shared).
+// closeClient closes the client's socket (its net.Conn).
 func (s *stream) closeClient() { closeSock(&s.cconn, &s.cfd) }
 
-// closeSock closes one of a stream's sockets: the net.Conn c when the
-// stream is Shared, else the descriptor fd; both are cleared.
+// closeSock closes one of a stream's sockets, the net.Conn c whose
+// descriptor is fd; both are cleared.
 func closeSock(c *net.Conn, fd *int) {
 	if *c != nil {
 		(*c).Close()
 		*c = nil
-	} else if *fd >= 0 {
-		unix.Close(*fd)
 	}
 	*fd = -1
 }
@@ -1127,8 +950,9 @@ func (l *loop) unmap(fd int) {
 // stream is one relayed stream's state in its loop.
 type stream struct {
 	cfd, ufd int
-	// cconn and uconn are the connections of a Shared stream (their own
-	// descriptors are cfd and ufd), closed by their Close; nil otherwise.
+	// cconn and uconn are the stream's connections (their own descriptors
+	// are cfd and ufd), closed by their Close; nil once closed or given
+	// back (and cconn for a Sink stream).
 	cconn, uconn net.Conn
 	relay        Relay
 	dec          *chunked.Decoder
@@ -1156,12 +980,6 @@ type stream struct {
 	upEnded      bool       // the backend's body reached its end (framing)
 	upDirty      bool       // bytes past the body's end, or a decode error, seen
 	draining     bool       // completed; the body's end is being read (drainUp)
-	// mark is the loop's seq of the last batch that saw the client's
-	// socket ready; inSplit: the backend's read is in this batch's split
-	// list (Options.Assist); assist is what the assistant left.
-	mark    uint64
-	inSplit bool
-	assist  assistState
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}

@@ -64,7 +64,7 @@ const parkSweep = time.Second
 func (l *loop) park(s *stream) bool {
 	pk, ok := s.relay.(Parker)
 	if !ok || s.cconn == nil {
-		return false // only Shared streams: the socket keeps its net.Conn
+		return false
 	}
 	if peekable(s.cfd) {
 		return false // bytes or EOF already there: no edge will come for them

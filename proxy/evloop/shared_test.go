@@ -9,27 +9,6 @@ import (
 	"github.com/sluice-proxy/sluice/internal/chunked"
 )
 
-// testShared makes handleOn hand its streams over Shared.
-var testShared bool
-
-// TestShared runs the relay tests with the sockets left under their
-// net.Conns (Stream.Shared): events, ends, the client's and the backend's
-// closes, holds, the idle and slow-client cuts and the loops' close.
-func TestShared(t *testing.T) {
-	testShared = true
-	defer func() { testShared = false }()
-	for name, f := range map[string]func(*testing.T){
-		"RelayAnySplit": TestRelayAnySplit, "EachEventAtOnce": TestEachEventAtOnce,
-		"ClientGoneClosesUpstream": TestClientGoneClosesUpstream, "UpstreamCut": TestUpstreamCut,
-		"LengthAndCloseDelimited": TestLengthAndCloseDelimited, "IdleTimeout": TestIdleTimeout,
-		"SlowClientBounded": TestSlowClientBounded, "EndAllAndClose": TestEndAllAndClose,
-		"HoldAndFinish": TestHoldAndFinish, "DataAndEOFTogether": TestDataAndEOFTogether,
-		"OutWrittenByAdd": TestOutWrittenByAdd, "HelpServesLoops": TestHelpServesLoops,
-	} {
-		t.Run(name, f)
-	}
-}
-
 // keepRelay is chunkRelay that keeps the client's socket (Keeper).
 type keepRelay struct {
 	*chunkRelay
@@ -38,11 +17,11 @@ type keepRelay struct {
 
 func (r keepRelay) Keep(fd int) bool { r.kept <- fd; return true }
 
-// TestSharedKeepAndReuse: a Shared stream that ends cleanly gives both
+// TestKeepAndReuse: a stream that ends cleanly gives both
 // connections back open, as they were: Reuse and Keep get their own
 // descriptors, out of the loop's epoll set, and the net.Conns still carry
 // bytes both ways; the loop closes neither.
-func TestSharedKeepAndReuse(t *testing.T) {
+func TestKeepAndReuse(t *testing.T) {
 	g := newGroup(t, Options{Loops: 1})
 	ln := listen(t)
 	cs, cl := pair(t, ln)
@@ -54,7 +33,7 @@ func TestSharedKeepAndReuse(t *testing.T) {
 	cfd, _ := fdOf(cs)
 	ufd, _ := fdOf(us)
 	_, err := g.Add(&Stream{Client: cs, Upstream: us, Relay: r, Decoder: new(chunked.Decoder), Idle: time.Minute,
-		KeepInput: true, Shared: true, Reuse: func(fd int) { reused <- fd }})
+		KeepInput: true, Reuse: func(fd int) { reused <- fd }})
 	if err != nil {
 		t.Fatal(err)
 	}

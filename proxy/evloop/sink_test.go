@@ -54,7 +54,7 @@ func sinkOn(t *testing.T, g *Group, f *fakeSink, r *chunkRelay) net.Conn {
 	t.Helper()
 	ln := listen(t)
 	us, upc := pair(t, ln)
-	s := Stream{Sink: f, Upstream: us, Relay: r, Decoder: new(chunked.Decoder), Idle: 5 * time.Second, Shared: testShared}
+	s := Stream{Sink: f, Upstream: us, Relay: r, Decoder: new(chunked.Decoder), Idle: 5 * time.Second}
 	if _, err := g.Add(&s); err != nil {
 		t.Fatal(err)
 	}

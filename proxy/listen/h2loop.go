@@ -3,7 +3,6 @@ package listen
 import (
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"syscall"
 	"unsafe"
@@ -138,40 +137,33 @@ func (s *H2LoopStream) Write(p []byte) (int, error) {
 // already), which writes it.
 func (s *H2LoopStream) Flush() {
 	c := s.st.c
-	if h2InlineWrite {
-		c.mu.Lock()
-		w := &c.w
-		if w.flushing || w.err != nil || len(w.buf) == 0 {
-			c.mu.Unlock()
-			return // the write under way takes the buffer (or nothing to do)
+	c.mu.Lock()
+	w := &c.w
+	if w.flushing || w.err != nil || len(w.buf) == 0 {
+		c.mu.Unlock()
+		return // the write under way takes the buffer (or nothing to do)
+	}
+	if c.roomFor(len(w.buf)) {
+		c.writeBufLocked()
+		more := len(w.buf) > 0 && w.err == nil
+		if w.waiting > 0 {
+			c.cond.Broadcast()
 		}
-		if c.roomFor(len(w.buf)) {
-			c.writeBufLocked()
-			more := len(w.buf) > 0 && w.err == nil
-			if w.waiting > 0 {
-				c.cond.Broadcast()
-			}
-			if len(c.blocked) > 0 {
-				c.resumeLocked()
-			}
-			c.mu.Unlock()
-			if !more {
-				return
-			}
-		} else {
-			c.mu.Unlock()
+		if len(c.blocked) > 0 {
+			c.resumeLocked()
 		}
+		c.mu.Unlock()
+		if !more {
+			return
+		}
+	} else {
+		c.mu.Unlock()
 	}
 	select {
 	case c.kick <- struct{}{}:
 	default:
 	}
 }
-
-// h2InlineWrite lets the loops write a connection's buffer themselves when
-// the socket takes it at once (Flush); SLUICE_H2_LOOP_WRITE=writer leaves
-// every write to the connection's writer goroutine (for measuring both).
-var h2InlineWrite = os.Getenv("SLUICE_H2_LOOP_WRITE") != "writer"
 
 // Inline writes (Flush on a loop): at most inlineMax bytes, into a socket
 // whose send queue (SIOCOUTQ: bytes not yet acknowledged, sent or not)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
@@ -90,8 +89,7 @@ func (s *H3LoopStream) Attach(w evloop.Waker) {
 }
 
 // Write is evloop.ClientSink's: p becomes one DATA frame, given to the
-// stream at the batch's end (Flush; at once with SLUICE_H3_LOOP_WRITE=each
-// or past maxBatch) when its window takes it whole; else a goroutine
+// stream at the batch's end (Flush; at once past maxBatch) when its window takes it whole; else a goroutine
 // waits to write it (writeBlocked) and Write takes nothing until that
 // write is done.
 func (s *H3LoopStream) Write(p []byte) (int, error) {
@@ -104,7 +102,7 @@ func (s *H3LoopStream) Write(p []byte) (int, error) {
 		return 0, nil
 	}
 	s.frame = appendData(s.frame, p)
-	if !h3Batch || len(s.frame) >= maxBatch {
+	if len(s.frame) >= maxBatch {
 		if err := s.giveLocked(); err != nil {
 			return 0, err
 		}
@@ -112,13 +110,10 @@ func (s *H3LoopStream) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// h3Batch gives a stream's frames to quic-go once per loop batch (Flush),
-// so that the connection's run loop, woken by the first stream written,
-// finds the batch's other tokens queued when it packs: fewer packets.
-// SLUICE_H3_LOOP_WRITE=each gives each Write's frame at once (for
-// measuring both).
-var h3Batch = os.Getenv("SLUICE_H3_LOOP_WRITE") != "each"
-
+// A stream's frames go to quic-go once per loop batch (Flush), so that
+// the connection's run loop, woken by the first stream written, finds the
+// batch's other tokens queued when it packs: fewer packets (giving each
+// Write's frame at once measured dearer: docs/BENCHMARKS.md, "h3loop").
 // maxBatch bounds the frames a stream holds until Flush.
 const maxBatch = 64 << 10
 

@@ -3,7 +3,6 @@ package listen
 import (
 	"context"
 	"net"
-	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -143,34 +142,14 @@ func (l *readmitListener) served(c *capConn) {
 	l.mu.Unlock()
 }
 
-// Readmit gives a hijacked connection's socket back to the server that
-// accepted orig: fd is the socket, orig the connection the server handed
-// the request on (closed already: only its identity is read), prefix the
-// bytes the client sent after its request that were read already (its
-// next request; the new connection's Read returns them first). It reports
-// whether it took fd over; when it did not (orig came from no cleartext
-// listener of this package's Server, or the server is draining), fd is
-// the caller's still.
-func Readmit(orig net.Conn, fd int, prefix []byte) bool {
-	cc, l := openReadmitter(orig)
-	if l == nil {
-		return false
-	}
-	f := os.NewFile(uintptr(fd), "readmit")
-	nc, err := net.FileConn(f) // a copy of the descriptor, in the netpoller
-	f.Close()
-	if err != nil {
-		return true // fd is closed
-	}
-	l.admit(cc, &keptConn{Conn: nc, remote: orig.RemoteAddr(), local: orig.LocalAddr(), prefix: prefix})
-	return true
-}
-
-// ReadmitConn is Readmit for a hijacked connection whose socket stayed
-// open under it (the event loops' evloop.Stream.Shared): orig itself goes
-// back to the server, with nothing rebuilt. It reports whether it took
-// orig over; when it did not, orig is the caller's to close. After it did,
-// orig's Close does nothing.
+// ReadmitConn gives a hijacked connection whose socket stayed open under
+// it (the event loops keep it under its net.Conn) back to the server that
+// accepted it: orig itself, with nothing rebuilt; prefix is the bytes the
+// client sent after its request that were read already (its next request;
+// the connection's Read returns them first). It reports whether it took
+// orig over; when it did not (orig came from no cleartext listener of
+// this package's Server, or the server is draining), orig is the caller's
+// to close. After it did, orig's Close does nothing.
 func ReadmitConn(orig net.Conn, prefix []byte) bool {
 	cc, l := openReadmitter(orig)
 	if l == nil || orig != net.Conn(cc) {

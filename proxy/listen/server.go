@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -140,7 +139,7 @@ func (s *Server) Listen() error {
 
 func (s *Server) listen() error {
 	if s.HTTPAddr != "" {
-		ln, err := listenTCP(s.HTTPAddr)
+		ln, err := net.Listen("tcp", s.HTTPAddr)
 		if err != nil {
 			return fmt.Errorf("listening on %s (%s): %w", s.HTTPAddr, ListenerHTTP, err)
 		}
@@ -152,9 +151,7 @@ func (s *Server) listen() error {
 		s.readmit = append(s.readmit, rl)
 		if s.ownH1() {
 			hs := s.newH1Server(s.Handler)
-			if os.Getenv("SLUICE_H1_READMIT_ACCEPT") == "" {
-				rl.serve = hs.serveConn // re-admitted connections skip Accept
-			}
+			rl.serve = hs.serveConn // re-admitted connections skip Accept
 			s.addServer(ListenerHTTP, rl, hs)
 		} else {
 			s.add(ListenerHTTP, rl, s.Handler)
