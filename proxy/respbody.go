@@ -161,9 +161,10 @@ func (x *exchange) relayBody(l *leg) error {
 		if scan {
 			x.usageOfBody(l.body)
 		}
-		// The whole body's exact length and the timing share one
-		// array of values (one allocation for both fields).
-		v := &[2]string{1: x.serverTiming()}
+		// The whole body's exact length and the timing: their values'
+		// slices point into the exchange (no allocation for either).
+		v := &x.endVals
+		v[1] = x.serverTiming()
 		if unchanged {
 			v[0] = strconv.Itoa(len(head))
 			h["Content-Length"] = v[0:1:1]
@@ -244,8 +245,8 @@ func closeBody(w io.Writer) error {
 func (x *exchange) usageOfBody(body []byte) {
 	if x.dialect == dialectResponses || x.dialect == dialectMessages {
 		x.readUsage(body)
-	} else if u, _ := usageOf(body); u != nil {
-		x.usage = u
+	} else if u, ok, _ := usageFrom(body); ok {
+		x.setUsage(u)
 	}
 }
 
