@@ -142,7 +142,7 @@ func (h *Handler) Region() string { return h.region }
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.helpLoops()
 	conn, _ := listen.ConnInfoFrom(r.Context())
-	abortIfCut(h.serve(h.acquire(), r, newHTTPSink(w), conn, false))
+	abortIfCut(h.serve(h.acquire(), r, nil, w, conn, false))
 }
 
 // Serve runs one request through the pipeline (auth, intake, admission,
@@ -153,15 +153,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // bridge's endpoint; proxy/bridge does, and serves each request frame
 // through Serve.
 func (h *Handler) Serve(r *http.Request, sink Sink, conn listen.ConnInfo) Outcome {
-	return h.serve(h.acquire(), r, sink, conn, true)
+	return h.serve(h.acquire(), r, sink, nil, conn, true)
 }
 
 // serve runs the exchange on l's state and releases it; timing says
-// whether the outcome carries the timing object. An exchange whose stream
-// went to an event loop is completed by the loop (handoff.go): serve then
-// returns at once, with a zero Outcome.
-func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, conn listen.ConnInfo, timing bool) (o Outcome) {
+// whether the outcome carries the timing object. A nil sink means an
+// httpSink on w, held in the exchange. An exchange whose stream went to an
+// event loop is completed by the loop (handoff.go): serve then returns at
+// once, with a zero Outcome.
+func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, w http.ResponseWriter, conn listen.ConnInfo, timing bool) (o Outcome) {
 	x := &exchange{h: h, st: l.st, live: l, sink: sink, r: r, conn: conn, start: time.Now()}
+	if sink == nil {
+		x.hsink = httpSink{w: w, rc: *http.NewResponseController(w)}
+		x.sink = &x.hsink
+		sink = x.sink
+	}
 	x.id = RequestID(r.Header.Get("X-Request-Id"))
 	x.startTrace()
 	x.ownID = x.id
@@ -228,6 +234,7 @@ type exchange struct {
 	// X-Sluice-Request-Id, endVals those of a whole body's Content-Length
 	// and Server-Timing (relayBody), tried the backends already tried
 	// (forward), usageVal what usage points to (setUsage).
+	hsink    httpSink // the sink of ServeHTTP
 	ids      [2]string
 	endVals  [2]string
 	tried    [4]*routing.Backend
