@@ -135,11 +135,22 @@ func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*ht
 	if x.body != nil {
 		s.body.set(&out, x.body)
 	}
-	// Sized for the client's fields and Sluice's five, less the client's
-	// Authorization (nearly always sent, never copied): many SDK fields
-	// need no growth of the map, a few (curl's) stay in a small map of 8.
+	// Sized for the client's fields and Sluice's five or six, less the fields
+	// clients send most that are never copied: many SDK fields need no
+	// growth of the map, a few (curl's, Go's) stay in a small map of 8
+	// (one allocation, where a hint past 8 makes a table of four).
 	// Sluice's five values share one array.
-	out.Header = make(http.Header, len(r.Header)+4)
+	f := b.LoadHeaderFormat()
+	n := len(r.Header) + 5
+	if f != "" {
+		n++
+	}
+	for _, k := range [...]string{"Authorization", "Content-Length", "Accept-Encoding", "X-Api-Key"} {
+		if _, ok := r.Header[k]; ok {
+			n--
+		}
+	}
+	out.Header = make(http.Header, n)
 	copyRequestHeader(out.Header, r.Header)
 	proto := "http"
 	if r.TLS != nil {
@@ -152,7 +163,7 @@ func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*ht
 	out.Header["X-Forwarded-Host"] = own[2:3:3]
 	out.Header["X-Request-Id"] = own[3:4:4]
 	out.Header["X-Sluice-Request-Id"] = own[4:5:5]
-	if f := b.LoadHeaderFormat(); f != "" {
+	if f != "" {
 		out.Header["Endpoint-Load-Metrics-Format"] = loadFormatValue(f) // ask vLLM for its load report
 	}
 	if key := x.route.Pool.Config().APIKey; key != "" {
