@@ -161,12 +161,18 @@ func (x *exchange) relayBody(l *leg) error {
 		if scan {
 			x.usageOfBody(l.body)
 		}
-		// The whole body's exact length and the timing: their values'
-		// slices point into the exchange (no allocation for either).
+		// The whole body's exact length and the timing: both values in
+		// one string, their slices pointing into the exchange.
 		v := &x.endVals
-		v[1] = x.serverTiming()
+		b := make([]byte, 0, 256)
 		if unchanged {
-			v[0] = strconv.Itoa(len(head))
+			b = strconv.AppendInt(b, int64(len(head)), 10)
+		}
+		k := len(b)
+		all := string(x.appendServerTiming(b))
+		x.timing, v[1] = all[k:], all[k:]
+		if unchanged {
+			v[0] = all[:k]
 			h["Content-Length"] = v[0:1:1]
 		}
 		h["Server-Timing"] = v[1:2:2]
