@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unsafe"
 )
 
 // policy is one limit as it appears in the response headers.
@@ -63,16 +64,19 @@ func openAIKeys(kind string) [3]string {
 // but Retry-After on refusals.
 func SetHeaders(h http.Header, d Decision) {
 	// Every value is a substring of one string, and every field's value
-	// slice a piece of one array: two allocations per request (the string
-	// and the array) instead of one or more per field. The values are
-	// built on the stack first.
-	var buf [320]byte
-	b := buf[:0]
+	// slice a piece of one array, both in one allocation (headerValues)
+	// instead of one or more per field.
+	ps, np := d.policies()
+	var hv *headerValues
+	var b []byte
+	if np > 0 || d.Requests.Limit > 0 || d.Tokens.Limit > 0 {
+		hv = new(headerValues) // nothing when no field is set
+		b = hv.buf[:0]
+	}
 	var ends [8]int
 	n := 0
 	mark := func() { ends[n] = len(b); n++ }
 	var keys [8]string
-	ps, np := d.policies()
 	if np > 0 {
 		b = appendPolicyField(b, ps[:np])
 		keys[n] = hdrPolicy
@@ -99,8 +103,10 @@ func SetHeaders(h http.Header, d Decision) {
 		mark()
 	}
 	if n > 0 {
-		all := string(b)
-		vals := make([]string, n)
+		// b is never written again (nor is hv.buf if b outgrew it):
+		// the string may share its bytes.
+		all := unsafe.String(unsafe.SliceData(b), len(b))
+		vals := hv.vals[:n]
 		start := 0
 		for i := range n {
 			vals[i] = all[start:ends[i]]
@@ -112,6 +118,13 @@ func SetHeaders(h http.Header, d Decision) {
 		h.Set("Retry-After", strconv.FormatInt(retrySeconds(d.RetryAfter), 10))
 		h.Set("retry-after-ms", strconv.FormatInt(max(ceilMS(d.RetryAfter), 1), 10))
 	}
+}
+
+// headerValues holds SetHeaders' values: the bytes of every value, then
+// never modified, and the fields' value slices.
+type headerValues struct {
+	vals [8]string
+	buf  [320]byte
 }
 
 func appendPolicyField(b []byte, ps []policy) []byte {

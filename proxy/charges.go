@@ -139,6 +139,11 @@ func (l *leg) watchSent(req *http.Request) {
 	if req.Body == nil || req.Body == http.NoBody {
 		return
 	}
+	if rb, ok := req.Body.(*replayBody); ok {
+		rb.sent = &rb.flag // marked by the body itself, rewound or not: no wrapper
+		l.sent = rb.sent
+		return
+	}
 	first := &sentBody{ReadCloser: req.Body}
 	first.sent = &first.flag
 	l.sent = first.sent

@@ -46,8 +46,7 @@ func (x *exchange) forward() error {
 	if x.policy.Retries != nil {
 		retries = *x.policy.Retries
 	}
-	var triedBuf [4]*routing.Backend
-	tried := triedBuf[:0]
+	tried := x.tried[:0] // in the exchange: acquire and race keep no copy past forward
 	var lastErr error
 	for attempt := 0; attempt <= retries; attempt++ {
 		a, err := x.acquire(attempt, tried, true)
@@ -125,72 +124,107 @@ func isEventStream(h http.Header) bool {
 // credentials, forwarding headers and the request id.
 func (x *exchange) upstreamRequest(ctx context.Context, b *routing.Backend) (*http.Request, error) {
 	r := x.r
-	// No body and no URL to parse given to NewRequestWithContext: the URL
-	// it allocates for "" takes the backend URL as built (the request line
-	// the transport writes, URL.RequestURI, is the same as if printed and
-	// parsed back), and the body is set below in two allocations.
-	req, err := http.NewRequestWithContext(ctx, r.Method, "", nil)
-	if err != nil {
-		return nil, err
-	}
-	*req.URL = x.backendURL(b)
-	req.Host = strings.TrimSuffix(req.URL.Host, ":")
+	// What the request points to (its URL, Sluice's five header values,
+	// its body) is one allocation, and the request itself a second: the
+	// one WithContext makes of a request built on the stack.
+	// (http.NewRequestWithContext would allocate the request, a URL
+	// parsed from "" and a header map thrown away below.)
+	s := &upstreamReq{url: x.backendURL(b)}
+	out := http.Request{Method: r.Method, URL: &s.url, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Host: strings.TrimSuffix(s.url.Host, ":")}
 	if x.body != nil {
-		setReplayBody(req, x.body)
+		s.body.set(&out, x.body)
 	}
-	// Sized for the client's fields and Sluice's five, less the client's
-	// Authorization (nearly always sent, never copied): many SDK fields
-	// need no growth of the map, a few (curl's) stay in a small map of 8.
-	// Sluice's five values share one array (one allocation, not one per
-	// field).
-	req.Header = make(http.Header, len(r.Header)+4)
-	copyRequestHeader(req.Header, r.Header)
+	// Sized for the client's fields and Sluice's five or six, less the fields
+	// clients send most that are never copied: many SDK fields need no
+	// growth of the map, a few (curl's, Go's) stay in a small map of 8
+	// (one allocation, where a hint past 8 makes a table of four).
+	// Sluice's five values share one array.
+	f := b.LoadHeaderFormat()
+	n := len(r.Header) + 5
+	if f != "" {
+		n++
+	}
+	for _, k := range [...]string{"Authorization", "Content-Length", "Accept-Encoding", "X-Api-Key"} {
+		if _, ok := r.Header[k]; ok {
+			n--
+		}
+	}
+	out.Header = make(http.Header, n)
+	copyRequestHeader(out.Header, r.Header)
 	proto := "http"
 	if r.TLS != nil {
 		proto = "https"
 	}
-	own := &[5]string{clientIP(r), proto, r.Host, x.id, x.ownID}
-	req.Header["X-Forwarded-For"] = own[0:1:1]
-	req.Header["X-Forwarded-Proto"] = own[1:2:2]
-	req.Header["X-Forwarded-Host"] = own[2:3:3]
-	req.Header["X-Request-Id"] = own[3:4:4]
-	req.Header["X-Sluice-Request-Id"] = own[4:5:5]
-	if f := b.LoadHeaderFormat(); f != "" {
-		req.Header["Endpoint-Load-Metrics-Format"] = loadFormatValue(f) // ask vLLM for its load report
+	own := &s.own
+	*own = [5]string{clientIP(r), proto, r.Host, x.id, x.ownID}
+	out.Header["X-Forwarded-For"] = own[0:1:1]
+	out.Header["X-Forwarded-Proto"] = own[1:2:2]
+	out.Header["X-Forwarded-Host"] = own[2:3:3]
+	out.Header["X-Request-Id"] = own[3:4:4]
+	out.Header["X-Sluice-Request-Id"] = own[4:5:5]
+	if f != "" {
+		out.Header["Endpoint-Load-Metrics-Format"] = loadFormatValue(f) // ask vLLM for its load report
 	}
 	if key := x.route.Pool.Config().APIKey; key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
+		out.Header.Set("Authorization", "Bearer "+key)
 	}
-	return req, nil
+	return out.WithContext(ctx), nil
 }
 
-// replayBody is a request body read from memory: the reader and its Close
-// in one allocation, its rewind for a retry on a new connection (GetBody)
-// in a second, where http.NewRequest's bytes.Reader body takes four.
+// upstreamReq is what a backend request points to, allocated together.
+type upstreamReq struct {
+	url  url.URL
+	own  [5]string // X-Forwarded-For, -Proto, -Host, X-Request-Id, X-Sluice-Request-Id
+	body replayBody
+}
+
+// replayBody is a request body read from memory: its rewind for a retry on
+// a new connection (GetBody) is a second one on the same bytes. Once sent
+// is set (leg.watchSent), reading it to the end marks *sent, for the
+// rewound bodies too.
 type replayBody struct {
 	bytes.Reader // keeps WriteTo: the transport writes the body in one call
 	data         []byte
+	sent         *atomic.Bool
+	flag         atomic.Bool // the first body's sent, shared with the rewound ones
 }
 
 func (*replayBody) Close() error { return nil }
 
+func (rb *replayBody) Read(p []byte) (int, error) {
+	n, err := rb.Reader.Read(p)
+	if err == io.EOF && rb.sent != nil {
+		rb.sent.Store(true)
+	}
+	return n, err
+}
+
+func (rb *replayBody) WriteTo(w io.Writer) (int64, error) {
+	n, err := rb.Reader.WriteTo(w)
+	if err == nil && rb.sent != nil {
+		rb.sent.Store(true)
+	}
+	return n, err
+}
+
 // again is the request's GetBody: a new reader of the same bytes.
 func (rb *replayBody) again() (io.ReadCloser, error) {
-	n := &replayBody{data: rb.data}
+	n := &replayBody{data: rb.data, sent: rb.sent}
 	n.Reset(n.data)
 	return n, nil
 }
 
-// setReplayBody sets req's body to data as http.NewRequest sets a
+// set makes rb, reading data, req's body as http.NewRequest sets a
 // *bytes.Reader body: ContentLength, GetBody, and http.NoBody when empty.
-func setReplayBody(req *http.Request, data []byte) {
+func (rb *replayBody) set(req *http.Request, data []byte) {
 	req.ContentLength = int64(len(data))
 	if len(data) == 0 {
 		req.Body = http.NoBody
 		req.GetBody = func() (io.ReadCloser, error) { return http.NoBody, nil }
 		return
 	}
-	rb := &replayBody{data: data}
+	rb.data = data
 	rb.Reset(data)
 	req.Body, req.GetBody = rb, rb.again
 }

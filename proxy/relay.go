@@ -329,15 +329,32 @@ func EventData(ev []byte) []byte {
 // "choices" is null, empty or absent: the include_usage chunk). Chunks
 // without the bytes "usage" are not read (most of a stream's).
 func usageOf(data []byte) (u *limiter.Usage, usageOnly bool) {
+	v, ok, usageOnly := usageFrom(data)
+	if !ok {
+		return nil, false
+	}
+	return &v, usageOnly
+}
+
+// usageFrom is usageOf without the allocation: ok is false where usageOf
+// returns nil.
+func usageFrom(data []byte) (u limiter.Usage, ok, usageOnly bool) {
 	i := bytes.Index(data, usageKey)
 	if i < 0 || usageNull(data, i) {
-		return nil, false
+		return u, false, false
 	}
 	var f usageFields
 	if !f.scan(data) || !f.usage {
-		return nil, false
+		return u, false, false
 	}
-	return &limiter.Usage{InputTokens: f.in, OutputTokens: f.out}, !f.choices
+	return limiter.Usage{InputTokens: f.in, OutputTokens: f.out}, true, !f.choices
+}
+
+// setUsage sets x.usage to u, held in the exchange (a later report
+// overwrites it: the last one counts).
+func (x *exchange) setUsage(u limiter.Usage) {
+	x.usageVal = u
+	x.usage = &x.usageVal
 }
 
 // usageNull reports that data's first "usage" (at i) is followed by

@@ -161,11 +161,18 @@ func (x *exchange) relayBody(l *leg) error {
 		if scan {
 			x.usageOfBody(l.body)
 		}
-		// The whole body's exact length and the timing share one
-		// array of values (one allocation for both fields).
-		v := &[2]string{1: x.serverTiming()}
+		// The whole body's exact length and the timing: both values in
+		// one string, their slices pointing into the exchange.
+		v := &x.endVals
+		b := make([]byte, 0, 256)
 		if unchanged {
-			v[0] = strconv.Itoa(len(head))
+			b = strconv.AppendInt(b, int64(len(head)), 10)
+		}
+		k := len(b)
+		all := string(x.appendServerTiming(b))
+		x.timing, v[1] = all[k:], all[k:]
+		if unchanged {
+			v[0] = all[:k]
 			h["Content-Length"] = v[0:1:1]
 		}
 		h["Server-Timing"] = v[1:2:2]
@@ -244,8 +251,8 @@ func closeBody(w io.Writer) error {
 func (x *exchange) usageOfBody(body []byte) {
 	if x.dialect == dialectResponses || x.dialect == dialectMessages {
 		x.readUsage(body)
-	} else if u, _ := usageOf(body); u != nil {
-		x.usage = u
+	} else if u, ok, _ := usageFrom(body); ok {
+		x.setUsage(u)
 	}
 }
 

@@ -43,6 +43,90 @@ type Metrics struct {
 	// *genAIObs by genAIKey: latencies and duration in byGenAI, token
 	// usage (errType "") in byGenAITokens.
 	byGenAI, byGenAITokens sync.Map
+
+	// *reqSeries by reqSeriesKey: all of the above that one kind of
+	// request records into, found in one lookup instead of six. At most
+	// reqSeriesCap kinds are kept; past that, Record resolves each series
+	// in its own cache as before.
+	byReq   sync.Map
+	nByReq  atomic.Int64
+	byReqMu sync.Mutex // serializes additions to byReq
+	reqCap  int64      // reqSeriesCap (tests lower it)
+}
+
+// reqSeriesCap bounds byReq: its key is the product of labels that each
+// series holds only some of, so its cardinality can exceed theirs.
+const reqSeriesCap = 4096
+
+// reqSeriesKey is what selects a request's series: the route's, tenant's
+// (bounded label), backend's and GenAI's labels, and the outcome's.
+type reqSeriesKey struct {
+	route, proto, tenant, pool, backend, path, model, errType string
+	code                                                      int
+}
+
+// reqSeries are the series of one reqSeriesKey, each resolved through its
+// own cache the first time it is needed (a series is made only when it
+// gets a sample, as before), then kept here.
+type reqSeries struct {
+	k           reqSeriesKey
+	count       prometheus.Counter
+	route       *routeObs
+	genAI       *genAIObs // nil without a backend
+	backend     atomic.Pointer[backendObs]
+	tokens      atomic.Pointer[tokenObs]
+	genAITokens atomic.Pointer[genAIObs]
+}
+
+// series returns k's series.
+func (m *Metrics) series(k reqSeriesKey) *reqSeries {
+	if v, ok := m.byReq.Load(k); ok {
+		return v.(*reqSeries)
+	}
+	s := &reqSeries{k: k, count: m.requestCounter(k.route, k.proto, k.tenant, k.code), route: m.routeObs(k.route, k.proto)}
+	if k.backend != "" {
+		s.genAI = m.genAIObs(genAIKey{k.path, k.model, k.backend, k.errType})
+	}
+	if m.nByReq.Load() >= m.reqCap {
+		return s // not kept: its series are each in their own cache
+	}
+	m.byReqMu.Lock()
+	defer m.byReqMu.Unlock()
+	if m.nByReq.Load() >= m.reqCap {
+		return s
+	}
+	v, loaded := m.byReq.LoadOrStore(k, s)
+	if !loaded {
+		m.nByReq.Add(1)
+	}
+	return v.(*reqSeries)
+}
+
+func (s *reqSeries) backendObs(m *Metrics) *backendObs {
+	if o := s.backend.Load(); o != nil {
+		return o
+	}
+	o := m.backendObs(s.k.route, s.k.pool, s.k.backend, s.k.proto)
+	s.backend.Store(o)
+	return o
+}
+
+func (s *reqSeries) tokenObs(m *Metrics) *tokenObs {
+	if o := s.tokens.Load(); o != nil {
+		return o
+	}
+	o := m.tokenObs(s.k.route, s.k.tenant)
+	s.tokens.Store(o)
+	return o
+}
+
+func (s *reqSeries) genAITokenObs(m *Metrics) *genAIObs {
+	if o := s.genAITokens.Load(); o != nil {
+		return o
+	}
+	o := m.genAITokens(genAIKey{s.k.path, s.k.model, s.k.backend, s.k.errType})
+	s.genAITokens.Store(o)
+	return o
 }
 
 type (
@@ -317,7 +401,7 @@ func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 			"Number of input and output tokens used (OpenTelemetry gen_ai.client.token.usage).",
 			otelTokenBuckets, false, append([]string{"gen_ai_token_type"}, genAILabels...)...),
 	}
-	m.tenants.max, m.models.max = int64(tenantLabels), genAIModelCap
+	m.tenants.max, m.models.max, m.reqCap = int64(tenantLabels), genAIModelCap, reqSeriesCap
 	if reg != nil {
 		reg.MustRegister(m.requests, m.inflight, m.retries, m.hedges, m.refusals, m.ttft, m.itl, m.e2e, m.stages, m.tokens,
 			m.wsConns, m.wsSlow, m.genTTFT, m.genTPOT, m.genDuration, m.genTokens)
@@ -387,13 +471,20 @@ func (m *Metrics) Record(r *Record) {
 	if m == nil {
 		return
 	}
-	route := r.routeLabel()
-	tl := m.tenantLabel(r.Tenant)
-	m.requestCounter(route, r.Proto, tl, r.Status).Inc()
-	ro := m.routeObs(route, r.Proto)
+	k := reqSeriesKey{route: r.routeLabel(), proto: r.Proto, tenant: m.tenantLabel(r.Tenant), code: r.Status}
+	if r.Backend != "" {
+		k.pool, k.backend = r.Pool, r.Backend
+		k.path, k.model, k.errType = genAIPath(r.Path), m.modelLabel(r.Model), r.Error
+		if k.errType == "" && r.Status >= 400 {
+			k.errType = strconv.Itoa(r.Status)
+		}
+	}
+	s := m.series(k)
+	s.count.Inc()
+	ro := s.route
 	ro.e2e.Observe(r.End.Sub(r.Start).Seconds())
 	if d := &r.Decision; d.Reason != "" && (!d.Allowed || d.WouldRefuse) {
-		m.refusals.WithLabelValues(route, d.Reason, strconv.FormatBool(!d.WouldRefuse)).Inc()
+		m.refusals.WithLabelValues(k.route, d.Reason, strconv.FormatBool(!d.WouldRefuse)).Inc()
 	}
 	for i, d := range r.Stages {
 		if r.Measured[i] {
@@ -401,18 +492,18 @@ func (m *Metrics) Record(r *Record) {
 		}
 	}
 	if r.Backend != "" && r.Measured[TTFT] {
-		bo := m.backendObs(route, r.Pool, r.Backend, r.Proto)
+		bo := s.backendObs(m)
 		bo.ttft.Observe(r.Stages[TTFT].Seconds())
 		for _, us := range r.ITL {
 			bo.itl.Observe(float64(us) / 1e6)
 		}
 	}
 	if r.Counted {
-		to := m.tokenObs(route, tl)
+		to := s.tokenObs(m)
 		to.in.Add(float64(r.Usage.InputTokens))
 		to.out.Add(float64(r.Usage.OutputTokens))
 	}
-	m.recordGenAI(r)
+	m.recordGenAI(r, s)
 }
 
 // recordGenAI observes the GenAI server metrics of a request that reached
@@ -420,25 +511,20 @@ func (m *Metrics) Record(r *Record) {
 // (decode time over the tokens after the first), duration for all, with
 // error_type set for failures (the error class, else the status code), and
 // token usage when tokens were counted.
-func (m *Metrics) recordGenAI(r *Record) {
+func (m *Metrics) recordGenAI(r *Record, s *reqSeries) {
 	if r.Backend == "" {
 		return
 	}
-	errType := r.Error
-	if errType == "" && r.Status >= 400 {
-		errType = strconv.Itoa(r.Status)
-	}
-	k := genAIKey{genAIPath(r.Path), m.modelLabel(r.Model), r.Backend, errType}
-	o := m.genAIObs(k)
+	o := s.genAI
 	o.duration.Observe(r.End.Sub(r.Start).Seconds())
-	if errType == "" && r.Measured[TTFT] {
+	if s.k.errType == "" && r.Measured[TTFT] {
 		o.ttft.Observe(r.Stages[TTFT].Seconds())
 		if out := r.Usage.OutputTokens; r.Counted && out > 1 && r.Measured[Decode] {
 			o.tpot.Observe(r.Stages[Decode].Seconds() / float64(out-1))
 		}
 	}
 	if r.Counted {
-		t := m.genAITokens(k)
+		t := s.genAITokenObs(m)
 		t.tokIn.Observe(float64(r.Usage.InputTokens))
 		t.tokOut.Observe(float64(r.Usage.OutputTokens))
 	}

@@ -267,6 +267,21 @@ func BenchmarkRecordStream(b *testing.B) {
 	}
 }
 
+// BenchmarkRecordSmall measures the metrics of one finished non-streamed
+// request (no ITL samples): the series lookups and the observations.
+//
+//	go test -run '^$' -bench BenchmarkRecordSmall -benchmem ./proxy/observe/
+func BenchmarkRecordSmall(b *testing.B) {
+	m := observe.NewMetrics(prometheus.NewRegistry(), 10)
+	r := streamRecord()
+	r.ITL = nil
+	m.Record(r) // the series exist after the first request
+	b.ReportAllocs()
+	for b.Loop() {
+		m.Record(r)
+	}
+}
+
 // Tenant labels handed out from many goroutines at once stay bounded: with
 // room for 10, exactly 10 tenants get their own value and every other one
 // shares "other", and a tenant that got its own value keeps it. Run with
