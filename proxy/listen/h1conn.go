@@ -226,48 +226,32 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 		c.lr.remain = h1HeadLimit
 	}
 	c.armed = false
-	req, err := readRequest(c.br)
-	if err != nil {
-		if c.lr.remain <= 0 {
-			return nil, statusError{status: http.StatusRequestHeaderFieldsTooLarge, text: ""}
-		}
-		return nil, err
-	}
-	c.lr.remain = math.MaxInt64
-	c.rwc.SetReadDeadline(time.Time{})
-	if req.ProtoMajor != 1 {
-		req.Body.Close()
-		return nil, statusError{status: http.StatusHTTPVersionNotSupported, text: "unsupported protocol version"}
-	}
-	// The Host rules as net/http's server applies them, on the Host
-	// field itself (http.ReadRequest would have deleted it): present,
-	// even empty, on HTTP/1.1 (RFC 9112 section 3.2, also with an
-	// absolute-form target), and well-formed.
-	hosts, haveHost := req.Header["Host"]
-	if req.ProtoMinor >= 1 && (!haveHost || len(hosts) == 0) && !isH2Upgrade(req) && req.Method != "CONNECT" {
-		return nil, statusError{status: http.StatusBadRequest, text: "missing required Host header"}
-	}
-	if len(hosts) == 1 && !httpguts.ValidHostHeader(hosts[0]) {
-		return nil, statusError{status: http.StatusBadRequest, text: "malformed Host header"}
-	}
-	for k, vv := range req.Header {
-		if !httpguts.ValidHeaderFieldName(k) {
-			return nil, statusError{status: http.StatusBadRequest, text: "invalid header name"}
-		}
-		for _, v := range vv {
-			if !httpguts.ValidHeaderFieldValue(v) {
-				return nil, statusError{status: http.StatusBadRequest, text: "invalid header value"}
-			}
-		}
-	}
-	delete(req.Header, "Host")
 	// The header map is sized for a proxied answer's fields (a small
 	// request's has 14: request ids, rate limits, Server-Timing, …), so
 	// it is not grown twice while the handler fills it.
 	w := &h1Response{c: c, contentLength: -1, header: make(http.Header, h1HeaderHint)}
 	w.body.w = w
-	w.body.rc = req.Body
-	if req.Body == http.NoBody {
+	var req *http.Request
+	var h parsedHead
+	if c.readHead(&h) {
+		r := h.request()
+		req = &r
+		if h.contentLength > 0 {
+			w.lbody = lengthBody{r: c.br, remain: h.contentLength}
+			w.body.rc = &w.lbody
+		} else {
+			w.body.rc = http.NoBody
+		}
+		c.lr.remain = math.MaxInt64
+		c.rwc.SetReadDeadline(time.Time{})
+	} else {
+		var err error
+		if req, err = c.readRequestNetHTTP(); err != nil {
+			return nil, err
+		}
+		w.body.rc = req.Body
+	}
+	if w.body.rc == http.NoBody {
 		w.body.eof.Store(true)
 	}
 	if ex := req.Header["Expect"]; len(ex) > 0 && ex[0] != "" {
@@ -294,6 +278,79 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 		c.bodyDone()
 	}
 	return w, nil
+}
+
+// readHead parses the next request's head with the fast parser
+// (h1parse.go) into h, reading more of it while it does not fit yet, and
+// reports whether it took it; if not, the head is still unread in the
+// buffer for net/http's parser.
+func (c *h1Conn) readHead(h *parsedHead) bool {
+	for {
+		buf, _ := c.br.Peek(c.br.Buffered())
+		n, res := parseHead(buf, h)
+		switch res {
+		case headOK:
+			c.br.Discard(n)
+			return true
+		case headMore:
+			if len(buf) < c.br.Size() {
+				if _, err := c.br.Peek(len(buf) + 1); err == nil {
+					continue
+				}
+			}
+		}
+		return false
+	}
+}
+
+// readRequestNetHTTP reads the request's head with net/http's parser and
+// applies net/http's server's checks to it.
+func (c *h1Conn) readRequestNetHTTP() (*http.Request, error) {
+	req, err := readRequest(c.br)
+	if err != nil {
+		if c.lr.remain <= 0 {
+			return nil, statusError{status: http.StatusRequestHeaderFieldsTooLarge, text: ""}
+		}
+		return nil, err
+	}
+	c.lr.remain = math.MaxInt64
+	c.rwc.SetReadDeadline(time.Time{})
+	if err := checkRequest(req); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// checkRequest applies net/http's server's checks to a request read by
+// net/http's parser, and deletes its Host field.
+func checkRequest(req *http.Request) error {
+	if req.ProtoMajor != 1 {
+		req.Body.Close()
+		return statusError{status: http.StatusHTTPVersionNotSupported, text: "unsupported protocol version"}
+	}
+	// The Host rules as net/http's server applies them, on the Host
+	// field itself (http.ReadRequest would have deleted it): present,
+	// even empty, on HTTP/1.1 (RFC 9112 section 3.2, also with an
+	// absolute-form target), and well-formed.
+	hosts, haveHost := req.Header["Host"]
+	if req.ProtoMinor >= 1 && (!haveHost || len(hosts) == 0) && !isH2Upgrade(req) && req.Method != "CONNECT" {
+		return statusError{status: http.StatusBadRequest, text: "missing required Host header"}
+	}
+	if len(hosts) == 1 && !httpguts.ValidHostHeader(hosts[0]) {
+		return statusError{status: http.StatusBadRequest, text: "malformed Host header"}
+	}
+	for k, vv := range req.Header {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return statusError{status: http.StatusBadRequest, text: "invalid header name"}
+		}
+		for _, v := range vv {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return statusError{status: http.StatusBadRequest, text: "invalid header value"}
+			}
+		}
+	}
+	delete(req.Header, "Host")
+	return nil
 }
 
 // fail answers a request the server could not read or refuses, then closes

@@ -47,6 +47,8 @@ type h1Response struct {
 	contentLength int64
 	written       int64
 	trailers      []string // declared in the Trailer header at commit
+
+	lbody lengthBody // the request's body of declared length (fast parser)
 }
 
 var (
