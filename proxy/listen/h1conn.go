@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -365,8 +366,11 @@ func (c *h1Conn) fail(err error) {
 		c.close() // the client left, or was too slow: no answer
 		return
 	default:
+		// A target net/url refuses is a *url.Error, which is also a
+		// net.Error: a bad request, not a failed read.
+		var ue *url.Error
 		var ne net.Error
-		if errors.As(err, &ne) {
+		if !errors.As(err, &ue) && errors.As(err, &ne) {
 			c.close()
 			return
 		}
