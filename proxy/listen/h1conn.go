@@ -234,9 +234,9 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 	w.body.w = w
 	var req *http.Request
 	var h parsedHead
-	if c.readHead(&h) {
-		r := h.request()
-		req = &r
+	if c.readHead(&h, &w.url) {
+		w.reqv = h.request()
+		req = &w.reqv
 		if h.contentLength > 0 {
 			w.lbody = lengthBody{r: c.br, remain: h.contentLength}
 			w.body.rc = &w.lbody
@@ -268,7 +268,9 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 	w.cancel = cancel
 	req.RemoteAddr = c.remote
 	req.Body = &w.body
-	w.req = req.WithContext(ctx)
+	// The request with its context: in w, not a copy of its own.
+	w.reqv = *req.WithContext(ctx)
+	w.req = &w.reqv
 	w.wantClose = req.Close
 	w.head = req.Method == http.MethodHead
 	w.is11 = req.ProtoAtLeast(1, 1)
@@ -285,10 +287,10 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 // (h1parse.go) into h, reading more of it while it does not fit yet, and
 // reports whether it took it; if not, the head is still unread in the
 // buffer for net/http's parser.
-func (c *h1Conn) readHead(h *parsedHead) bool {
+func (c *h1Conn) readHead(h *parsedHead, u *url.URL) bool {
 	for {
 		buf, _ := c.br.Peek(c.br.Buffered())
-		n, res := parseHead(buf, h)
+		n, res := parseHead(buf, h, u)
 		switch res {
 		case headOK:
 			c.br.Discard(n)

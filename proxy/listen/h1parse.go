@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
 	"unsafe"
 
 	"golang.org/x/net/http/httpguts"
@@ -71,8 +72,9 @@ var valueByte = func() (t [256]bool) {
 }()
 
 // parseHead parses the request head at the start of p. With headOK it
-// returns the head's length (its final empty line included) in n.
-func parseHead(p []byte, h *parsedHead) (n int, res headResult) {
+// returns the head's length (its final empty line included) in n. A
+// target that needs no unescaping is parsed into u (h.url is then u).
+func parseHead(p []byte, h *parsedHead, u *url.URL) (n int, res headResult) {
 	// Find the head's end, line by line: every line ends in CRLF (a bare
 	// LF is net/http's to read), and the head ends at the first empty one.
 	lines, end := 0, 0
@@ -191,11 +193,15 @@ func parseHead(p []byte, h *parsedHead) (n int, res headResult) {
 	s := unsafe.String(unsafe.SliceData(b), len(b))
 	h.method = s[:sp]
 	h.target = s[sp+1 : sp+1+sp2]
-	u, err := url.ParseRequestURI(h.target)
-	if err != nil {
-		return 0, headOther
+	if simpleTarget(h.target, u) {
+		h.url = u
+	} else {
+		pu, err := url.ParseRequestURI(h.target)
+		if err != nil {
+			return 0, headOther
+		}
+		h.url = pu
 	}
-	h.url = u
 	h.header = make(http.Header, fields)
 	vals := make([]string, fields)
 	h.host = ""
@@ -229,6 +235,47 @@ func parseHead(p []byte, h *parsedHead) (n int, res headResult) {
 		h.close = httpguts.HeaderValuesContainsToken(conn, "close")
 	}
 	return end, headOK
+}
+
+// pathByte: the bytes net/url's ParseRequestURI leaves in a path as they
+// are, with no RawPath (no escape, nothing escape would write otherwise).
+var pathByte = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c] = true
+		t[c-'a'+'A'] = true
+	}
+	for _, c := range "-_.~$&+,/:;=@" {
+		t[c] = true
+	}
+	return t
+}()
+
+// simpleTarget parses an origin-form target into u as url.ParseRequestURI
+// would, when its path is made of pathByte only and its query has no
+// control byte; else it reports false.
+func simpleTarget(t string, u *url.URL) bool {
+	path, query := t, ""
+	if q := strings.IndexByte(t, '?'); q >= 0 {
+		if q == len(t)-1 {
+			return false // ParseRequestURI's ForceQuery
+		}
+		path, query = t[:q], t[q+1:]
+	}
+	for i := 0; i < len(path); i++ {
+		if !pathByte[path[i]] {
+			return false
+		}
+	}
+	for i := 0; i < len(query); i++ {
+		if c := query[i]; c < ' ' || c == 0x7f {
+			return false
+		}
+	}
+	*u = url.URL{Path: path, RawQuery: query}
+	return true
 }
 
 // cutLine cuts b at its first CRLF (b's last line has none).

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"reflect"
 	"strings"
 	"testing"
@@ -20,7 +22,7 @@ import (
 func compareWithNetHTTP(t *testing.T, in []byte) headResult {
 	t.Helper()
 	var h parsedHead
-	n, res := parseHead(bytes.Clone(in), &h)
+	n, res := parseHead(bytes.Clone(in), &h, new(url.URL))
 	ref, err := readRequest(bufio.NewReaderSize(bytes.NewReader(in), 64<<10))
 	if err == nil {
 		err = checkRequest(ref)
@@ -155,7 +157,7 @@ func TestParseHeadAgainstNetHTTP(t *testing.T) {
 func TestParseHeadNoAliasing(t *testing.T) {
 	in := []byte("POST /p?q=1 HTTP/1.1\r\nHost: h\r\nx-key: v\r\n\r\n")
 	var h parsedHead
-	if _, res := parseHead(in, &h); res != headOK {
+	if _, res := parseHead(in, &h, new(url.URL)); res != headOK {
 		t.Fatalf("result %d", res)
 	}
 	for i := range in {
@@ -176,8 +178,9 @@ func TestParseHeadAllocs(t *testing.T) {
 	in := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: sluice-bench\r\n" +
 		"Authorization: Bearer k\r\nContent-Type: application/json\r\nAccept: */*\r\nContent-Length: 120\r\n\r\n")
 	var h parsedHead
+	var u url.URL
 	allocs := testing.AllocsPerRun(100, func() {
-		if _, res := parseHead(in, &h); res != headOK {
+		if _, res := parseHead(in, &h, &u); res != headOK {
 			t.Fatal(res)
 		}
 	})
@@ -185,6 +188,35 @@ func TestParseHeadAllocs(t *testing.T) {
 	// the URL.
 	if allocs > 5 {
 		t.Errorf("%.1f allocations per head; want ≤ 5", allocs)
+	}
+}
+
+// TestSimpleTarget: every target simpleTarget takes, url.ParseRequestURI
+// parses to the same URL; those with other bytes it leaves to it.
+func TestSimpleTarget(t *testing.T) {
+	try := func(tgt string) {
+		var u url.URL
+		ok := simpleTarget(tgt, &u)
+		ref, err := url.ParseRequestURI(tgt)
+		if ok && (err != nil || *ref != u) {
+			t.Fatalf("%q: %+v; ParseRequestURI %+v, %v", tgt, u, ref, err)
+		}
+	}
+	taken := 0
+	for c := range 256 {
+		for _, f := range []string{"/a%cb", "/a?q=%c", "/%c?", "/?%c?"} {
+			try(fmt.Sprintf(f, c))
+		}
+		var u url.URL
+		if simpleTarget(fmt.Sprintf("/a%cb?x%c", c, c), &u) {
+			taken++
+		}
+	}
+	if taken != 62+13+1 { // letters, digits, "-_.~$&+,/:;=@", and '?' (it ends the path)
+		t.Errorf("%d bytes taken in a path; want %d", taken, 62+13+1)
+	}
+	for _, tgt := range []string{"/", "/v1/chat/completions", "/a?", "/a??", "/a?b?c", "//x", "/a/../b", "/a;b=c,d@e:f"} {
+		try(tgt)
 	}
 }
 
@@ -203,9 +235,10 @@ func BenchmarkParseHead(b *testing.B) {
 		"Authorization: Bearer k\r\nContent-Type: application/json\r\nAccept: */*\r\nContent-Length: 120\r\n\r\n")
 	b.Run("fast", func(b *testing.B) {
 		b.ReportAllocs()
+		var u url.URL
 		for b.Loop() {
 			var h parsedHead
-			if _, res := parseHead(in, &h); res != headOK {
+			if _, res := parseHead(in, &h, &u); res != headOK {
 				b.Fatal(res)
 			}
 		}

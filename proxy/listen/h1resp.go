@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,7 +49,9 @@ type h1Response struct {
 	written       int64
 	trailers      []string // declared in the Trailer header at commit
 
-	lbody lengthBody // the request's body of declared length (fast parser)
+	reqv  http.Request // the request req points to
+	url   url.URL      // its URL, when the fast parser made it
+	lbody lengthBody   // its body of declared length (fast parser)
 }
 
 var (
