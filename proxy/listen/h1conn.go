@@ -199,7 +199,10 @@ const h1HeaderHint = 16
 
 // readRequest is net/http's request parser without http.ReadRequest's
 // deletion of the Host field, which the server's Host rules need to see
-// (net/http's server calls it so; it is marked for linkname use).
+// (net/http's server calls it so; it is marked for linkname use). It
+// reads the heads the own parser (h1parse.go) leaves: chunked bodies,
+// obs-fold, heads past the read buffer, and every head net/http refuses,
+// so that those answers stay net/http's.
 //
 //go:linkname readRequest net/http.readRequest
 func readRequest(b *bufio.Reader) (*http.Request, error)
