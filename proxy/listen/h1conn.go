@@ -2,6 +2,7 @@ package listen
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -291,9 +292,18 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 // reports whether it took it; if not, the head is still unread in the
 // buffer for net/http's parser.
 func (c *h1Conn) readHead(h *parsedHead, u *url.URL) bool {
+	seen := 0
 	for {
 		buf, _ := c.br.Peek(c.br.Buffered())
-		n, res := parseHead(buf, h, u)
+		// A head ends, or is found not to be the fast parser's, only at a
+		// line's end: bytes without one (a client sending a byte at a
+		// time) are not scanned again.
+		res := headMore
+		n := 0
+		if bytes.IndexByte(buf[seen:], '\n') >= 0 {
+			n, res = parseHead(buf, h, u)
+		}
+		seen = len(buf)
 		switch res {
 		case headOK:
 			c.br.Discard(n)
