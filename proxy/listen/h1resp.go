@@ -353,9 +353,7 @@ const sniffLen = 512
 
 func hasToken(vv []string, tok string) bool {
 	for _, v := range vv {
-		for v != "" {
-			var t string
-			t, v, _ = strings.Cut(v, ",")
+		for _, t := range strings.Split(v, ",") {
 			if strings.EqualFold(strings.TrimSpace(t), tok) {
 				return true
 			}
@@ -422,16 +420,14 @@ func appendValue(b []byte, v string) []byte {
 	for j > i && asciiSpace(v[j-1]) {
 		j--
 	}
-	v = v[i:j]
-	for {
-		k := strings.IndexAny(v, "\r\n")
-		if k < 0 {
-			return append(b, v...)
+	for ; i < j; i++ {
+		if c := v[i]; c == '\r' || c == '\n' {
+			b = append(b, ' ')
+		} else {
+			b = append(b, c)
 		}
-		b = append(b, v[:k]...)
-		b = append(b, ' ')
-		v = v[k+1:]
 	}
+	return b
 }
 
 func asciiSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
