@@ -54,6 +54,10 @@ type Body struct {
 
 var _ io.ReadCloser = (*Body)(nil)
 
+// cancel runs when the request's context is done before the body ended:
+// it closes the socket, which ends any Read or write in flight.
+func (b *Body) cancel() { b.nc.Close() }
+
 // Read reads the body's payload (decoded when chunked). It returns io.EOF
 // at the end of the body, together with the last bytes when it can; the
 // connection is released at that moment. After the request's context is

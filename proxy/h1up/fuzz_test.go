@@ -24,7 +24,7 @@ func FuzzResponse(f *testing.F) {
 		c := &conn{br: bufio.NewReaderSize(bytes.NewReader(data), 256)}
 		b := &Body{c: c}
 		req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1/", nil)
-		resp, err := readResponse(c, req, b, new(http.Response))
+		resp, err := readResponse(c, req, b)
 		if err != nil {
 			return
 		}

@@ -12,10 +12,10 @@ import (
 	"golang.org/x/net/http/httpguts"
 )
 
-// readResponse reads a response head for req from c's reader into resp,
-// skipping interim (1xx) responses, and sets b's framing from it. It
-// refuses heads whose framing is ambiguous (see ErrMalformedResponse).
-func readResponse(c *conn, req *http.Request, b *Body, resp *http.Response) (*http.Response, error) {
+// readResponse reads a response head for req from c's reader, skipping
+// interim (1xx) responses, and sets b's framing from it. It refuses heads
+// whose framing is ambiguous (see ErrMalformedResponse).
+func readResponse(c *conn, req *http.Request, b *Body) (*http.Response, error) {
 	if _, err := c.br.Peek(1); err != nil {
 		return nil, &errNoResponse{err}
 	}
@@ -28,7 +28,8 @@ func readResponse(c *conn, req *http.Request, b *Body, resp *http.Response) (*ht
 			}
 			return nil, fmt.Errorf("h1up: reading status line: %w", err)
 		}
-		if err := parseStatus(line, resp); err != nil {
+		resp, err := parseStatus(line)
+		if err != nil {
 			return nil, err
 		}
 		mh, ok := readFields(c.br)
@@ -59,20 +60,20 @@ func readResponse(c *conn, req *http.Request, b *Body, resp *http.Response) (*ht
 	}
 }
 
-// parseStatus parses a status line, "HTTP/1.1 200 OK\r\n", into resp.
-// The common protocol and status strings are constants, not copies.
-func parseStatus(line []byte, resp *http.Response) error {
+// parseStatus parses a status line, "HTTP/1.1 200 OK\r\n". The common
+// protocol and status strings are constants, not copies.
+func parseStatus(line []byte) (*http.Response, error) {
 	line = bytes.TrimSuffix(bytes.TrimSuffix(line, []byte("\n")), []byte("\r"))
 	proto, status, ok := bytes.Cut(line, []byte(" "))
 	if !ok || len(proto) != len("HTTP/1.1") || string(proto[:7]) != "HTTP/1." || (proto[7] != '0' && proto[7] != '1') {
-		return fmt.Errorf("%w: status line %q", ErrMalformedResponse, line)
+		return nil, fmt.Errorf("%w: status line %q", ErrMalformedResponse, line)
 	}
 	status = bytes.TrimLeft(status, " ")
 	code, ok := parseCode(status)
 	if !ok {
-		return fmt.Errorf("%w: status %q", ErrMalformedResponse, status)
+		return nil, fmt.Errorf("%w: status %q", ErrMalformedResponse, status)
 	}
-	*resp = http.Response{StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}
+	resp := &http.Response{StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}
 	if proto[7] == '0' {
 		resp.Proto, resp.ProtoMinor = "HTTP/1.0", 0
 	}
@@ -81,7 +82,7 @@ func parseStatus(line []byte, resp *http.Response) error {
 	} else {
 		resp.Status = string(status)
 	}
-	return nil
+	return resp, nil
 }
 
 // parseCode reads the three-digit status code at the start of s, followed

@@ -147,9 +147,6 @@ type conn struct {
 	idleAt time.Time // when it went idle
 	reused bool      // it served a request before the current one
 	probe  *prober   // the liveness check; nil where there is none
-	// closeFn closes nc: it runs when a request's context is done before
-	// its body ended, ending any Read or write in flight.
-	closeFn func()
 }
 
 // RoundTrip sends req on an idle or new connection and reads the response
@@ -255,18 +252,8 @@ func retryable(req *http.Request, wrote bool, err error) bool {
 // that the request write succeeded (a retry may duplicate it). On error c
 // is closed.
 func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (resp *http.Response, wrote bool, err error) {
-	// The response and its body in one allocation; the cancel function
-	// is the connection's own (made once per connection).
-	x := &struct {
-		body Body
-		resp http.Response
-	}{body: Body{t: t, c: c, nc: c.nc, ctx: ctx}}
-	b := &x.body
-	if c.closeFn == nil {
-		nc := c.nc
-		c.closeFn = func() { nc.Close() }
-	}
-	b.stop = context.AfterFunc(ctx, c.closeFn)
+	b := &Body{t: t, c: c, nc: c.nc, ctx: ctx}
+	b.stop = context.AfterFunc(ctx, b.cancel)
 	fail := func(err error) (*http.Response, bool, error) {
 		b.abort()
 		if ctx.Err() != nil {
@@ -280,7 +267,7 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (r
 	wrote = true
 	c.br = t.readers.Get().(*bufio.Reader)
 	c.br.Reset(c.nc)
-	resp, err = readResponse(c, req, b, &x.resp)
+	resp, err = readResponse(c, req, b)
 	if err != nil {
 		return fail(err)
 	}
