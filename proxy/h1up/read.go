@@ -32,7 +32,11 @@ func readResponse(c *conn, req *http.Request, b *Body) (*http.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		mh, ok := readFields(c.br)
+		var mh http.Header
+		ok := false
+		if ownFields {
+			mh, ok = readFields(c.br)
+		}
 		if !ok {
 			h, err := tp.ReadMIMEHeader()
 			if err != nil {
