@@ -32,9 +32,17 @@ func readResponse(c *conn, req *http.Request, b *Body) (*http.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		mh, err := tp.ReadMIMEHeader()
-		if err != nil {
-			return nil, fmt.Errorf("%w: header: %w", ErrMalformedResponse, err)
+		var mh http.Header
+		ok := false
+		if ownFields {
+			mh, ok = readFields(c.br)
+		}
+		if !ok {
+			h, err := tp.ReadMIMEHeader()
+			if err != nil {
+				return nil, fmt.Errorf("%w: header: %w", ErrMalformedResponse, err)
+			}
+			mh = http.Header(h)
 		}
 		if resp.StatusCode == http.StatusSwitchingProtocols {
 			return nil, fmt.Errorf("%w: 101 Switching Protocols is not supported", ErrMalformedResponse)
@@ -47,7 +55,7 @@ func readResponse(c *conn, req *http.Request, b *Body) (*http.Response, error) {
 				return nil, fmt.Errorf("%w: header name %q", ErrMalformedResponse, k)
 			}
 		}
-		resp.Header = http.Header(mh)
+		resp.Header = mh
 		resp.Request = req
 		if err := frame(resp, req, b); err != nil {
 			return nil, err

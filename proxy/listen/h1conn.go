@@ -2,6 +2,7 @@ package listen
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -198,7 +200,10 @@ const h1HeaderHint = 16
 
 // readRequest is net/http's request parser without http.ReadRequest's
 // deletion of the Host field, which the server's Host rules need to see
-// (net/http's server calls it so; it is marked for linkname use).
+// (net/http's server calls it so; it is marked for linkname use). It
+// reads the heads the own parser (h1parse.go) leaves: chunked bodies,
+// obs-fold, heads past the read buffer, and every head net/http refuses,
+// so that those answers stay net/http's.
 //
 //go:linkname readRequest net/http.readRequest
 func readRequest(b *bufio.Reader) (*http.Request, error)
@@ -226,48 +231,32 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 		c.lr.remain = h1HeadLimit
 	}
 	c.armed = false
-	req, err := readRequest(c.br)
-	if err != nil {
-		if c.lr.remain <= 0 {
-			return nil, statusError{status: http.StatusRequestHeaderFieldsTooLarge, text: ""}
-		}
-		return nil, err
-	}
-	c.lr.remain = math.MaxInt64
-	c.rwc.SetReadDeadline(time.Time{})
-	if req.ProtoMajor != 1 {
-		req.Body.Close()
-		return nil, statusError{status: http.StatusHTTPVersionNotSupported, text: "unsupported protocol version"}
-	}
-	// The Host rules as net/http's server applies them, on the Host
-	// field itself (http.ReadRequest would have deleted it): present,
-	// even empty, on HTTP/1.1 (RFC 9112 section 3.2, also with an
-	// absolute-form target), and well-formed.
-	hosts, haveHost := req.Header["Host"]
-	if req.ProtoMinor >= 1 && (!haveHost || len(hosts) == 0) && !isH2Upgrade(req) && req.Method != "CONNECT" {
-		return nil, statusError{status: http.StatusBadRequest, text: "missing required Host header"}
-	}
-	if len(hosts) == 1 && !httpguts.ValidHostHeader(hosts[0]) {
-		return nil, statusError{status: http.StatusBadRequest, text: "malformed Host header"}
-	}
-	for k, vv := range req.Header {
-		if !httpguts.ValidHeaderFieldName(k) {
-			return nil, statusError{status: http.StatusBadRequest, text: "invalid header name"}
-		}
-		for _, v := range vv {
-			if !httpguts.ValidHeaderFieldValue(v) {
-				return nil, statusError{status: http.StatusBadRequest, text: "invalid header value"}
-			}
-		}
-	}
-	delete(req.Header, "Host")
 	// The header map is sized for a proxied answer's fields (a small
 	// request's has 14: request ids, rate limits, Server-Timing, …), so
 	// it is not grown twice while the handler fills it.
 	w := &h1Response{c: c, contentLength: -1, header: make(http.Header, h1HeaderHint)}
 	w.body.w = w
-	w.body.rc = req.Body
-	if req.Body == http.NoBody {
+	var req *http.Request
+	var h parsedHead
+	if h1OwnParser && c.readHead(&h, &w.url) {
+		w.reqv = h.request()
+		req = &w.reqv
+		if h.contentLength > 0 {
+			w.lbody = lengthBody{r: c.br, remain: h.contentLength}
+			w.body.rc = &w.lbody
+		} else {
+			w.body.rc = http.NoBody
+		}
+		c.lr.remain = math.MaxInt64
+		c.rwc.SetReadDeadline(time.Time{})
+	} else {
+		var err error
+		if req, err = c.readRequestNetHTTP(); err != nil {
+			return nil, err
+		}
+		w.body.rc = req.Body
+	}
+	if w.body.rc == http.NoBody {
 		w.body.eof.Store(true)
 	}
 	if ex := req.Header["Expect"]; len(ex) > 0 && ex[0] != "" {
@@ -283,7 +272,13 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 	w.cancel = cancel
 	req.RemoteAddr = c.remote
 	req.Body = &w.body
-	w.req = req.WithContext(ctx)
+	if req == &w.reqv {
+		// The request with its context: in w, not a copy of its own.
+		w.reqv = *req.WithContext(ctx)
+		w.req = &w.reqv
+	} else {
+		w.req = req.WithContext(ctx)
+	}
 	w.wantClose = req.Close
 	w.head = req.Method == http.MethodHead
 	w.is11 = req.ProtoAtLeast(1, 1)
@@ -294,6 +289,95 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 		c.bodyDone()
 	}
 	return w, nil
+}
+
+// h1OwnParser: requests are read by the own parser (h1parse.go) first.
+// Off by default (SLUICE_H1_PARSER=own turns it on): it cut 16
+// allocations per small request but target 1's A/Bs put streams' CPU per
+// token higher with it in most rounds, unexplained (docs/BENCHMARKS.md
+// "parse6").
+var h1OwnParser = os.Getenv("SLUICE_H1_PARSER") == "own"
+
+// readHead parses the next request's head with the fast parser
+// (h1parse.go) into h, reading more of it while it does not fit yet, and
+// reports whether it took it; if not, the head is still unread in the
+// buffer for net/http's parser.
+func (c *h1Conn) readHead(h *parsedHead, u *url.URL) bool {
+	seen := 0
+	for {
+		buf, _ := c.br.Peek(c.br.Buffered())
+		// A head ends, or is found not to be the fast parser's, only at a
+		// line's end: bytes without one (a client sending a byte at a
+		// time) are not scanned again.
+		res := headMore
+		n := 0
+		if bytes.IndexByte(buf[seen:], '\n') >= 0 {
+			n, res = parseHead(buf, h, u)
+		}
+		seen = len(buf)
+		switch res {
+		case headOK:
+			c.br.Discard(n)
+			return true
+		case headMore:
+			if len(buf) < c.br.Size() {
+				if _, err := c.br.Peek(len(buf) + 1); err == nil {
+					continue
+				}
+			}
+		}
+		return false
+	}
+}
+
+// readRequestNetHTTP reads the request's head with net/http's parser and
+// applies net/http's server's checks to it.
+func (c *h1Conn) readRequestNetHTTP() (*http.Request, error) {
+	req, err := readRequest(c.br)
+	if err != nil {
+		if c.lr.remain <= 0 {
+			return nil, statusError{status: http.StatusRequestHeaderFieldsTooLarge, text: ""}
+		}
+		return nil, err
+	}
+	c.lr.remain = math.MaxInt64
+	c.rwc.SetReadDeadline(time.Time{})
+	if err := checkRequest(req); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// checkRequest applies net/http's server's checks to a request read by
+// net/http's parser, and deletes its Host field.
+func checkRequest(req *http.Request) error {
+	if req.ProtoMajor != 1 {
+		req.Body.Close()
+		return statusError{status: http.StatusHTTPVersionNotSupported, text: "unsupported protocol version"}
+	}
+	// The Host rules as net/http's server applies them, on the Host
+	// field itself (http.ReadRequest would have deleted it): present,
+	// even empty, on HTTP/1.1 (RFC 9112 section 3.2, also with an
+	// absolute-form target), and well-formed.
+	hosts, haveHost := req.Header["Host"]
+	if req.ProtoMinor >= 1 && (!haveHost || len(hosts) == 0) && !isH2Upgrade(req) && req.Method != "CONNECT" {
+		return statusError{status: http.StatusBadRequest, text: "missing required Host header"}
+	}
+	if len(hosts) == 1 && !httpguts.ValidHostHeader(hosts[0]) {
+		return statusError{status: http.StatusBadRequest, text: "malformed Host header"}
+	}
+	for k, vv := range req.Header {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return statusError{status: http.StatusBadRequest, text: "invalid header name"}
+		}
+		for _, v := range vv {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return statusError{status: http.StatusBadRequest, text: "invalid header value"}
+			}
+		}
+	}
+	delete(req.Header, "Host")
+	return nil
 }
 
 // fail answers a request the server could not read or refuses, then closes
@@ -308,8 +392,11 @@ func (c *h1Conn) fail(err error) {
 		c.close() // the client left, or was too slow: no answer
 		return
 	default:
+		// A target net/url refuses is a *url.Error, which is also a
+		// net.Error: a bad request, not a failed read.
+		var ue *url.Error
 		var ne net.Error
-		if errors.As(err, &ne) {
+		if !errors.As(err, &ue) && errors.As(err, &ne) {
 			c.close()
 			return
 		}

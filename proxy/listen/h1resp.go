@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,6 +48,10 @@ type h1Response struct {
 	contentLength int64
 	written       int64
 	trailers      []string // declared in the Trailer header at commit
+
+	reqv  http.Request // the request req points to
+	url   url.URL      // its URL, when the fast parser made it
+	lbody lengthBody   // its body of declared length (fast parser)
 }
 
 var (

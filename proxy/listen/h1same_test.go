@@ -193,6 +193,18 @@ func TestH1SameBytesAsNetHTTP(t *testing.T) {
 		{"HTTP/1.0 keep-alive, streamed", "GET /stream HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", 1},
 		{"HTTP/1.0 HEAD keep-alive", "HEAD /empty HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", 1},
 		{"pipelined", get("/a") + get("/fields") + get("/b"), 3},
+		// The fast parser's common heads (h1parse.go) and their edges.
+		{"lower-case names, repeated field", "GET /q?a=%41 HTTP/1.1\r\nhost: x\r\nx: 1\r\nX:  2 \r\n\r\n", 1},
+		{"body of declared length, then the next request", "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc" + get("/b"), 2},
+		{"head past the read buffer", "GET / HTTP/1.1\r\nHost: x\r\nX: " + strings.Repeat("v", 5000) + "\r\n\r\n", 1},
+		{"bare LF", "GET / HTTP/1.1\nHost: x\nX: lf\n\n", 1},
+		{"obs-fold", "GET / HTTP/1.1\r\nHost: x\r\nX: a\r\n b\r\n\r\n", 1},
+		{"space before the colon", "GET / HTTP/1.1\r\nHost: x\r\nX : a\r\n\r\n", 1},
+		{"two lengths", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nxx", 1},
+		{"signed length", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +1\r\n\r\nx", 1},
+		{"Pragma", "GET / HTTP/1.1\r\nHost: x\r\nPragma: no-cache\r\n\r\n", 1},
+		{"DEL in a value", "GET / HTTP/1.1\r\nHost: x\r\nX: a\x7fb\r\n\r\n", 1},
+		{"bad escape in the target", "GET /%zz HTTP/1.1\r\nHost: x\r\n\r\n", 1},
 		// Host (RFC 9112 section 3.2).
 		{"empty Host", "GET / HTTP/1.1\r\nHost:\r\n\r\n", 1},
 		{"no Host", "GET / HTTP/1.1\r\n\r\n", 1},

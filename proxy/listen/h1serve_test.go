@@ -479,3 +479,46 @@ func TestH1StaleWatchTimerLeavesNextBodyAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestH1HeadInPieces: a head and body arriving a few bytes at a time (the
+// fast parser waits for the head's end, reading more) are read as one
+// request, and the next request on the connection after it too.
+func TestH1HeadInPieces(t *testing.T) {
+	_, addr := startOwn(t, echo(), 0)
+	c, br := dialRaw(t, addr)
+	req := "POST /in-pieces HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello"
+	for i := 0; i < len(req); i += 7 {
+		if _, err := io.WriteString(c, req[i:min(i+7, len(req))]); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if _, body := readResp(t, br, "POST"); body != "POST /in-pieces hello" {
+		t.Fatalf("got %q; want %q", body, "POST /in-pieces hello")
+	}
+	io.WriteString(c, "GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+	if _, body := readResp(t, br, "GET"); body != "GET /next " {
+		t.Fatalf("got %q; want %q", body, "GET /next ")
+	}
+}
+
+// TestH1ShortBodyCloses: a body shorter than its Content-Length when the
+// client stops sending is an unexpected EOF to the handler.
+func TestH1ShortBodyCloses(t *testing.T) {
+	got := make(chan error, 1)
+	_, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, err := io.ReadAll(r.Body)
+		got <- err
+	}), 0)
+	c, _ := dialRaw(t, addr)
+	io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+	c.(*net.TCPConn).CloseWrite()
+	select {
+	case err := <-got:
+		if err != io.ErrUnexpectedEOF {
+			t.Fatalf("got %v; want %v", err, io.ErrUnexpectedEOF)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler did not see the body end")
+	}
+}
