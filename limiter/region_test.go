@@ -326,7 +326,8 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 // TestRegionsAdmitLatency measures P99 admit latency on a node of the
 // region farthest from the global store (120 ms one way) against a
 // single-region node (Shared on its own Redis), in alternating rounds so
-// that both see the same machine load, with the rebalancer running every
+// that both see the same machine load (7 rounds, up to 28 while the
+// quietest ones differ: see below), with the rebalancer running every
 // 100 ms. The region's P99 in its quietest round is within 1 ms of the
 // single-region one's (noise only adds; waiting for the global store would
 // add 80-240 ms in every round); the log has the medians over rounds.
@@ -349,23 +350,36 @@ func TestRegionsAdmitLatency(t *testing.T) {
 					t.Fatal("the rebalancer never reached the global store")
 				}
 			}
-			rounds, per := 7, 200
+			// Machine noise only adds to a round's P99; an admission that
+			// waited for the global store (80–240 ms round trip) even once
+			// in 100 would add to every round's. So the quietest rounds are
+			// the robust test, the medians the figure to quote. On a loaded
+			// machine (CI at load 15) every round's P99 can be several ms of
+			// scheduling noise on both sides, and the quietest of 7 may still
+			// differ by more than 1 ms: then 7 more rounds are measured (at
+			// most 28 in all), which brings both minima down towards the
+			// quiet floor while a wait for the global store would stay in
+			// every round.
+			const batch, maxRounds, per = 7, 28, 200
 			var rp, sp []time.Duration
-			for range rounds {
-				a, b := alternate(t, node, single, lim, per)
-				rp, sp = append(rp, a), append(sp, b)
+			var br, bs time.Duration
+			for len(rp) < maxRounds {
+				for range batch {
+					a, b := alternate(t, node, single, lim, per)
+					rp, sp = append(rp, a), append(sp, b)
+				}
+				if br, bs = slices.Min(rp), slices.Min(sp); br <= bs+time.Millisecond {
+					break
+				}
+				t.Logf("regions=%d after %d rounds the quietest P99s are %v and %v: more than 1 ms apart, measuring %d more",
+					n, len(rp), br, bs, batch)
 			}
 			if ok, _ := node.Syncs(); ok < 2 {
 				t.Errorf("the rebalancer made %d rounds while admissions were measured", ok)
 			}
 			mr, ms := percentile(rp, 0.5), percentile(sp, 0.5)
-			br, bs := slices.Min(rp), slices.Min(sp)
 			t.Logf("regions=%d P99 admit per round: region %v, single %v; medians %v and %v; quietest rounds %v and %v",
 				n, rp, sp, mr, ms, br, bs)
-			// Machine noise only adds to a round's P99; an admission that
-			// waited for the global store (80–240 ms round trip) even once
-			// in 100 would add to every round's. So the quietest rounds are
-			// the robust test, the medians the figure to quote.
 			if br > bs+time.Millisecond {
 				t.Errorf("P99 admit latency in the quietest round %v, single-region %v: more than 1 ms apart (%v vs %v)", br, bs, rp, sp)
 			}
