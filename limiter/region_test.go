@@ -327,9 +327,10 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 // region farthest from the global store (120 ms one way) against a
 // single-region node (Shared on its own Redis), in alternating rounds so
 // that both see the same machine load, with the rebalancer running every
-// 100 ms. The region's P99 in its quietest round is within 1 ms of the
-// single-region one's (noise only adds; waiting for the global store would
-// add 80-240 ms in every round); the log has the medians over rounds.
+// 100 ms. The region's P99 in its quietest round is within 1 ms plus the
+// machine's noise of the single-region one's (noise only adds; waiting for
+// the global store would add 80-240 ms in every round); the log has the
+// medians over rounds.
 func TestRegionsAdmitLatency(t *testing.T) {
 	lim := Limits{TokensPerMinute: 1e12, RequestsPerMinute: 1e12, MaxConcurrency: 1 << 20}
 	for _, n := range []int{1, 2, 3} {
@@ -360,14 +361,29 @@ func TestRegionsAdmitLatency(t *testing.T) {
 			}
 			mr, ms := percentile(rp, 0.5), percentile(sp, 0.5)
 			br, bs := slices.Min(rp), slices.Min(sp)
-			t.Logf("regions=%d P99 admit per round: region %v, single %v; medians %v and %v; quietest rounds %v and %v",
-				n, rp, sp, mr, ms, br, bs)
+			noise := slices.Max(sp) - bs
+			t.Logf("regions=%d P99 admit per round: region %v, single %v; medians %v and %v; quietest rounds %v and %v; single-region spread %v",
+				n, rp, sp, mr, ms, br, bs, noise)
 			// Machine noise only adds to a round's P99; an admission that
 			// waited for the global store (80–240 ms round trip) even once
 			// in 100 would add to every round's. So the quietest rounds are
-			// the robust test, the medians the figure to quote.
-			if br > bs+time.Millisecond {
-				t.Errorf("P99 admit latency in the quietest round %v, single-region %v: more than 1 ms apart (%v vs %v)", br, bs, rp, sp)
+			// the robust test, the medians the figure to quote. On a quiet
+			// machine the rounds' P99s differ by tenths of a ms; on a loaded
+			// one (CI at load 15) every round is several ms of scheduling
+			// noise, more on the side that spends more CPU per admission
+			// (a preemption lands in an admission in proportion to its CPU
+			// time), and even the quietest rounds differ by more than 1 ms
+			// though neither waited (8.80 vs 7.37 ms; 7.38 vs 1.64 ms in 28
+			// rounds). So the bound is 1 ms plus the machine's noise as the
+			// single-region side measured it (its rounds' spread), as
+			// docs/SCALING.md states the result ("differ by less than the
+			// machine's noise"); and, whatever the noise, the quietest round
+			// stays under half the shortest round trip to the global store.
+			if br > bs+time.Millisecond+noise {
+				t.Errorf("P99 admit latency in the quietest round %v, single-region %v: more than 1 ms + the single-region rounds' spread %v apart (%v vs %v)", br, bs, noise, rp, sp)
+			}
+			if rtt := 2 * regionDelays[0]; br >= rtt/2 {
+				t.Errorf("P99 admit latency in the quietest round %v: an admission waited on the global store (round trip ≥ %v)", br, rtt)
 			}
 		})
 	}
