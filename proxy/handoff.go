@@ -326,6 +326,10 @@ func (x *exchange) firstBytes(l *leg, hdr http.Header, conn net.Conn, keep bool)
 func (x *exchange) handOffRest(l *leg, ls *loopStream, g *evloop.Group, conn net.Conn, brw *bufio.ReadWriter, up net.Conn,
 	raw []byte, dec *chunked.Decoder, remaining int64, reuse func(int)) (bool, error) {
 	r := x.r
+	// Nothing writes through the hijacked response writer again; held in
+	// the exchange (x.hsink) it would keep the server's connection state
+	// and read buffer alive as long as the stream (4–6 KiB per held stream).
+	x.hsink = httpSink{}
 	// The leg's read buffers are not needed any more: an idle stream on
 	// the loop holds none.
 	pending := l.handOverBuffers()

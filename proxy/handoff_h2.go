@@ -114,6 +114,7 @@ func (x *exchange) handOffFramed(l *leg) (bool, error) {
 		return true, cause
 	}
 	ls.h = h
+	x.hsink = httpSink{} // the loop writes the stream: drop the handler's writer (see handOffRest)
 	close(ls.done)
 	x.h.helpLoops()
 	return true, errHandedOff
