@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"unsafe"
+
+	"github.com/sluice-proxy/sluice/internal/httpsyntax"
 )
 
 // ownFields: readFields reads a response's fields first. Off by default
@@ -46,7 +48,7 @@ func readFields(br *bufio.Reader) (h http.Header, ok bool) {
 		}
 		upper := true
 		for i, c := range l[:colon] {
-			if !tokenByte[c] {
+			if !httpsyntax.TokenByte[c] {
 				return nil, false
 			}
 			if upper && 'a' <= c && c <= 'z' {
@@ -58,7 +60,7 @@ func readFields(br *bufio.Reader) (h http.Header, ok bool) {
 			upper = c == '-'
 		}
 		for _, c := range l[colon+1:] {
-			if !valueByte[c] {
+			if !httpsyntax.ValueByte[c] {
 				return nil, false
 			}
 		}
@@ -90,28 +92,3 @@ func readFields(br *bufio.Reader) (h http.Header, ok bool) {
 	br.Discard(end + 2)
 	return h, true
 }
-
-// tokenByte: RFC 9110's tchar (a field name byte).
-var tokenByte = func() (t [256]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c] = true
-		t[c-'a'+'A'] = true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return t
-}()
-
-// valueByte: a field value byte net/textproto accepts (VCHAR, SP, HTAB,
-// obs-text).
-var valueByte = func() (t [256]bool) {
-	for c := 0x20; c < 256; c++ {
-		t[c] = c != 0x7f
-	}
-	t['\t'] = true
-	return t
-}()

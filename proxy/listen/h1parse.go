@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/sluice-proxy/sluice/internal/httpsyntax"
 )
 
 // The own HTTP/1.1 server's request-head parser (RFC 9112 sections 3 and
@@ -45,31 +47,6 @@ type parsedHead struct {
 	header               http.Header
 	url                  *url.URL
 }
-
-// tokenByte: RFC 9110's tchar (a method or a field name byte).
-var tokenByte = func() (t [256]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c] = true
-		t[c-'a'+'A'] = true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return t
-}()
-
-// valueByte: a field value byte both net/textproto and Sluice's server
-// accept (VCHAR, SP, HTAB, obs-text).
-var valueByte = func() (t [256]bool) {
-	for c := 0x20; c < 256; c++ {
-		t[c] = c != 0x7f
-	}
-	t['\t'] = true
-	return t
-}()
 
 // parseHead parses the request head at the start of p. With headOK it
 // returns the head's length (its final empty line included) in n. A
@@ -109,7 +86,7 @@ func parseHead(p []byte, h *parsedHead, u *url.URL) (n int, res headResult) {
 		return 0, headOther
 	}
 	for _, c := range line[:sp] {
-		if !tokenByte[c] {
+		if !httpsyntax.TokenByte[c] {
 			return 0, headOther
 		}
 	}
@@ -143,7 +120,7 @@ func parseHead(p []byte, h *parsedHead, u *url.URL) (n int, res headResult) {
 		}
 		upper := true
 		for i, c := range l[:colon] {
-			if !tokenByte[c] {
+			if !httpsyntax.TokenByte[c] {
 				return 0, headOther
 			}
 			if upper && 'a' <= c && c <= 'z' {
@@ -155,7 +132,7 @@ func parseHead(p []byte, h *parsedHead, u *url.URL) (n int, res headResult) {
 			upper = c == '-'
 		}
 		for _, c := range l[colon+1:] {
-			if !valueByte[c] {
+			if !httpsyntax.ValueByte[c] {
 				return 0, headOther
 			}
 		}
