@@ -27,3 +27,30 @@ var ValueByte = func() (t [256]bool) {
 	t['\t'] = true
 	return t
 }()
+
+// CanonField checks a field line whose name ends at colon (> 0): every
+// name byte a token byte, every value byte a field value byte. It
+// canonicalizes the name in place as net/textproto does (upper case
+// first and after '-', lower case elsewhere) and reports false, having
+// perhaps changed the name's case, when a byte is refused.
+func CanonField(l []byte, colon int) bool {
+	upper := true
+	for i, c := range l[:colon] {
+		if !TokenByte[c] {
+			return false
+		}
+		if upper && 'a' <= c && c <= 'z' {
+			c -= 'a' - 'A'
+		} else if !upper && 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		l[i] = c
+		upper = c == '-'
+	}
+	for _, c := range l[colon+1:] {
+		if !ValueByte[c] {
+			return false
+		}
+	}
+	return true
+}

@@ -46,23 +46,8 @@ func readFields(br *bufio.Reader) (h http.Header, ok bool) {
 		if colon <= 0 {
 			return nil, false
 		}
-		upper := true
-		for i, c := range l[:colon] {
-			if !httpsyntax.TokenByte[c] {
-				return nil, false
-			}
-			if upper && 'a' <= c && c <= 'z' {
-				c -= 'a' - 'A'
-			} else if !upper && 'A' <= c && c <= 'Z' {
-				c += 'a' - 'A'
-			}
-			l[i] = c
-			upper = c == '-'
-		}
-		for _, c := range l[colon+1:] {
-			if !httpsyntax.ValueByte[c] {
-				return nil, false
-			}
+		if !httpsyntax.CanonField(l, colon) {
+			return nil, false
 		}
 	}
 	s := unsafe.String(unsafe.SliceData(b), len(b)) // b is not written after this

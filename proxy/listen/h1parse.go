@@ -118,23 +118,8 @@ func parseHead(p []byte, h *parsedHead, u *url.URL) (n int, res headResult) {
 		if colon <= 0 {
 			return 0, headOther // no name, or obs-fold's leading whitespace
 		}
-		upper := true
-		for i, c := range l[:colon] {
-			if !httpsyntax.TokenByte[c] {
-				return 0, headOther
-			}
-			if upper && 'a' <= c && c <= 'z' {
-				c -= 'a' - 'A'
-			} else if !upper && 'A' <= c && c <= 'Z' {
-				c += 'a' - 'A'
-			}
-			l[i] = c
-			upper = c == '-'
-		}
-		for _, c := range l[colon+1:] {
-			if !httpsyntax.ValueByte[c] {
-				return 0, headOther
-			}
+		if !httpsyntax.CanonField(l, colon) {
+			return 0, headOther
 		}
 		switch string(l[:colon]) {
 		case "Host":
