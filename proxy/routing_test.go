@@ -18,8 +18,8 @@ import (
 	"github.com/sluice-proxy/sluice/routing"
 )
 
-// At the same offered load, least_queued sends clearly more traffic to the
-// fastest backend than round_robin, and its P95 TTFT is lower: round robin
+// At the same offered load, least_queued sends clearly less traffic to the
+// slowest backend than round_robin, and its P95 TTFT is lower: round robin
 // gives the slow GPU a third of the load, more than it can serve, and its
 // queue grows.
 func TestLeastQueuedBeatsRoundRobin(t *testing.T) {
@@ -38,11 +38,15 @@ func TestLeastQueuedBeatsRoundRobin(t *testing.T) {
 	if lq.failed > lq.sent/20 {
 		t.Fatalf("least_queued: %d of %d requests failed", lq.failed, lq.sent)
 	}
-	if lq.share[0] < rr.share[0]+0.08 {
-		t.Errorf("fastest backend's share: least_queued %.2f, round_robin %.2f; want clearly more", lq.share[0], rr.share[0])
+	// At 30 % of capacity the two fast GPUs are rarely queued, so how
+	// least_queued splits between them depends on timing (a loaded CI
+	// machine once gave 0.39/0.52); what it must do is keep load off the
+	// slow GPU and not starve the fastest.
+	if lq.share[2] > rr.share[2]-0.08 {
+		t.Errorf("slowest backend's share: least_queued %.2f, round_robin %.2f; want clearly less", lq.share[2], rr.share[2])
 	}
-	if lq.share[2] > rr.share[2] {
-		t.Errorf("slowest backend's share: least_queued %.2f, round_robin %.2f; want less", lq.share[2], rr.share[2])
+	if lq.share[0] < rr.share[0] {
+		t.Errorf("fastest backend's share: least_queued %.2f, round_robin %.2f; want at least as much", lq.share[0], rr.share[0])
 	}
 	if float64(lq.p95) > 0.8*float64(rr.p95) {
 		t.Errorf("P95 TTFT: least_queued %v, round_robin %v; want least_queued clearly lower (under 80%%)", lq.p95, rr.p95)
