@@ -408,6 +408,13 @@ func (x *exchange) shed(l *leg) {
 	nr := new(http.Request)
 	*nr = *x.r
 	nr.Body, nr.GetBody = http.NoBody, nil
+	if x.r.URL != nil {
+		// The own h1 server keeps a request's URL inside its response
+		// writer: pointing there, the copy would keep the writer and the
+		// connection's state behind it alive (TestLoopStreamDropsResponseWriter).
+		u := *x.r.URL
+		nr.URL = &u
+	}
 	x.r = nr
 	x.bodyLen, x.body = len(x.body), nil
 	x.h.bodies.release(x.bodyMem)
