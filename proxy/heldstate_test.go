@@ -21,10 +21,22 @@ import (
 // (An HTTP/2 stream's writer is the stream itself, which its loop writes
 // through: there is nothing to drop.)
 func TestLoopStreamDropsResponseWriter(t *testing.T) {
-	b := newStepBackend(t, 3)
+	b := newStepBackend(t, 2)
 	var freed atomic.Int32
 	e := loopEdge(t, b.url, edgeOpts{server: watchWriters(&freed)})
-	heldWriterFreed(t, e, b, h1Client(), e.http, &freed)
+	loopStreamHeld(t, h1Client(), e, b.next, func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for freed.Load() == 0 && time.Now().Before(deadline) {
+			runtime.GC() // a cleanup runs after the collection that finds its object unreachable
+			time.Sleep(10 * time.Millisecond)
+		}
+		if freed.Load() == 0 {
+			t.Fatal("the held stream's response writer is still reachable: a loop stream keeps the server's connection state")
+		}
+		if n := e.handler.LoopStreams(); n != 1 {
+			t.Fatalf("%d streams on the loops after the collection, want the held one", n)
+		}
+	})
 }
 
 // watchWriters wraps the edge's handler: each chat request's response
@@ -41,42 +53,4 @@ func watchWriters(freed *atomic.Int32) func(*listen.Server) {
 			inner.ServeHTTP(w, r)
 		})
 	}
-}
-
-// heldWriterFreed opens one stream, waits until a loop holds it after its
-// first token, and then wants its response writer collected before the
-// stream ends; then it lets the stream finish.
-func heldWriterFreed(t *testing.T, e *testEdge, b *stepBackend, c *http.Client, base string, freed *atomic.Int32) {
-	t.Helper()
-	resp := post(t, c, base+"/v1/chat/completions", chatBody(""))
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	ev := newEventReader(resp.Body)
-	if got, err := ev.next(); err != nil || got != tokenEvent(0) {
-		t.Fatalf("first token: %q %v", got, err)
-	}
-	onLoop(t, e, 1)
-	deadline := time.Now().Add(5 * time.Second)
-	for freed.Load() == 0 && time.Now().Before(deadline) {
-		runtime.GC() // a cleanup runs after the collection that finds its object unreachable
-		time.Sleep(10 * time.Millisecond)
-	}
-	if freed.Load() == 0 {
-		t.Fatal("the held stream's response writer is still reachable: a loop stream keeps the server's connection state")
-	}
-	if n := e.handler.LoopStreams(); n != 1 {
-		t.Fatalf("%d streams on the loops after the collection, want the held one", n)
-	}
-	for i := 1; i < 3; i++ {
-		b.next <- struct{}{}
-		if got, err := ev.next(); err != nil || got != tokenEvent(i) {
-			t.Fatalf("token %d: %q %v", i, got, err)
-		}
-	}
-	if got, err := ev.next(); err != nil || got != "data: [DONE]\n\n" {
-		t.Fatalf("end: %q %v", got, err)
-	}
-	onLoop(t, e, 0)
 }

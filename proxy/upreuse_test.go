@@ -131,6 +131,13 @@ func loopRoundTrip(t *testing.T, e *testEdge, next chan struct{}) {
 // response (body read).
 func loopStream(t *testing.T, c *http.Client, e *testEdge, next chan struct{}) *http.Response {
 	t.Helper()
+	return loopStreamHeld(t, c, e, next, func() {})
+}
+
+// loopStreamHeld is loopStream that runs held while the loop holds the
+// stream between its two tokens.
+func loopStreamHeld(t *testing.T, c *http.Client, e *testEdge, next chan struct{}, held func()) *http.Response {
+	t.Helper()
 	resp := post(t, c, e.http+"/v1/chat/completions", chatBody(""))
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
@@ -141,6 +148,7 @@ func loopStream(t *testing.T, c *http.Client, e *testEdge, next chan struct{}) *
 		t.Fatalf("first token: %q %v", got, err)
 	}
 	onLoop(t, e, 1)
+	held()
 	next <- struct{}{}
 	if got, err := ev.next(); err != nil || got != tokenEvent(1) {
 		t.Fatalf("second token: %q %v", got, err)
