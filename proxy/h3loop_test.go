@@ -125,13 +125,7 @@ func TestH3LoopConnCloseCancelsAll(t *testing.T) {
 	}
 	onLoop(t, e, 3)
 	tr.Close() // closes the connection
-	for i := range 3 {
-		select {
-		case <-b.cancelled:
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%d of 3 backend requests cancelled 5s after the connection closed", i)
-		}
-	}
+	b.waitCancelledN(t, 3, "5s after the connection closed")
 	onLoop(t, e, 0)
 }
 

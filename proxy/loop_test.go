@@ -48,6 +48,19 @@ func (b *stepBackend) waitCancelled(t *testing.T, msg string) {
 	}
 }
 
+// waitCancelledN fails the test unless the backend sees n requests
+// cancelled, each within 5 s of the one before; when says after what.
+func (b *stepBackend) waitCancelledN(t *testing.T, n int, when string) {
+	t.Helper()
+	for i := range n {
+		select {
+		case <-b.cancelled:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of %d backend requests cancelled %s", i, n, when)
+		}
+	}
+}
+
 func newStepBackend(t *testing.T, n int) *stepBackend {
 	b := &stepBackend{next: make(chan struct{}), cancelled: make(chan struct{}, 1), n: n}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

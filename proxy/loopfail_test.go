@@ -53,13 +53,7 @@ func TestLoopFailureIsNotTheBackends(t *testing.T) {
 	checkInternalError(t, resp, 2)
 	// The backend's three requests were cancelled: the failed
 	// loops closed their sockets (and the refused stream's).
-	for i := range 3 {
-		select {
-		case <-b.cancelled:
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%d of the backend's 3 requests cancelled", i)
-		}
-	}
+	b.waitCancelledN(t, 3, "after the loops failed")
 	now := time.Now()
 	if !backend.Healthy(now) || backend.FailureLoad(now) != 0 {
 		t.Fatalf("backend healthy %v, failure load %v after the loops failed; want healthy, 0",
