@@ -87,7 +87,8 @@ func newLoop(g *Group, opts Options) (*loop, error) {
 var one = []byte{1, 0, 0, 0, 0, 0, 0, 0}
 
 // wake makes epoll_wait return.
-func (l *loop) wake() { unix.Write(l.efd, one) }
+// (Raw: see raw.go; the eventfd never blocks.)
+func (l *loop) wake() { rawWrite(l.efd, one) }
 
 // submit queues a new stream for the loop; false when the loop is closed.
 func (l *loop) submit(s *stream) bool {
@@ -263,6 +264,8 @@ func (l *loop) dispatchBatch(n int, now time.Time) bool {
 		} else {
 			if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 				s.upHup = true // read to EOF: no edge will come for it
+			} else if ev.Events&unix.EPOLLIN == 0 {
+				continue // nothing to read: no read(2) that meets EAGAIN
 			}
 			l.upstreamReady(s, now)
 		}
@@ -273,7 +276,7 @@ func (l *loop) dispatchBatch(n int, now time.Time) bool {
 	l.woken = woken
 	if woken {
 		var buf [8]byte
-		unix.Read(l.efd, buf[:])
+		rawRead(l.efd, buf[:])
 		return l.commands(now)
 	}
 	return false
@@ -375,8 +378,16 @@ func (l *loop) start(s *stream, now time.Time) {
 			l.byFD = append(l.byFD, nil)
 		}
 		l.byFD[fd] = s
-		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
-		if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		// The backend's socket is only read: without EPOLLOUT in its
+		// interest an edge whose bytes an earlier read of the batch took
+		// already is not reported at all (with it, it came back as
+		// EPOLLOUT alone and cost a read that returned EAGAIN).
+		evs := uint32(unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET)
+		if fd == s.cfd {
+			evs |= unix.EPOLLOUT
+		}
+		ev := unix.EpollEvent{Events: evs, Fd: int32(fd)}
+		if err := rawEpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 			l.end(s, err)
 			return
 		}
@@ -627,7 +638,7 @@ func closeSock(c *net.Conn, fd *int) {
 // outlive the descriptor's close while Reuse keeps a copy.
 func (l *loop) giveBack(s *stream) {
 	fd := s.ufd
-	if unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, fd, nil) != nil {
+	if rawEpollCtl(l.epfd, unix.EPOLL_CTL_DEL, fd, nil) != nil {
 		l.closeUp(s)
 		return
 	}
@@ -906,7 +917,7 @@ func (l *loop) finish(s *stream) {
 		// first: it is keyed by the socket, not by this descriptor), or
 		// leave it parked on the loop (park.go).
 		kept = kept && s.why == nil && !s.gone && (l.park(s) ||
-			unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, s.cfd, nil) == nil && k.Keep(s.cfd))
+			rawEpollCtl(l.epfd, unix.EPOLL_CTL_DEL, s.cfd, nil) == nil && k.Keep(s.cfd))
 		if !kept {
 			if s.keepIn {
 				l.dropInput(s.cfd)
