@@ -43,6 +43,7 @@ type loop struct {
 	sink    [512]byte    // client input is read here and dropped
 	ready   []unix.EpollEvent
 	woken   bool // the last dispatch ran the queued streams and commands
+	touched int  // what touch read
 	// kicks are the streams whose ClientSink was written in this batch:
 	// each sink's Flush runs once at the batch's end (kickAll).
 	kicks []*stream
@@ -247,6 +248,9 @@ func (l *loop) kickAll() {
 }
 
 func (l *loop) dispatchBatch(n int, now time.Time) bool {
+	if n > 1 {
+		l.touch(n)
+	}
 	woken := false
 	for _, ev := range l.ready[:max(n, 0)] {
 		fd := int(ev.Fd)
@@ -280,6 +284,24 @@ func (l *loop) dispatchBatch(n int, now time.Time) bool {
 		return l.commands(now)
 	}
 	return false
+}
+
+// touch reads the per-event lines of the batch's streams (stream) before
+// any is served: their cache misses then overlap, instead of each
+// stalling its own event after the system calls of the events before it.
+func (l *loop) touch(n int) {
+	t := 0
+	for _, ev := range l.ready[:n] {
+		if fd := int(ev.Fd); fd < len(l.byFD) {
+			if s := l.byFD[fd]; s != nil {
+				t += s.ufd + int(s.sent) + len(s.pend)
+				if s.keepIn {
+					t++
+				}
+			}
+		}
+	}
+	l.touched = t // (kept, so that the loads are not dropped)
 }
 
 // help serves l's ready streams on the calling goroutine (Group.Help)
@@ -958,39 +980,45 @@ func (l *loop) unmap(fd int) {
 	}
 }
 
-// stream is one relayed stream's state in its loop.
+// stream is one relayed stream's state in its loop. The fields read for
+// every event come first, with the chunked decoder's state held in the
+// stream itself (decv): a token's relay reaches a few cache lines of it
+// instead of fields spread over the whole struct and a separate decoder
+// (with 64 streams and the network stack's work between two of a stream's
+// tokens they are seldom still cached: docs/BENCHMARKS.md, "h1cpu7").
 type stream struct {
-	cfd, ufd int
+	cfd, ufd  int
+	relay     Relay
+	csink     ClientSink       // the client's side when it is no socket (Stream.Sink)
+	dec       *chunked.Decoder // &decv for a chunked body; nil otherwise
+	remaining int64
+	carry     *[]byte // a partial event; nil when none
+	pend      []byte  // bytes the client has not taken yet
+	sent      int64
+	last      time.Time // the last byte from the backend (or to a slow client)
+	ending    bool      // the backend is closed; the last bytes may be pending
+	held      bool      // ended, waiting for its Handle's Finish
+	upHup     bool      // the backend's side reported EPOLLRDHUP/HUP/ERR
+	gone      bool      // the client left (or was cut) while held
+	closed    bool      // finished
+	kicked    bool      // in loop.kicks
+	upEnded   bool      // the backend's body reached its end (framing)
+	upDirty   bool      // bytes past the body's end, or a decode error, seen
+	draining  bool      // completed; the body's end is being read (drainUp)
+	keepIn    bool      // Stream.KeepInput: the client's input is not read
+	decv      chunked.Decoder
+	pendp     *[]byte // holds pend's storage
 	// cconn and uconn are the stream's connections (their own descriptors
 	// are cfd and ufd), closed by their Close; nil once closed or given
 	// back (and cconn for a Sink stream).
 	cconn, uconn net.Conn
-	relay        Relay
-	dec          *chunked.Decoder
-	remaining    int64
 	idle         time.Duration
-	last         time.Time // the last byte from the backend (or to a slow client)
 	drainBy      time.Time // a finished stream's drain ends by then (loop.drains)
 	idx          int       // in loop.all
 	init, raw    []byte    // until start
 	first        []byte    // Stream.Out, in pendp, until start
-	carry        *[]byte   // a partial event; nil when none
-	pendp        *[]byte   // holds pend's storage
-	pend         []byte    // bytes the client has not taken yet
-	sent         int64
-	ending       bool  // the backend is closed; the last bytes may be pending
-	held         bool  // ended, waiting for its Handle's Finish
-	upHup        bool  // the backend's side reported EPOLLRDHUP/HUP/ERR
-	gone         bool  // the client left (or was cut) while held
-	closed       bool  // finished
-	keepIn       bool  // Stream.KeepInput: the client's input is not read
-	why          error // the end's cause; nil for a completed stream
+	why          error     // the end's cause; nil for a completed stream
 	reuse        func(fd int)
-	csink        ClientSink // the client's side when it is no socket (Stream.Sink)
-	kicked       bool       // in loop.kicks
-	upEnded      bool       // the backend's body reached its end (framing)
-	upDirty      bool       // bytes past the body's end, or a decode error, seen
-	draining     bool       // completed; the body's end is being read (drainUp)
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
