@@ -561,21 +561,6 @@ func (ls *loopStream) Event(out, ev []byte, now time.Time) ([]byte, bool) {
 	return out, done || err != nil
 }
 
-// Touch reads the exchange's fields Event uses (evloop.Toucher): the loop
-// reads every ready stream's state before it serves the batch, so that
-// their cache misses overlap.
-func (ls *loopStream) Touch() int {
-	x := ls.x
-	n := len(ls.sink.out) + int(x.tokens) + int(x.bytesToUser) + x.lastTokenAt.Nanosecond() + x.lastToken.Nanosecond()
-	if x.alias != nil || x.trace != nil || x.usage != nil || ls.l.b != nil {
-		n++
-	}
-	if x.itl != nil {
-		n += len(*x.itl)
-	}
-	return n
-}
-
 // End appends the stream's error event when it failed, holds the stream
 // and starts the completion, which gives the last bytes (Finish) once the
 // request is settled and logged.

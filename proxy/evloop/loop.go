@@ -286,11 +286,6 @@ func (l *loop) dispatchBatch(n int, now time.Time) bool {
 	return false
 }
 
-// Toucher is a Relay that can read the state its next Event uses
-// (loop.touch). Touch is called on the loop's goroutine before the
-// batch's events, never after End.
-type Toucher interface{ Touch() int }
-
 // touch reads the per-event lines of the batch's streams (stream) before
 // any is served: their cache misses then overlap, instead of each
 // stalling its own event after the system calls of the events before it.
@@ -302,9 +297,6 @@ func (l *loop) touch(n int) {
 				t += s.ufd + int(s.sent) + len(s.pend)
 				if s.keepIn {
 					t++
-				}
-				if r, ok := s.relay.(Toucher); ok && fd == s.ufd && !s.ending {
-					t += r.Touch()
 				}
 			}
 		}
