@@ -13,9 +13,10 @@
 //
 // The sockets stay under their net.Conns in Go's netpoller (where no
 // goroutine waits on them while a loop has them); their own descriptors
-// are registered in the loop's epoll set too, edge-triggered with
-// EPOLLIN|EPOLLOUT|EPOLLRDHUP, once: no epoll_ctl per event. EPOLLOUT only fires after a write was cut
-// short (EAGAIN), when the client's socket drains again.
+// are registered in the loop's epoll set too, edge-triggered, once: no
+// epoll_ctl per event. The client's socket with EPOLLIN|EPOLLOUT|EPOLLRDHUP
+// (EPOLLOUT only fires after a write was cut short, when the socket drains
+// again), the backend's, which the loop only reads, with EPOLLIN|EPOLLRDHUP.
 package evloop
 
 import (
