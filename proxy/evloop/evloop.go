@@ -13,9 +13,10 @@
 //
 // The sockets stay under their net.Conns in Go's netpoller (where no
 // goroutine waits on them while a loop has them); their own descriptors
-// are registered in the loop's epoll set too, edge-triggered with
-// EPOLLIN|EPOLLOUT|EPOLLRDHUP, once: no epoll_ctl per event. EPOLLOUT only fires after a write was cut
-// short (EAGAIN), when the client's socket drains again.
+// are registered in the loop's epoll set too, edge-triggered, once: no
+// epoll_ctl per event. The client's socket with EPOLLIN|EPOLLOUT|EPOLLRDHUP
+// (EPOLLOUT only fires after a write was cut short, when the socket drains
+// again), the backend's, which the loop only reads, with EPOLLIN|EPOLLRDHUP.
 package evloop
 
 import (
@@ -148,7 +149,7 @@ type Stream struct {
 	Raw []byte
 	// Decoder is the chunked state of the body; nil when it is not
 	// chunked: then Remaining is the Content-Length bytes left, or -1
-	// when the body ends at EOF.
+	// when the body ends at EOF. Add takes a copy.
 	Decoder   *chunked.Decoder
 	Remaining int64
 	// Idle ends the stream (ErrIdle) when the backend sends nothing for
@@ -392,8 +393,12 @@ func (h *Handle) Finish(tail []byte) {
 // error event), and s.Out holding what Add did not write of it. After any
 // other error s.Client is nil.
 func (g *Group) Add(s *Stream) (*Handle, error) {
-	st := &stream{relay: s.Relay, keepIn: s.KeepInput, dec: s.Decoder, remaining: s.Remaining,
+	st := &stream{relay: s.Relay, keepIn: s.KeepInput, remaining: s.Remaining,
 		idle: s.Idle, init: s.Pending, raw: s.Raw, reuse: s.Reuse, csink: s.Sink, cfd: -1}
+	if s.Decoder != nil { // a copy in the stream: see stream
+		st.decv = *s.Decoder
+		st.dec = &st.decv
+	}
 	ufd, uerr := fdOf(s.Upstream)
 	var cerr error
 	if s.Sink != nil {

@@ -43,6 +43,7 @@ type loop struct {
 	sink    [512]byte    // client input is read here and dropped
 	ready   []unix.EpollEvent
 	woken   bool // the last dispatch ran the queued streams and commands
+	touched int  // what touch read
 	// kicks are the streams whose ClientSink was written in this batch:
 	// each sink's Flush runs once at the batch's end (kickAll).
 	kicks []*stream
@@ -87,7 +88,8 @@ func newLoop(g *Group, opts Options) (*loop, error) {
 var one = []byte{1, 0, 0, 0, 0, 0, 0, 0}
 
 // wake makes epoll_wait return.
-func (l *loop) wake() { unix.Write(l.efd, one) }
+// (Raw: see raw.go; the eventfd never blocks.)
+func (l *loop) wake() { rawWrite(l.efd, one) }
 
 // submit queues a new stream for the loop; false when the loop is closed.
 func (l *loop) submit(s *stream) bool {
@@ -246,6 +248,9 @@ func (l *loop) kickAll() {
 }
 
 func (l *loop) dispatchBatch(n int, now time.Time) bool {
+	if n > 1 {
+		l.touch(n)
+	}
 	woken := false
 	for _, ev := range l.ready[:max(n, 0)] {
 		fd := int(ev.Fd)
@@ -263,6 +268,8 @@ func (l *loop) dispatchBatch(n int, now time.Time) bool {
 		} else {
 			if ev.Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 				s.upHup = true // read to EOF: no edge will come for it
+			} else if ev.Events&unix.EPOLLIN == 0 {
+				continue // nothing to read: no read(2) that meets EAGAIN
 			}
 			l.upstreamReady(s, now)
 		}
@@ -273,10 +280,28 @@ func (l *loop) dispatchBatch(n int, now time.Time) bool {
 	l.woken = woken
 	if woken {
 		var buf [8]byte
-		unix.Read(l.efd, buf[:])
+		rawRead(l.efd, buf[:])
 		return l.commands(now)
 	}
 	return false
+}
+
+// touch reads the per-event lines of the batch's streams (stream) before
+// any is served: their cache misses then overlap, instead of each
+// stalling its own event after the system calls of the events before it.
+func (l *loop) touch(n int) {
+	t := 0
+	for _, ev := range l.ready[:n] {
+		if fd := int(ev.Fd); fd < len(l.byFD) {
+			if s := l.byFD[fd]; s != nil {
+				t += s.ufd + int(s.sent) + len(s.pend)
+				if s.keepIn {
+					t++
+				}
+			}
+		}
+	}
+	l.touched = t // (kept, so that the loads are not dropped)
 }
 
 // help serves l's ready streams on the calling goroutine (Group.Help)
@@ -375,8 +400,16 @@ func (l *loop) start(s *stream, now time.Time) {
 			l.byFD = append(l.byFD, nil)
 		}
 		l.byFD[fd] = s
-		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
-		if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		// The backend's socket is only read: without EPOLLOUT in its
+		// interest an edge whose bytes an earlier read of the batch took
+		// already is not reported at all (with it, it came back as
+		// EPOLLOUT alone and cost a read that returned EAGAIN).
+		evs := uint32(unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET)
+		if fd == s.cfd {
+			evs |= unix.EPOLLOUT
+		}
+		ev := unix.EpollEvent{Events: evs, Fd: int32(fd)}
+		if err := rawEpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 			l.end(s, err)
 			return
 		}
@@ -627,7 +660,7 @@ func closeSock(c *net.Conn, fd *int) {
 // outlive the descriptor's close while Reuse keeps a copy.
 func (l *loop) giveBack(s *stream) {
 	fd := s.ufd
-	if unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, fd, nil) != nil {
+	if rawEpollCtl(l.epfd, unix.EPOLL_CTL_DEL, fd, nil) != nil {
 		l.closeUp(s)
 		return
 	}
@@ -906,7 +939,7 @@ func (l *loop) finish(s *stream) {
 		// first: it is keyed by the socket, not by this descriptor), or
 		// leave it parked on the loop (park.go).
 		kept = kept && s.why == nil && !s.gone && (l.park(s) ||
-			unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, s.cfd, nil) == nil && k.Keep(s.cfd))
+			rawEpollCtl(l.epfd, unix.EPOLL_CTL_DEL, s.cfd, nil) == nil && k.Keep(s.cfd))
 		if !kept {
 			if s.keepIn {
 				l.dropInput(s.cfd)
@@ -947,39 +980,45 @@ func (l *loop) unmap(fd int) {
 	}
 }
 
-// stream is one relayed stream's state in its loop.
+// stream is one relayed stream's state in its loop. The fields read for
+// every event come first, with the chunked decoder's state held in the
+// stream itself (decv): a token's relay reaches a few cache lines of it
+// instead of fields spread over the whole struct and a separate decoder
+// (with 64 streams and the network stack's work between two of a stream's
+// tokens they are seldom still cached: docs/BENCHMARKS.md, "h1cpu7").
 type stream struct {
-	cfd, ufd int
+	cfd, ufd  int
+	relay     Relay
+	csink     ClientSink       // the client's side when it is no socket (Stream.Sink)
+	dec       *chunked.Decoder // &decv for a chunked body; nil otherwise
+	remaining int64
+	carry     *[]byte // a partial event; nil when none
+	pend      []byte  // bytes the client has not taken yet
+	sent      int64
+	last      time.Time // the last byte from the backend (or to a slow client)
+	ending    bool      // the backend is closed; the last bytes may be pending
+	held      bool      // ended, waiting for its Handle's Finish
+	upHup     bool      // the backend's side reported EPOLLRDHUP/HUP/ERR
+	gone      bool      // the client left (or was cut) while held
+	closed    bool      // finished
+	kicked    bool      // in loop.kicks
+	upEnded   bool      // the backend's body reached its end (framing)
+	upDirty   bool      // bytes past the body's end, or a decode error, seen
+	draining  bool      // completed; the body's end is being read (drainUp)
+	keepIn    bool      // Stream.KeepInput: the client's input is not read
+	decv      chunked.Decoder
+	pendp     *[]byte // holds pend's storage
 	// cconn and uconn are the stream's connections (their own descriptors
 	// are cfd and ufd), closed by their Close; nil once closed or given
 	// back (and cconn for a Sink stream).
 	cconn, uconn net.Conn
-	relay        Relay
-	dec          *chunked.Decoder
-	remaining    int64
 	idle         time.Duration
-	last         time.Time // the last byte from the backend (or to a slow client)
 	drainBy      time.Time // a finished stream's drain ends by then (loop.drains)
 	idx          int       // in loop.all
 	init, raw    []byte    // until start
 	first        []byte    // Stream.Out, in pendp, until start
-	carry        *[]byte   // a partial event; nil when none
-	pendp        *[]byte   // holds pend's storage
-	pend         []byte    // bytes the client has not taken yet
-	sent         int64
-	ending       bool  // the backend is closed; the last bytes may be pending
-	held         bool  // ended, waiting for its Handle's Finish
-	upHup        bool  // the backend's side reported EPOLLRDHUP/HUP/ERR
-	gone         bool  // the client left (or was cut) while held
-	closed       bool  // finished
-	keepIn       bool  // Stream.KeepInput: the client's input is not read
-	why          error // the end's cause; nil for a completed stream
+	why          error     // the end's cause; nil for a completed stream
 	reuse        func(fd int)
-	csink        ClientSink // the client's side when it is no socket (Stream.Sink)
-	kicked       bool       // in loop.kicks
-	upEnded      bool       // the backend's body reached its end (framing)
-	upDirty      bool       // bytes past the body's end, or a decode error, seen
-	draining     bool       // completed; the body's end is being read (drainUp)
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}

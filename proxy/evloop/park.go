@@ -134,7 +134,7 @@ func (l *loop) forget(pc *parked) bool {
 	if pc.idx < 0 {
 		return false
 	}
-	unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, pc.fd, nil)
+	rawEpollCtl(l.epfd, unix.EPOLL_CTL_DEL, pc.fd, nil)
 	l.parkFD[pc.fd] = nil
 	last := l.parks[len(l.parks)-1]
 	l.parks[pc.idx] = last

@@ -69,3 +69,14 @@ func rawEpollWait(epfd int, events []unix.EpollEvent) (int, error) {
 	}
 	return int(n), nil
 }
+
+// rawEpollCtl is unix.EpollCtl through RawSyscall: epoll_ctl never waits,
+// and the loop's goroutine (which calls it per stream's start and end)
+// must not wake sysmon from its deep sleep (see above).
+func rawEpollCtl(epfd, op, fd int, ev *unix.EpollEvent) error {
+	_, _, e := unix.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(epfd), uintptr(op), uintptr(fd), uintptr(unsafe.Pointer(ev)), 0, 0)
+	if e != 0 {
+		return errnoErr(e)
+	}
+	return nil
+}
