@@ -226,6 +226,7 @@ func (e statusError) Error() string { return http.StatusText(e.status) + ": " + 
 
 // readRequest reads and checks the next request's head.
 func (c *h1Conn) readRequest() (*h1Response, error) {
+	c.rwc.SetReadDeadline(time.Now().Add(h1ReadHeaderTimeout))
 	if !c.armed {
 		c.lr.remain = h1HeadLimit
 	}
@@ -237,21 +238,7 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 	w.body.w = w
 	var req *http.Request
 	var h parsedHead
-	// A head already whole in the buffer (the common case: the read that
-	// ended the wait brought all of it) is parsed without the header
-	// timeout: nothing more is read for it, and the deadline set for the
-	// wait is cleared below. One deadline change per request, not two.
-	res := headMore
-	if buf, _ := c.br.Peek(c.br.Buffered()); bytes.IndexByte(buf, '\n') >= 0 {
-		var n int
-		if n, res = parseHead(buf, &h, &w.url); res == headOK {
-			c.br.Discard(n)
-		}
-	}
-	if res != headOK {
-		c.rwc.SetReadDeadline(time.Now().Add(h1ReadHeaderTimeout))
-	}
-	if res == headOK || res == headMore && c.readHead(&h, &w.url) {
+	if c.readHead(&h, &w.url) {
 		w.reqv = h.request()
 		req = &w.reqv
 		if h.contentLength > 0 {

@@ -222,43 +222,43 @@ func (w *h1Response) commit(final bool, more []byte) {
 		}
 		setCL = true
 	}
-	var suppress suppressed
+	suppress := ""
 	switch {
 	case w.status == http.StatusNotModified:
-		suppress = supContentType | supContentLength | supTransferEncoding
+		suppress = "Content-Type Content-Length Transfer-Encoding"
 	case !w.bodyAllowed():
-		suppress = supContentLength | supTransferEncoding
+		suppress = "Content-Length Transfer-Encoding"
 	}
 	switch {
 	case w.head || !w.bodyAllowed() || w.status == http.StatusNoContent:
-		suppress |= supTransferEncoding
+		suppress += " Transfer-Encoding"
 	case w.contentLength >= 0:
 		if te != "" && te != "identity" {
-			suppress |= supContentLength // net/http ignores the length then
+			suppress += " Content-Length" // net/http ignores the length then
 			w.contentLength = -1
 			if w.is11 {
 				w.chunked = true
-				suppress |= supTransferEncoding
+				suppress += " Transfer-Encoding"
 			} else {
 				w.closeAfter = true
 			}
 		} else {
-			suppress |= supTransferEncoding
+			suppress += " Transfer-Encoding"
 		}
 	case w.is11:
 		if te == "identity" {
 			w.closeAfter = true
-			suppress |= supTransferEncoding
+			suppress += " Transfer-Encoding"
 		} else {
 			w.chunked = true
-			suppress |= supTransferEncoding
+			suppress += " Transfer-Encoding"
 		}
 	default:
 		w.closeAfter = true // HTTP/1.0: the body ends with the connection
-		suppress |= supTransferEncoding
+		suppress += " Transfer-Encoding"
 	}
 	if w.chunked {
-		suppress |= supContentLength
+		suppress += " Content-Length"
 	}
 	if w.wantClose || w.c.srv.shutting.Load() || hasToken(h["Connection"], "close") {
 		w.closeAfter = true
@@ -278,7 +278,7 @@ func (w *h1Response) commit(final bool, more []byte) {
 	connection := ""
 	switch {
 	case w.closeAfter && !hasToken(h["Connection"], "close") && w.status != http.StatusSwitchingProtocols:
-		suppress |= supConnection
+		suppress += " Connection"
 		if w.is11 {
 			connection = "close"
 		}
@@ -289,7 +289,7 @@ func (w *h1Response) commit(final bool, more []byte) {
 	b := c.out[:0]
 	b = appendStatus(b, w.is11, w.status)
 	for _, k := range keys {
-		if suppress != 0 && suppress.has(k) || len(w.trailers) > 0 && slices.Contains(w.trailers, k) || !httpguts.ValidHeaderFieldName(k) {
+		if suppress != "" && excluded(suppress, k) || len(w.trailers) > 0 && slices.Contains(w.trailers, k) || !httpguts.ValidHeaderFieldName(k) {
 			continue
 		}
 		for _, v := range h[k] {
@@ -336,28 +336,14 @@ func (w *h1Response) commit(final bool, more []byte) {
 	}
 }
 
-// suppressed is the set of the handler's fields commit leaves out of a
-// head (net/http's excludeHeader: the server writes or drops them).
-type suppressed uint8
-
-const (
-	supContentType suppressed = 1 << iota
-	supContentLength
-	supTransferEncoding
-	supConnection
-)
-
-// has reports whether the field k is in s.
-func (s suppressed) has(k string) bool {
-	switch k {
-	case "Content-Type":
-		return s&supContentType != 0
-	case "Content-Length":
-		return s&supContentLength != 0
-	case "Transfer-Encoding":
-		return s&supTransferEncoding != 0
-	case "Connection":
-		return s&supConnection != 0
+// excluded reports whether k is one of the space-separated names in set.
+func excluded(set, k string) bool {
+	for set != "" {
+		var name string
+		name, set, _ = strings.Cut(set, " ")
+		if name == k {
+			return true
+		}
 	}
 	return false
 }
@@ -434,15 +420,12 @@ func appendValue(b []byte, v string) []byte {
 	for j > i && asciiSpace(v[j-1]) {
 		j--
 	}
-	for i < j {
-		// Runs without a line break whole, each break as a space.
-		k := strings.IndexAny(v[i:j], "\r\n")
-		if k < 0 {
-			return append(b, v[i:j]...)
+	for ; i < j; i++ {
+		if c := v[i]; c == '\r' || c == '\n' {
+			b = append(b, ' ')
+		} else {
+			b = append(b, c)
 		}
-		b = append(b, v[i:i+k]...)
-		b = append(b, ' ')
-		i += k + 1
 	}
 	return b
 }
