@@ -4,17 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"net/http"
-	"os"
 	"strings"
 	"unsafe"
 
 	"github.com/sluice-proxy/sluice/internal/httpsyntax"
 )
-
-// ownFields: readFields reads a response's fields first. Off by default
-// (SLUICE_H1UP_FIELDS=own turns it on), with the own h1 server's parser:
-// see docs/BENCHMARKS.md "parse6".
-var ownFields = os.Getenv("SLUICE_H1UP_FIELDS") == "own"
 
 // readFields reads a head's field lines when they are all in br's buffer
 // and plain (CRLF line ends, no obs-fold, token names, field-value bytes),

@@ -32,11 +32,7 @@ func readResponse(c *conn, req *http.Request, b *Body) (*http.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		var mh http.Header
-		ok := false
-		if ownFields {
-			mh, ok = readFields(c.br)
-		}
+		mh, ok := readFields(c.br)
 		if !ok {
 			h, err := tp.ReadMIMEHeader()
 			if err != nil {

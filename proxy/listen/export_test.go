@@ -1,7 +1,5 @@
 package listen
 
-import "os"
-
 // QUICCounts returns the QUIC connections each client IP holds and the
 // handshakes in progress on s's HTTP/3 listener.
 func QUICCounts(s *Server) (map[string]int, int64) {
@@ -16,7 +14,3 @@ const MaxHeaderBytes = maxHeaderBytes
 
 // H1WatchDelay is the own h1 server's default watch delay.
 const H1WatchDelay = h1WatchDelay
-
-// listen's own tests run the own request parser (off by default in the
-// binary) unless SLUICE_H1_PARSER=nethttp says otherwise.
-func init() { h1OwnParser = os.Getenv("SLUICE_H1_PARSER") != "nethttp" }

@@ -238,7 +238,7 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 	w.body.w = w
 	var req *http.Request
 	var h parsedHead
-	if h1OwnParser && c.readHead(&h, &w.url) {
+	if c.readHead(&h, &w.url) {
 		w.reqv = h.request()
 		req = &w.reqv
 		if h.contentLength > 0 {
@@ -290,13 +290,6 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 	}
 	return w, nil
 }
-
-// h1OwnParser: requests are read by the own parser (h1parse.go) first.
-// Off by default (SLUICE_H1_PARSER=own turns it on): it cut 16
-// allocations per small request but target 1's A/Bs put streams' CPU per
-// token higher with it in most rounds, unexplained (docs/BENCHMARKS.md
-// "parse6").
-var h1OwnParser = os.Getenv("SLUICE_H1_PARSER") == "own"
 
 // readHead parses the next request's head with the fast parser
 // (h1parse.go) into h, reading more of it while it does not fit yet, and

@@ -39,6 +39,7 @@ func sameHandler() http.Handler {
 			h.Set("X-Mid", "  spaced\tvalue \r\n")
 			h["bad name"] = []string{"dropped"}
 			h["X-Split"] = []string{"a\r\nInjected: yes"}
+			h["X-Breaks"] = []string{"a\nb\rc\r\n\r\nd\n", "\r\n lone \n"}
 			io.WriteString(w, "hello")
 		case "/sniff":
 			io.WriteString(w, "<html><body>x</body></html>")
