@@ -16,8 +16,8 @@ import (
 // through it the connection's state — reachable: the writer is collected
 // while the stream is still held. The eighth session's x.hsink kept it
 // (~5 KiB more per held stream, found only by BenchmarkHeldStreams and
-// run.sh's target 4); with the own request parser (SLUICE_H1_PARSER=own)
-// the request's URL lives in the writer, and the shed request kept it too.
+// run.sh's target 4); and the own request parser (on since small7) puts
+// the request's URL inside the writer, which the shed request kept too.
 // (An HTTP/2 stream's writer is the stream itself, which its loop writes
 // through: there is nothing to drop.)
 func TestLoopStreamDropsResponseWriter(t *testing.T) {
