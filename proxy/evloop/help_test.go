@@ -103,3 +103,43 @@ func TestHelpOff(t *testing.T) {
 		g.Close()
 	}
 }
+
+// TestAddStartsOnCaller: a new stream on a loop nobody serves is started
+// by Add's caller (startHere): with the loop's goroutine not running, its
+// Pending event reaches the client and its backend's socket is watched
+// (a later event, relayed by Help, arrives too). With NoHelp the stream
+// waits for the loop's goroutine: nothing arrives.
+func TestAddStartsOnCaller(t *testing.T) {
+	for _, noHelp := range []bool{false, true} {
+		g, err := build(Options{Loops: 1, NoHelp: noHelp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		up, cl, _, _ := handleOn(t, g, Stream{Pending: []byte(ev(0)), Idle: 5 * time.Second}, nil)
+		cr := httputil.NewChunkedReader(bufio.NewReader(cl))
+		buf := make([]byte, 256)
+		cl.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		n, err := cr.Read(buf)
+		switch {
+		case noHelp && err == nil:
+			t.Errorf("NoHelp: client read %q with the loop's goroutine not running; want nothing", buf[:n])
+		case !noHelp && (err != nil || string(buf[:n]) != ev(0)):
+			t.Errorf("client read %q, %v; want %q, written by Add's caller", buf[:n], err, ev(0))
+		}
+		if !noHelp {
+			up.Write(chunked.AppendChunk(nil, []byte(ev(1))))
+			time.Sleep(time.Duration(helpAfter) + 10*time.Millisecond)
+			g.Help()
+			cl.SetReadDeadline(time.Now().Add(time.Second))
+			if n, err := cr.Read(buf); err != nil || string(buf[:n]) != ev(1) {
+				t.Errorf("after Help: client read %q, %v; want %q", buf[:n], err, ev(1))
+			}
+		}
+		// The loop's goroutine, started now, takes the stop.
+		for _, l := range g.loops {
+			g.wg.Add(1)
+			go l.run()
+		}
+		g.Close()
+	}
+}
