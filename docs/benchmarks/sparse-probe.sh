@@ -4,7 +4,8 @@
 # trace (TRACE=1: 4 s from 5 s in) or a CPU profile (PROF=1: 8 s from 3 s in).
 # BINDIR/sluice serves; GEN=DIR takes the simulator and generator from DIR.
 # Env: SLUICE_ENV, H1CLIENT, N (streams), D (duration). The last lines: the added
-# token delay (target − direct), then the first token's and the rest's P99. Wrap it in flock /work/bench.lock.
+# token delay (target − direct), then the P99 of the first token, of the rest, and
+# of the requests sent from 4 s into each round on (after the ramp's new connections). Wrap it in flock /work/bench.lock.
 set -uo pipefail
 B=$1 OUT=$2; mkdir -p $OUT; G=${GEN:-$B}
 H=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,6 +42,7 @@ print("delay p50 %+.3f p99 %+.3f | target p50 %.3f p99 %.3f  direct p50 %.3f p99
 # token_delay_first has none.
 if 'token_delay_first' in t:
   f=lambda x,k: x[k]['p99_ms']
-  print("first p99 %.3f / %.3f  rest p99 %.3f / %.3f (target / direct)"%(
-   f(t,'token_delay_first'),f(b,'token_delay_first'),f(t,'token_delay_rest'),f(b,'token_delay_rest')))
+  print("first p99 %.3f / %.3f  rest p99 %.3f / %.3f  t>=4s p99 %.3f / %.3f (target / direct)"%(
+   f(t,'token_delay_first'),f(b,'token_delay_first'),f(t,'token_delay_rest'),f(b,'token_delay_rest'),
+   f(t,'token_delay_late'),f(b,'token_delay_late')))
 PY

@@ -82,12 +82,13 @@ func TestPercentilesJSONInMilliseconds(t *testing.T) {
 }
 
 // TestTokenDelayFirstAndRest: the first stamped token of each request goes
-// to TokenDelayFirst, the others to TokenDelayRest, and TokenDelay has all.
+// to TokenDelayFirst, the others to TokenDelayRest, and TokenDelay has all;
+// TokenDelayLate has those of requests sent from lateAfter on.
 func TestTokenDelayFirstAndRest(t *testing.T) {
 	ms := time.Millisecond
 	results := []Result{
 		{Class: ClassOK, TokenDelay: []time.Duration{9 * ms, 1 * ms, 2 * ms}},
-		{Class: ClassOK, TokenDelay: []time.Duration{7 * ms, 3 * ms}},
+		{Class: ClassOK, Start: lateAfter, TokenDelay: []time.Duration{7 * ms, 3 * ms}},
 		{Class: ClassOK}, // no stamped tokens
 	}
 	tr := summarizeTarget(results, time.Second)
@@ -99,6 +100,9 @@ func TestTokenDelayFirstAndRest(t *testing.T) {
 	}
 	if tr.TokenDelayRest.Max != 3*ms || tr.TokenDelayRest.P50 != 2*ms {
 		t.Errorf("rest: %+v, want P50 2ms max 3ms", tr.TokenDelayRest)
+	}
+	if tr.TokenDelayLate.N != 2 || tr.TokenDelayLate.Max != 7*ms {
+		t.Errorf("late: %+v, want the 2 tokens of the request sent at lateAfter", tr.TokenDelayLate)
 	}
 	// The results' own slices are not reordered by the summary.
 	if results[0].TokenDelay[0] != 9*ms {
