@@ -51,12 +51,8 @@ type loop struct {
 	// epoll_wait to the end of that batch, or a helper (Group.Help).
 	// Everything above is touched under it only.
 	own    sync.Mutex
-	exited bool // under own: the loop stopped; its descriptors are closed
-	// forever (under own): the loop's goroutine waits without a deadline
-	// (it had nothing to sweep); a stream started by another goroutine
-	// (startHere) must wake it then, for the sweep's deadline.
-	forever bool
-	polled  atomic.Int64 // mono() of the last epoll_wait, by the loop or a helper
+	exited bool         // under own: the loop stopped; its descriptors are closed
+	polled atomic.Int64 // mono() of the last epoll_wait, by the loop or a helper
 
 	mu       sync.Mutex
 	cmds     []func()
@@ -83,7 +79,7 @@ func newLoop(g *Group, opts Options) (*loop, error) {
 		unix.Close(efd)
 		return nil, err
 	}
-	l := &loop{g: g, opts: opts, epfd: epfd, efd: efd, forever: true, rbuf: make([]byte, opts.ReadBuffer),
+	l := &loop{g: g, opts: opts, epfd: epfd, efd: efd, rbuf: make([]byte, opts.ReadBuffer),
 		out: make([]byte, 0, opts.ReadBuffer+opts.ReadBuffer/4), ready: make([]unix.EpollEvent, events)}
 	return l, nil
 }
@@ -102,40 +98,8 @@ func (l *loop) submit(s *stream) bool {
 	}
 	l.adds = append(l.adds, s)
 	l.mu.Unlock()
-	if !l.g.help || !l.startHere() {
-		l.wake()
-	}
+	l.wake()
 	return true
-}
-
-// startHere starts the queued streams (and runs the queued commands) on
-// the calling goroutine when nobody serves the loop now, as Group.Help
-// serves its events: the loop's goroutine is not woken for a new stream
-// (an eventfd write, the netpoller's wake-up and a goroutine switch per
-// stream on a wave of starts). False when the loop is being served: the
-// caller wakes it then.
-func (l *loop) startHere() bool {
-	if !l.own.TryLock() {
-		return false
-	}
-	if l.exited {
-		// The loop's last commands (stop or fail) took the stream: it
-		// was queued before the loop was closed.
-		l.own.Unlock()
-		return true
-	}
-	stop := l.commands(time.Now())
-	l.kickAll()
-	// A stop's command came with its own wake-up (stop); after it the
-	// loop's goroutine closes efd, which must not be written then.
-	wake := false
-	if stop {
-		l.exited = true // the loop's goroutine sees it when its wait returns
-	} else {
-		wake = l.forever && l.sweepEvery() >= 0 // its wait needs the sweep's deadline now
-	}
-	l.own.Unlock()
-	return !wake
 }
 
 // command runs f on the loop's goroutine.
@@ -249,7 +213,6 @@ func (l *loop) run() {
 			l.sweep(now)
 		}
 		timeout = l.sweepEvery()
-		l.forever = timeout < 0
 		l.own.Unlock()
 	}
 }
