@@ -3,7 +3,9 @@
 # Sluice (sluice serve -pprof) and the simulator only, Sluice vs direct, for a
 # trace (TRACE=1: 4 s from 5 s in) or a CPU profile (PROF=1: 8 s from 3 s in).
 # BINDIR/sluice serves; GEN=DIR takes the simulator and generator from DIR.
-# Env: SLUICE_ENV, H1CLIENT, N (streams), D (duration). Wrap it in flock /work/bench.lock.
+# Env: SLUICE_ENV, H1CLIENT, N (streams), D (duration). The last lines: the added
+# token delay (target − direct), then the P99 of the first token, of the rest, and
+# of the requests sent from 4 s into each round on (after the ramp's new connections). Wrap it in flock /work/bench.lock.
 set -uo pipefail
 B=$1 OUT=$2; mkdir -p $OUT; G=${GEN:-$B}
 H=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -35,4 +37,12 @@ print("delay p50 %+.3f p99 %+.3f | target p50 %.3f p99 %.3f  direct p50 %.3f p99
  t['token_delay']['p50_ms']-b['token_delay']['p50_ms'], t['token_delay']['p99_ms']-b['token_delay']['p99_ms'],
  t['token_delay']['p50_ms'],t['token_delay']['p99_ms'],b['token_delay']['p50_ms'],b['token_delay']['p99_ms'],
  t['ttft']['p50_ms'],t['ttft']['p99_ms'], t['cpu'][0]['cpu_ms'], t['counts']['ok']))
+# The first token (Sluice: written at the hand-off) and the rest (relayed by
+# the loops), absolute P99 target / direct; a generator from before
+# token_delay_first has none.
+if 'token_delay_first' in t:
+  f=lambda x,k: x[k]['p99_ms']
+  print("first p99 %.3f / %.3f  rest p99 %.3f / %.3f  t>=4s p99 %.3f / %.3f (target / direct)"%(
+   f(t,'token_delay_first'),f(b,'token_delay_first'),f(t,'token_delay_rest'),f(b,'token_delay_rest'),
+   f(t,'token_delay_late'),f(b,'token_delay_late')))
 PY

@@ -68,6 +68,16 @@ type TargetReport struct {
 	// emit time (EmitField): arrival − emit, per token (N == 0 when the
 	// backend does not stamp its chunks).
 	TokenDelay Percentiles `json:"token_delay"`
+	// TokenDelayFirst is TokenDelay over each request's first stamped
+	// token only, TokenDelayRest over the others: the first token is
+	// written by a different path in a proxy that hands streams over
+	// (Sluice's hand-off) than the tokens after it.
+	TokenDelayFirst Percentiles `json:"token_delay_first"`
+	TokenDelayRest  Percentiles `json:"token_delay_rest"`
+	// TokenDelayLate is TokenDelay over the requests sent 4 s or more
+	// into their phase: without the first wave of new connections (dials,
+	// accepts, handshakes) of a ramp of up to 2 s.
+	TokenDelayLate Percentiles `json:"token_delay_late"`
 	// DispatchLag is, in an open loop, how late requests left after their
 	// scheduled arrival: a high value means the generator is the bottleneck.
 	DispatchLag Percentiles `json:"dispatch_lag"`
@@ -207,10 +217,13 @@ func usage1k(pid int, d time.Duration, tokens int64) CPUUsage {
 	return u
 }
 
+// lateAfter is where TokenDelayLate's requests start in their phase.
+const lateAfter = 4 * time.Second
+
 // summarizeTarget computes the figures of one target's results.
 func summarizeTarget(results []Result, wall time.Duration) TargetReport {
 	tr := TargetReport{Wall: wall, WallSeconds: wall.Seconds()}
-	var ttft, itl, e2e, lag, delay []time.Duration
+	var ttft, itl, e2e, lag, delay, first, rest, late []time.Duration
 	errs := map[[2]string]int{}
 	for i := range results {
 		r := &results[i]
@@ -221,6 +234,13 @@ func summarizeTarget(results []Result, wall time.Duration) TargetReport {
 		}
 		itl = append(itl, r.ITL...)
 		delay = append(delay, r.TokenDelay...)
+		if len(r.TokenDelay) > 0 {
+			first = append(first, r.TokenDelay[0])
+			rest = append(rest, r.TokenDelay[1:]...)
+		}
+		if r.Start >= lateAfter {
+			late = append(late, r.TokenDelay...)
+		}
 		if r.Class == ClassOK {
 			e2e = append(e2e, r.E2E)
 		}
@@ -233,6 +253,8 @@ func summarizeTarget(results []Result, wall time.Duration) TargetReport {
 	}
 	tr.TTFT, tr.ITL, tr.E2E, tr.DispatchLag = Summarize(ttft), Summarize(itl), Summarize(e2e), Summarize(lag)
 	tr.TokenDelay = Summarize(delay)
+	tr.TokenDelayFirst, tr.TokenDelayRest = Summarize(first), Summarize(rest)
+	tr.TokenDelayLate = Summarize(late)
 	if s := wall.Seconds(); s > 0 {
 		tr.RequestsPerSec = float64(tr.Counts.OK) / s
 		tr.OutputTokensPerSec = float64(tr.OutputTokens) / s

@@ -80,3 +80,32 @@ func TestPercentilesJSONInMilliseconds(t *testing.T) {
 		t.Errorf("got %s; want %s", b, want)
 	}
 }
+
+// TestTokenDelayFirstAndRest: the first stamped token of each request goes
+// to TokenDelayFirst, the others to TokenDelayRest, and TokenDelay has all;
+// TokenDelayLate has those of requests sent from lateAfter on.
+func TestTokenDelayFirstAndRest(t *testing.T) {
+	ms := time.Millisecond
+	results := []Result{
+		{Class: ClassOK, TokenDelay: []time.Duration{9 * ms, 1 * ms, 2 * ms}},
+		{Class: ClassOK, Start: lateAfter, TokenDelay: []time.Duration{7 * ms, 3 * ms}},
+		{Class: ClassOK}, // no stamped tokens
+	}
+	tr := summarizeTarget(results, time.Second)
+	if tr.TokenDelay.N != 5 || tr.TokenDelayFirst.N != 2 || tr.TokenDelayRest.N != 3 {
+		t.Fatalf("N: all %d first %d rest %d, want 5 2 3", tr.TokenDelay.N, tr.TokenDelayFirst.N, tr.TokenDelayRest.N)
+	}
+	if tr.TokenDelayFirst.Max != 9*ms || tr.TokenDelayFirst.P50 != 7*ms {
+		t.Errorf("first: %+v, want P50 7ms max 9ms", tr.TokenDelayFirst)
+	}
+	if tr.TokenDelayRest.Max != 3*ms || tr.TokenDelayRest.P50 != 2*ms {
+		t.Errorf("rest: %+v, want P50 2ms max 3ms", tr.TokenDelayRest)
+	}
+	if tr.TokenDelayLate.N != 2 || tr.TokenDelayLate.Max != 7*ms {
+		t.Errorf("late: %+v, want the 2 tokens of the request sent at lateAfter", tr.TokenDelayLate)
+	}
+	// The results' own slices are not reordered by the summary.
+	if results[0].TokenDelay[0] != 9*ms {
+		t.Errorf("results[0].TokenDelay reordered: %v", results[0].TokenDelay)
+	}
+}
