@@ -82,7 +82,7 @@ type h1Conn struct {
 // serve is the connection's first goroutine.
 func (c *h1Conn) serve() {
 	c.br = readerPool.Get().(*bufio.Reader)
-	c.lr.c, c.lr.remain = c.rwc, math.MaxInt64
+	c.lr.r, c.lr.remain = c.rwc, math.MaxInt64
 	c.br.Reset(&c.lr)
 	c.remote = c.rwc.RemoteAddr().String()
 	ctx := context.WithValue(c.srv.s.base, http.LocalAddrContextKey, c.rwc.LocalAddr())
@@ -242,7 +242,7 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 		w.reqv = h.request()
 		req = &w.reqv
 		if h.contentLength > 0 {
-			w.lbody = lengthBody{r: c.br, remain: h.contentLength}
+			w.lbody = lengthBody{limitReader{r: c.br, remain: h.contentLength}}
 			w.body.rc = &w.lbody
 		} else {
 			w.body.rc = http.NoBody

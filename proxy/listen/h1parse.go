@@ -292,21 +292,11 @@ func (h *parsedHead) request() http.Request {
 // connection's buffer (net/http's body over an io.LimitReader, without
 // their allocations): io.EOF with its last byte, io.ErrUnexpectedEOF if
 // the connection ends before it.
-type lengthBody struct {
-	r      io.Reader
-	remain int64
-}
+type lengthBody struct{ limitReader }
 
 func (b *lengthBody) Read(p []byte) (int, error) {
+	n, err := b.limitReader.Read(p)
 	if b.remain <= 0 {
-		return 0, io.EOF
-	}
-	if int64(len(p)) > b.remain {
-		p = p[:b.remain]
-	}
-	n, err := b.r.Read(p)
-	b.remain -= int64(n)
-	if b.remain == 0 {
 		return n, io.EOF
 	}
 	if err == io.EOF {

@@ -62,7 +62,7 @@ func compareWithNetHTTP(t *testing.T, in []byte) headResult {
 	br := bufio.NewReader(bytes.NewReader(in[n:]))
 	var body io.Reader = http.NoBody
 	if h.contentLength > 0 {
-		body = &lengthBody{r: br, remain: h.contentLength}
+		body = &lengthBody{limitReader{r: br, remain: h.contentLength}}
 	}
 	gotBody, gotErr := io.ReadAll(body)
 	gotRest, _ := io.ReadAll(br)

@@ -316,11 +316,12 @@ func (c *replayConn) SyscallConn() (syscall.RawConn, error) {
 	return nil, syscall.EINVAL
 }
 
-// limitReader is the connection under the read buffer: remain bounds the
-// bytes a request's head may take (MaxHeaderBytes and the buffer's slack,
-// as net/http counts them).
+// limitReader reads at most remain more bytes from r (io.EOF after them).
+// Under the connection's read buffer, remain bounds the bytes a request's
+// head may take (MaxHeaderBytes and the buffer's slack, as net/http counts
+// them); lengthBody is one over the buffer.
 type limitReader struct {
-	c      net.Conn
+	r      io.Reader
 	remain int64
 }
 
@@ -331,7 +332,7 @@ func (r *limitReader) Read(p []byte) (int, error) {
 	if int64(len(p)) > r.remain {
 		p = p[:r.remain]
 	}
-	n, err := r.c.Read(p)
+	n, err := r.r.Read(p)
 	r.remain -= int64(n)
 	return n, err
 }
