@@ -4,7 +4,11 @@
 package httpsyntax
 
 // TokenByte: RFC 9110's tchar (a method or a field name byte).
-var TokenByte = func() (t [256]bool) {
+var TokenByte = AlnumAnd("!#$%&'*+-.^_`|~")
+
+// AlnumAnd is the byte class of ASCII letters and digits and the bytes
+// of extra.
+func AlnumAnd(extra string) (t [256]bool) {
 	for c := '0'; c <= '9'; c++ {
 		t[c] = true
 	}
@@ -12,11 +16,11 @@ var TokenByte = func() (t [256]bool) {
 		t[c] = true
 		t[c-'a'+'A'] = true
 	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
+	for i := 0; i < len(extra); i++ {
+		t[extra[i]] = true
 	}
 	return t
-}()
+}
 
 // ValueByte: a field value byte net/textproto accepts, and so Sluice's
 // parsers (VCHAR, SP, HTAB, obs-text).

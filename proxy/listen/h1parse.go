@@ -201,19 +201,7 @@ func parseHead(p []byte, h *parsedHead, u *url.URL) (n int, res headResult) {
 
 // pathByte: the bytes net/url's ParseRequestURI leaves in a path as they
 // are, with no RawPath (no escape, nothing escape would write otherwise).
-var pathByte = func() (t [256]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c] = true
-		t[c-'a'+'A'] = true
-	}
-	for _, c := range "-_.~$&+,/:;=@" {
-		t[c] = true
-	}
-	return t
-}()
+var pathByte = httpsyntax.AlnumAnd("-_.~$&+,/:;=@")
 
 // simpleTarget parses an origin-form target into u as url.ParseRequestURI
 // would, when its path is made of pathByte only and its query has no
