@@ -1,0 +1,136 @@
+package listen
+
+import (
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// H3RawSendEnv names the environment variable that turns rawSendConn off
+// ("0"): quic-go then writes with net.UDPConn's WriteMsgUDP.
+const H3RawSendEnv = "SLUICE_H3_RAW_SEND"
+
+var h3RawSend = os.Getenv(H3RawSendEnv) != "0"
+
+// rawSendConn is the QUIC listener's UDP socket as quic-go sees it (an
+// OOBCapablePacketConn: it keeps every optimization quic-go has for a
+// *net.UDPConn, recvmmsg, GSO, ECN), with the one difference that a
+// packet is written by sendmsg(2) as a raw system call on the socket
+// (non-blocking), as the event loops write: net.UDPConn's WriteMsgUDP
+// enters the system call through the runtime (entersyscall), which wakes
+// the runtime's sysmon thread whenever the process had gone idle — once
+// per packet burst here, a futex wake-up and sysmon's sleeps. A send the
+// socket cannot take at once (EAGAIN) waits in the netpoller as before.
+// See docs/BENCHMARKS.md, "h3cpu8".
+type rawSendConn struct {
+	*net.UDPConn
+	rc     syscall.RawConn
+	family int // the socket's address family: AF_INET or AF_INET6
+}
+
+// wrapRawSend returns c as quic-go's socket: a rawSendConn when the
+// setting is on and the socket's family is known, else c itself.
+func wrapRawSend(c *net.UDPConn) net.PacketConn {
+	if !h3RawSend {
+		return c
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return c
+	}
+	family, ferr := 0, error(nil)
+	if err := rc.Control(func(fd uintptr) {
+		family, ferr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
+	}); err != nil || ferr != nil || family != unix.AF_INET && family != unix.AF_INET6 {
+		return c
+	}
+	return &rawSendConn{UDPConn: c, rc: rc, family: family}
+}
+
+// sendMsg is one sendmsg(2)'s arguments and result, pooled: built on
+// the stack they would escape through the RawConn callback, several
+// allocations per packet.
+type sendMsg struct {
+	msg   unix.Msghdr
+	sa4   unix.RawSockaddrInet4
+	sa6   unix.RawSockaddrInet6
+	iov   unix.Iovec
+	n     int
+	errno syscall.Errno
+	fn    func(fd uintptr) bool // send, bound once
+}
+
+var sendMsgs = sync.Pool{New: func() any {
+	m := new(sendMsg)
+	m.fn = m.send
+	return m
+}}
+
+// send is the RawConn.Write callback: false (wait until writable) on
+// EAGAIN.
+func (m *sendMsg) send(fd uintptr) bool {
+	r, _, errno := unix.RawSyscall(unix.SYS_SENDMSG, fd, uintptr(unsafe.Pointer(&m.msg)), 0)
+	if errno == unix.EAGAIN {
+		return false
+	}
+	m.n, m.errno = int(r), errno
+	return true
+}
+
+// WriteMsgUDP is net.UDPConn's, written with a raw sendmsg(2). An address
+// the socket's family cannot take as is (an IPv6 address on an IPv4
+// socket, a zone) goes the standard way.
+func (c *rawSendConn) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (n, oobn int, err error) {
+	if addr == nil || addr.Zone != "" {
+		return c.UDPConn.WriteMsgUDP(b, oob, addr)
+	}
+	var ip []byte
+	if c.family == unix.AF_INET {
+		ip = addr.IP.To4()
+	} else {
+		ip = addr.IP.To16() // an IPv4 address in its v4-mapped form, as net sends it
+	}
+	if ip == nil {
+		return c.UDPConn.WriteMsgUDP(b, oob, addr)
+	}
+	m := sendMsgs.Get().(*sendMsg)
+	var port *[2]byte
+	if c.family == unix.AF_INET {
+		m.sa4 = unix.RawSockaddrInet4{Family: unix.AF_INET}
+		copy(m.sa4.Addr[:], ip)
+		port = (*[2]byte)(unsafe.Pointer(&m.sa4.Port))
+		m.msg = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&m.sa4)), Namelen: unix.SizeofSockaddrInet4}
+	} else {
+		m.sa6 = unix.RawSockaddrInet6{Family: unix.AF_INET6}
+		copy(m.sa6.Addr[:], ip)
+		port = (*[2]byte)(unsafe.Pointer(&m.sa6.Port))
+		m.msg = unix.Msghdr{Name: (*byte)(unsafe.Pointer(&m.sa6)), Namelen: unix.SizeofSockaddrInet6}
+	}
+	port[0], port[1] = byte(addr.Port>>8), byte(addr.Port) // network byte order
+	m.iov = unix.Iovec{}
+	if len(b) > 0 {
+		m.iov.Base = &b[0]
+		m.iov.SetLen(len(b))
+	}
+	m.msg.Iov, m.msg.Iovlen = &m.iov, 1
+	if len(oob) > 0 {
+		m.msg.Control = &oob[0]
+		m.msg.SetControllen(len(oob))
+	}
+	m.n, m.errno = 0, 0
+	werr := c.rc.Write(m.fn)
+	n, errno := m.n, m.errno
+	m.msg, m.iov = unix.Msghdr{}, unix.Iovec{} // holds no packet in the pool
+	sendMsgs.Put(m)
+	if werr == nil && errno != 0 {
+		werr = os.NewSyscallError("sendmsg", errno)
+	}
+	if werr != nil {
+		return 0, 0, &net.OpError{Op: "write", Net: "udp", Source: c.LocalAddr(), Addr: addr, Err: werr}
+	}
+	return n, len(oob), nil
+}
