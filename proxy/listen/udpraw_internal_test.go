@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
 )
 
@@ -39,9 +40,15 @@ func TestRawSendConn(t *testing.T) {
 				t.Skip(err)
 			}
 			defer peer.Close()
-			c, ok := wrapRawSend(pc.(*net.UDPConn)).(*rawSendConn)
-			if !ok {
-				t.Fatal("not wrapped")
+			var c *rawSendConn
+			var rc *rawUDPConn
+			switch w := wrapRawSend(pc.(*net.UDPConn)).(type) {
+			case *rawUDPConn:
+				c, rc = w.rawSendConn, w
+			case *rawSendConn:
+				c = w
+			default:
+				t.Fatalf("not wrapped: %T", w)
 			}
 			to := peer.LocalAddr().(*net.UDPAddr)
 			// a TOS control message, as quic-go sends ECN marks
@@ -72,6 +79,9 @@ func TestRawSendConn(t *testing.T) {
 					t.Fatalf("from port %d, want %d", got, want)
 				}
 			}
+			if rc != nil {
+				testReadBatch(t, rc, peer)
+			}
 			// a packet larger than UDP allows: EMSGSIZE, as net reports it
 			_, _, err = c.WriteMsgUDP(make([]byte, 70000), nil, to)
 			var se *os.SyscallError
@@ -83,3 +93,50 @@ func TestRawSendConn(t *testing.T) {
 }
 
 func unsafePointer(b *byte) unsafe.Pointer { return unsafe.Pointer(b) }
+
+// testReadBatch: packets sent to rc arrive whole through ReadBatch, with
+// their sender's address, several in one call when queued.
+func testReadBatch(t *testing.T, rc *rawUDPConn, peer net.PacketConn) {
+	t.Helper()
+	want := [][]byte{[]byte("one"), bytes.Repeat([]byte("2"), 1200), []byte("three")}
+	to := &net.UDPAddr{IP: peer.LocalAddr().(*net.UDPAddr).IP, Port: rc.LocalAddr().(*net.UDPAddr).Port}
+	for _, p := range want {
+		if _, err := peer.WriteTo(p, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ms := make([]ipv4.Message, 8)
+	for i := range ms {
+		ms[i].Buffers = [][]byte{make([]byte, 1500)}
+		ms[i].OOB = make([]byte, 128)
+	}
+	var got [][]byte
+	rc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	defer rc.SetReadDeadline(time.Time{})
+	for len(got) < len(want) {
+		n, err := rc.ReadBatch(ms, 0)
+		if err != nil {
+			t.Fatalf("ReadBatch: %v", err)
+		}
+		for _, m := range ms[:n] {
+			got = append(got, append([]byte(nil), m.Buffers[0][:m.N]...))
+			from, ok := m.Addr.(*net.UDPAddr)
+			if !ok || from.Port != peer.LocalAddr().(*net.UDPAddr).Port {
+				t.Fatalf("from %v, want %v", m.Addr, peer.LocalAddr())
+			}
+			if m.NN < 0 || m.NN > len(m.OOB) {
+				t.Fatalf("NN %d", m.NN)
+			}
+		}
+	}
+	for i := range want {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("packet %d: %d bytes, want %d", i, len(got[i]), len(want[i]))
+		}
+	}
+	// the deadline ends a wait with the net error quic-go expects
+	rc.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+	if _, err := rc.ReadBatch(ms, 0); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("ReadBatch past the deadline: %v", err)
+	}
+}

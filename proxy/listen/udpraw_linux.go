@@ -3,18 +3,28 @@ package listen
 import (
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"unsafe"
 
+	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
 )
 
 // H3RawSendEnv names the environment variable that turns rawSendConn off
-// ("0"): quic-go then writes with net.UDPConn's WriteMsgUDP.
+// ("0"): quic-go then writes with net.UDPConn's WriteMsgUDP (and reads
+// as H3RawRecvEnv=0).
 const H3RawSendEnv = "SLUICE_H3_RAW_SEND"
 
-var h3RawSend = os.Getenv(H3RawSendEnv) != "0"
+// H3RawRecvEnv names the environment variable that turns rawUDPConn's
+// receive side off ("0"): quic-go reads with x/net's ReadBatch.
+const H3RawRecvEnv = "SLUICE_H3_RAW_RECV"
+
+var (
+	h3RawSend = os.Getenv(H3RawSendEnv) != "0"
+	h3RawRecv = os.Getenv(H3RawRecvEnv) != "0"
+)
 
 // rawSendConn is the QUIC listener's UDP socket as quic-go sees it (an
 // OOBCapablePacketConn: it keeps every optimization quic-go has for a
@@ -48,7 +58,13 @@ func wrapRawSend(c *net.UDPConn) net.PacketConn {
 	}); err != nil || ferr != nil || family != unix.AF_INET && family != unix.AF_INET6 {
 		return c
 	}
-	return &rawSendConn{UDPConn: c, rc: rc, family: family}
+	sc := &rawSendConn{UDPConn: c, rc: rc, family: family}
+	if !h3RawRecv {
+		return sc
+	}
+	rc2 := &rawUDPConn{rawSendConn: sc}
+	rc2.readFn = rc2.recv
+	return rc2
 }
 
 // sendMsg is one sendmsg(2)'s arguments and result, pooled: built on
@@ -133,4 +149,111 @@ func (c *rawSendConn) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (n, oobn int
 		return 0, 0, &net.OpError{Op: "write", Net: "udp", Source: c.LocalAddr(), Addr: addr, Err: werr}
 	}
 	return n, len(oob), nil
+}
+
+// rawUDPConn is rawSendConn that also reads with a raw recvmmsg(2) (the
+// batchConn quic-go looks for), for the same reason: x/net's ReadBatch
+// enters the system call through the runtime. Only quic-go's transport
+// reads, from one goroutine; the mutex only keeps a second reader safe.
+type rawUDPConn struct {
+	*rawSendConn
+
+	rmu    sync.Mutex
+	hs     []unix.Mmsghdr
+	iovs   []unix.Iovec
+	names  []unix.RawSockaddrInet6 // large enough for either family
+	n      int                     // the messages offered to recvmmsg
+	flags  int
+	got    int
+	errno  syscall.Errno
+	readFn func(fd uintptr) bool // recv, bound once
+}
+
+// recv is the RawConn.Read callback: false (wait until readable) on
+// EAGAIN.
+func (c *rawUDPConn) recv(fd uintptr) bool {
+	r, _, errno := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&c.hs[0])), uintptr(c.n),
+		uintptr(c.flags), 0, 0)
+	if errno == unix.EAGAIN {
+		return false
+	}
+	c.got, c.errno = int(r), errno
+	return true
+}
+
+// ReadBatch is x/net's ipv4.PacketConn's: it reads up to len(ms)
+// packets, each into its message's one buffer (with its control
+// messages and the sender's address), waiting until one is there.
+// Messages of several buffers go x/net's way.
+func (c *rawUDPConn) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
+	for i := range ms {
+		if len(ms[i].Buffers) != 1 {
+			return ipv4.NewPacketConn(c.UDPConn).ReadBatch(ms, flags)
+		}
+	}
+	if len(ms) == 0 {
+		return 0, nil
+	}
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	n := len(ms)
+	if cap(c.hs) < n {
+		c.hs, c.iovs, c.names = make([]unix.Mmsghdr, n), make([]unix.Iovec, n), make([]unix.RawSockaddrInet6, n)
+	}
+	hs := c.hs[:n]
+	for i := range ms {
+		b, oob := ms[i].Buffers[0], ms[i].OOB
+		iov := &c.iovs[i]
+		*iov = unix.Iovec{}
+		if len(b) > 0 {
+			iov.Base = &b[0]
+			iov.SetLen(len(b))
+		}
+		h := &hs[i]
+		*h = unix.Mmsghdr{Hdr: unix.Msghdr{Name: (*byte)(unsafe.Pointer(&c.names[i])),
+			Namelen: unix.SizeofSockaddrInet6, Iov: iov, Iovlen: 1}}
+		if len(oob) > 0 {
+			h.Hdr.Control = &oob[0]
+			h.Hdr.SetControllen(len(oob))
+		}
+	}
+	c.n, c.flags, c.got, c.errno = n, flags, 0, 0
+	err := c.rc.Read(c.readFn)
+	got := c.got
+	if err == nil && c.errno != 0 {
+		err = os.NewSyscallError("recvmmsg", c.errno)
+	}
+	if err == nil {
+		for i := range got {
+			m, h := &ms[i], &hs[i]
+			m.N, m.NN, m.Flags = int(h.Len), int(h.Hdr.Controllen), int(h.Hdr.Flags)
+			m.Addr = sockaddrUDP(&c.names[i])
+		}
+	}
+	for i := range hs { // hold no packet buffer
+		hs[i], c.iovs[i] = unix.Mmsghdr{}, unix.Iovec{}
+	}
+	if err != nil {
+		return 0, &net.OpError{Op: "read", Net: "udp", Source: c.LocalAddr(), Err: err}
+	}
+	return got, nil
+}
+
+// sockaddrUDP is the UDP address of a received packet's sender, as x/net
+// gives it (an IPv6 zone as its interface index).
+func sockaddrUDP(sa *unix.RawSockaddrInet6) *net.UDPAddr {
+	switch sa.Family {
+	case unix.AF_INET:
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		p := (*[2]byte)(unsafe.Pointer(&sa4.Port))
+		return &net.UDPAddr{IP: append(net.IP(nil), sa4.Addr[:]...), Port: int(p[0])<<8 | int(p[1])}
+	case unix.AF_INET6:
+		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
+		a := &net.UDPAddr{IP: append(net.IP(nil), sa.Addr[:]...), Port: int(p[0])<<8 | int(p[1])}
+		if sa.Scope_id != 0 {
+			a.Zone = strconv.FormatUint(uint64(sa.Scope_id), 10)
+		}
+		return a
+	}
+	return nil
 }
