@@ -8,8 +8,19 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/quic-go/quic-go"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
+)
+
+// quic-go keeps its UDP optimizations for a socket that is one of these
+// (quic-go's sys_conn.go): recvmmsg through ReadBatch, GSO, ECN.
+var (
+	_ quic.OOBCapablePacketConn = (*rawSendConn)(nil)
+	_ quic.OOBCapablePacketConn = (*rawUDPConn)(nil)
+	_ interface {
+		ReadBatch([]ipv4.Message, int) (int, error)
+	} = (*rawUDPConn)(nil)
 )
 
 // H3RawSendEnv names the environment variable that turns rawSendConn off

@@ -39,10 +39,10 @@ def part(st):
     if 'evloop' in s:
         if 'TryWriteAll' in s or 'scheduleSending' in s or 'onHasStreamData' in s:
             return 'our loop: hand to quic-go (TryWriteAll, signal)'
-        if 'rawRead' in s or 'syscall.read' in s.lower() or 'RawSyscall' in s and 'upstreamReady' in s:
-            return 'our loop: upstream read(2)'
-        if 'write' in s.lower() and 'syscall' in s.lower():
+        if 'evloop.rawWrite' in s:
             return 'our loop: client write(2)'
+        if 'evloop.rawRead' in s:
+            return 'our loop: upstream read(2)'
         return 'our loop: relay, framing, epoll'
     if 'http3' in s or 'sluice/proxy' in s or 'net/http' in s or 'gpusim' in s:
         if 'gpusim' in s:
