@@ -56,6 +56,7 @@ udp() { awk '/^Udp: [0-9]/ {print $2, $5}' /proc/net/snmp; } # InDatagrams OutDa
 EVENTS=raw_syscalls:sys_enter,syscalls:sys_enter_sendmsg,syscalls:sys_enter_sendmmsg,syscalls:sys_enter_recvmsg,syscalls:sys_enter_recvmmsg,syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_futex,syscalls:sys_enter_epoll_pwait,syscalls:sys_enter_nanosleep,context-switches
 
 for r in $(seq "$ROUNDS"); do
+	wait_tw # fewer than 2,000 TIME_WAIT sockets
 	IFS=, read -ra envs <<<"${ENV_SLUICE:-}"
 	env "${envs[@]}" "$SLUICE" serve "${pprof_flag[@]}" -c "$OUT/sluice.yaml" >"$OUT/logs/sluice-$r.log" 2>&1 &
 	sp=$!
