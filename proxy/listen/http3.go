@@ -39,7 +39,7 @@ func (s *Server) listenHTTP3(addr string, cfg HTTP3Config) (*h3Listener, error) 
 	}
 	udp := pc.(*net.UDPConn)
 	gate := newQUICGate(cfg)
-	tr := &quic.Transport{Conn: udp, ConnContext: gate.connContext, VerifySourceAddress: gate.verifySource}
+	tr := &quic.Transport{Conn: wrapRawSend(udp), ConnContext: gate.connContext, VerifySourceAddress: gate.verifySource}
 	tlsCfg := s.QUICTLSConfig
 	if tlsCfg == nil {
 		tlsCfg = http3.ConfigureTLSConfig(s.TLSConfig)
