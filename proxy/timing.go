@@ -49,34 +49,46 @@ func (x *exchange) releaseITL() {
 
 // stage returns a stage's duration and whether it was measured.
 func (x *exchange) stage(name string) (time.Duration, bool) {
+	for i, s := range observe.Timed {
+		if s == name {
+			return x.stageAt(i)
+		}
+	}
+	return 0, false
+}
+
+// stageAt returns the duration of observe.Timed[i] and whether it was
+// measured: the per-request callers (the Record's stages, Server-Timing)
+// go by index, without comparing stage names.
+func (x *exchange) stageAt(i int) (time.Duration, bool) {
 	between := func(a, b time.Time) (time.Duration, bool) {
 		if a.IsZero() || b.IsZero() {
 			return 0, false
 		}
 		return max(b.Sub(a), 0), true
 	}
-	switch name {
-	case observe.StageNetRTT:
+	switch i {
+	case stNetRTT:
 		return x.netRTT()
-	case observe.StageTLS:
+	case stTLS:
 		return x.conn.Handshake, x.conn.Handshake > 0
-	case observe.StageAuth:
+	case stAuth:
 		return between(x.start, x.authDone)
-	case observe.StageRecv:
+	case stRecv:
 		return between(x.authDone, x.bodyRead)
-	case observe.StageRoute:
+	case stRoute:
 		return between(x.bodyRead, x.routed)
-	case observe.StageLimit:
+	case stLimit:
 		return between(x.routed, x.limited)
-	case observe.StageQueue:
+	case stQueue:
 		return x.queueWait, !x.limited.IsZero() && x.route != nil
-	case observe.StageUpstream:
+	case stUpstream:
 		return between(x.picked, x.upstreamHeaders)
-	case observe.StagePrefill:
+	case stPrefill:
 		return between(x.upstreamHeaders, x.firstToken)
-	case observe.StageTTFT:
+	case stTTFT:
 		return between(x.start, x.firstToken)
-	case observe.StageEdge:
+	case stEdge:
 		ttft, ok := between(x.start, x.firstToken)
 		if !ok {
 			return 0, false
@@ -84,10 +96,42 @@ func (x *exchange) stage(name string) (time.Duration, bool) {
 		up, _ := between(x.picked, x.firstToken)
 		recv, _ := between(x.authDone, x.bodyRead)
 		return max(ttft-up-recv-x.queueWait, 0), true
-	case observe.StageDecode:
+	case stDecode:
 		return between(x.firstToken, x.lastToken)
 	}
 	return 0, false
+}
+
+// Indexes into observe.Timed (and Record.Stages) of each stage, checked
+// against the names at init: stageAt's cases.
+const (
+	stNetRTT = iota
+	stTLS
+	stAuth
+	stRecv
+	stRoute
+	stLimit
+	stQueue
+	stUpstream
+	stPrefill
+	stTTFT
+	stEdge
+	stDecode
+	stCount
+)
+
+func init() {
+	names := [stCount]string{observe.StageNetRTT, observe.StageTLS, observe.StageAuth, observe.StageRecv,
+		observe.StageRoute, observe.StageLimit, observe.StageQueue, observe.StageUpstream, observe.StagePrefill,
+		observe.StageTTFT, observe.StageEdge, observe.StageDecode}
+	if len(observe.Timed) != stCount || len(observe.HeaderStages) > stCount {
+		panic("proxy: observe.Timed changed: update stageAt")
+	}
+	for i, n := range names {
+		if observe.Timed[i] != n || i < len(observe.HeaderStages) && observe.HeaderStages[i] != n {
+			panic("proxy: observe.Timed changed: update stageAt")
+		}
+	}
 }
 
 // appendMetric appends one W3C Server-Timing entry: name;dur=<ms>.
@@ -126,8 +170,8 @@ func (x *exchange) serverTiming() string {
 
 // appendServerTiming appends the initial Server-Timing value to b.
 func (x *exchange) appendServerTiming(b []byte) []byte {
-	for _, s := range observe.HeaderStages {
-		if d, ok := x.stage(s); ok {
+	for i, s := range observe.HeaderStages {
+		if d, ok := x.stageAt(i); ok {
 			b = appendMetric(b, s, d)
 		}
 	}
@@ -166,7 +210,7 @@ func appendDesc(b []byte, name string, v float64, prec int) []byte {
 // count and a rate are not durations).
 func (x *exchange) finalTiming() string {
 	b := make([]byte, 0, 160)
-	decode, _ := x.stage(observe.StageDecode)
+	decode, _ := x.stageAt(stDecode)
 	b = appendMetric(b, observe.StageDecode, decode)
 	p50, p99, mx, _ := x.itlPercentiles()
 	b = appendMetric(b, "itl-p50", p50)
@@ -291,12 +335,12 @@ func timingJSON(x *exchange, now time.Time) json.RawMessage {
 		b = append(b, ':')
 		b = strconv.AppendFloat(b, v, 'f', -1, 64)
 	}
-	for _, s := range observe.HeaderStages {
-		if d, ok := x.stage(s); ok {
+	for i, s := range observe.HeaderStages {
+		if d, ok := x.stageAt(i); ok {
 			add(s, roundMillis(d))
 		}
 	}
-	if d, ok := x.stage(observe.StageDecode); ok {
+	if d, ok := x.stageAt(stDecode); ok {
 		add(observe.StageDecode, roundMillis(d))
 		tokens := x.outputTokens()
 		if p50, p99, mx, n := x.itlPercentiles(); n > 0 {
