@@ -168,10 +168,14 @@ func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, w http.Respons
 		x.sink = &x.hsink
 		sink = x.sink
 	}
-	x.id = RequestID(r.Header.Get("X-Request-Id"))
+	var clientID string // r.Header.Get("X-Request-Id"), the key already canonical
+	if v := r.Header["X-Request-Id"]; len(v) > 0 {
+		clientID = v[0]
+	}
+	x.id = RequestID(clientID)
 	x.startTrace()
 	x.ownID = x.id
-	if x.id == r.Header.Get("X-Request-Id") {
+	if x.id == clientID {
 		x.ownID = newID() // the client's id is kept, and Sluice's own goes beside it
 	}
 	hdr := sink.Header()
