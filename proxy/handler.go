@@ -168,14 +168,10 @@ func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, w http.Respons
 		x.sink = &x.hsink
 		sink = x.sink
 	}
-	var clientID string // r.Header.Get("X-Request-Id"), the key already canonical
-	if v := r.Header["X-Request-Id"]; len(v) > 0 {
-		clientID = v[0]
-	}
-	x.id = RequestID(clientID)
+	x.id = RequestID(r.Header.Get("X-Request-Id"))
 	x.startTrace()
 	x.ownID = x.id
-	if x.id == clientID {
+	if x.id == r.Header.Get("X-Request-Id") {
 		x.ownID = newID() // the client's id is kept, and Sluice's own goes beside it
 	}
 	hdr := sink.Header()

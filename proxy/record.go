@@ -34,8 +34,8 @@ func (x *exchange) record(end time.Time) observe.Record {
 			r.Pool, r.Backend = x.route.Pool.Name(), x.backend.URL.Host
 		}
 	}
-	for i := range observe.Timed {
-		r.Stages[i], r.Measured[i] = x.stageAt(i)
+	for i, name := range observe.Timed {
+		r.Stages[i], r.Measured[i] = x.stage(name)
 	}
 	if x.itl != nil {
 		r.ITL = *x.itl

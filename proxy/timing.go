@@ -49,46 +49,34 @@ func (x *exchange) releaseITL() {
 
 // stage returns a stage's duration and whether it was measured.
 func (x *exchange) stage(name string) (time.Duration, bool) {
-	for i, s := range observe.Timed {
-		if s == name {
-			return x.stageAt(i)
-		}
-	}
-	return 0, false
-}
-
-// stageAt returns the duration of observe.Timed[i] and whether it was
-// measured: the per-request callers (the Record's stages, Server-Timing)
-// go by index, without comparing stage names.
-func (x *exchange) stageAt(i int) (time.Duration, bool) {
 	between := func(a, b time.Time) (time.Duration, bool) {
 		if a.IsZero() || b.IsZero() {
 			return 0, false
 		}
 		return max(b.Sub(a), 0), true
 	}
-	switch i {
-	case stNetRTT:
+	switch name {
+	case observe.StageNetRTT:
 		return x.netRTT()
-	case stTLS:
+	case observe.StageTLS:
 		return x.conn.Handshake, x.conn.Handshake > 0
-	case stAuth:
+	case observe.StageAuth:
 		return between(x.start, x.authDone)
-	case stRecv:
+	case observe.StageRecv:
 		return between(x.authDone, x.bodyRead)
-	case stRoute:
+	case observe.StageRoute:
 		return between(x.bodyRead, x.routed)
-	case stLimit:
+	case observe.StageLimit:
 		return between(x.routed, x.limited)
-	case stQueue:
+	case observe.StageQueue:
 		return x.queueWait, !x.limited.IsZero() && x.route != nil
-	case stUpstream:
+	case observe.StageUpstream:
 		return between(x.picked, x.upstreamHeaders)
-	case stPrefill:
+	case observe.StagePrefill:
 		return between(x.upstreamHeaders, x.firstToken)
-	case stTTFT:
+	case observe.StageTTFT:
 		return between(x.start, x.firstToken)
-	case stEdge:
+	case observe.StageEdge:
 		ttft, ok := between(x.start, x.firstToken)
 		if !ok {
 			return 0, false
@@ -96,42 +84,10 @@ func (x *exchange) stageAt(i int) (time.Duration, bool) {
 		up, _ := between(x.picked, x.firstToken)
 		recv, _ := between(x.authDone, x.bodyRead)
 		return max(ttft-up-recv-x.queueWait, 0), true
-	case stDecode:
+	case observe.StageDecode:
 		return between(x.firstToken, x.lastToken)
 	}
 	return 0, false
-}
-
-// Indexes into observe.Timed (and Record.Stages) of each stage, checked
-// against the names at init: stageAt's cases.
-const (
-	stNetRTT = iota
-	stTLS
-	stAuth
-	stRecv
-	stRoute
-	stLimit
-	stQueue
-	stUpstream
-	stPrefill
-	stTTFT
-	stEdge
-	stDecode
-	stCount
-)
-
-func init() {
-	names := [stCount]string{observe.StageNetRTT, observe.StageTLS, observe.StageAuth, observe.StageRecv,
-		observe.StageRoute, observe.StageLimit, observe.StageQueue, observe.StageUpstream, observe.StagePrefill,
-		observe.StageTTFT, observe.StageEdge, observe.StageDecode}
-	if len(observe.Timed) != stCount || len(observe.HeaderStages) > stCount {
-		panic("proxy: observe.Timed changed: update stageAt")
-	}
-	for i, n := range names {
-		if observe.Timed[i] != n || i < len(observe.HeaderStages) && observe.HeaderStages[i] != n {
-			panic("proxy: observe.Timed changed: update stageAt")
-		}
-	}
 }
 
 // appendMetric appends one W3C Server-Timing entry: name;dur=<ms>.
@@ -170,8 +126,8 @@ func (x *exchange) serverTiming() string {
 
 // appendServerTiming appends the initial Server-Timing value to b.
 func (x *exchange) appendServerTiming(b []byte) []byte {
-	for i, s := range observe.HeaderStages {
-		if d, ok := x.stageAt(i); ok {
+	for _, s := range observe.HeaderStages {
+		if d, ok := x.stage(s); ok {
 			b = appendMetric(b, s, d)
 		}
 	}
@@ -210,7 +166,7 @@ func appendDesc(b []byte, name string, v float64, prec int) []byte {
 // count and a rate are not durations).
 func (x *exchange) finalTiming() string {
 	b := make([]byte, 0, 160)
-	decode, _ := x.stageAt(stDecode)
+	decode, _ := x.stage(observe.StageDecode)
 	b = appendMetric(b, observe.StageDecode, decode)
 	p50, p99, mx, _ := x.itlPercentiles()
 	b = appendMetric(b, "itl-p50", p50)
@@ -335,12 +291,12 @@ func timingJSON(x *exchange, now time.Time) json.RawMessage {
 		b = append(b, ':')
 		b = strconv.AppendFloat(b, v, 'f', -1, 64)
 	}
-	for i, s := range observe.HeaderStages {
-		if d, ok := x.stageAt(i); ok {
+	for _, s := range observe.HeaderStages {
+		if d, ok := x.stage(s); ok {
 			add(s, roundMillis(d))
 		}
 	}
-	if d, ok := x.stageAt(stDecode); ok {
+	if d, ok := x.stage(observe.StageDecode); ok {
 		add(observe.StageDecode, roundMillis(d))
 		tokens := x.outputTokens()
 		if p50, p99, mx, n := x.itlPercentiles(); n > 0 {
