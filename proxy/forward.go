@@ -302,41 +302,18 @@ var backendOwned = map[string]bool{
 	"Ratelimit-Reset": true, "Retry-After-Ms": true,
 }
 
-func copyRequestHeader(dst, src http.Header) { copyHeader(dst, src, dropRequest, "") }
+func copyRequestHeader(dst, src http.Header) { copyHeader(dst, src, clientOwned, "") }
 
 // copyResponseHeader also drops OpenAI-style X-Ratelimit-* fields: the
 // tenant's limits are Sluice's, never the backend's.
-func copyResponseHeader(dst, src http.Header) { copyHeader(dst, src, dropResponse, "X-Ratelimit-") }
+func copyResponseHeader(dst, src http.Header) { copyHeader(dst, src, backendOwned, "X-Ratelimit-") }
 
-// Which direction drops a field: hopHeaders in both, clientOwned in the
-// request's, backendOwned in the response's. fieldDrops holds all three
-// sets as one map, so that copying a field costs one lookup, not two.
-const (
-	dropRequest uint8 = 1 << iota
-	dropResponse
-)
-
-var fieldDrops = func() map[string]uint8 {
-	m := make(map[string]uint8, len(hopHeaders)+len(clientOwned)+len(backendOwned))
-	for k := range hopHeaders {
-		m[k] |= dropRequest | dropResponse
-	}
-	for k := range clientOwned {
-		m[k] |= dropRequest
-	}
-	for k := range backendOwned {
-		m[k] |= dropResponse
-	}
-	return m
-}()
-
-// copyHeader copies src to dst without hop-by-hop fields, the fields the
-// direction (dropRequest or dropResponse) owns or starting with ownedPrefix
-// (canonical form; "" for none), Sluice's own X-Sluice-* fields and those
-// src's Connection names.
-func copyHeader(dst, src http.Header, dir uint8, ownedPrefix string) {
+// copyHeader copies src to dst without hop-by-hop fields, the fields in
+// owned or starting with ownedPrefix (canonical form; "" for none), Sluice's
+// own X-Sluice-* fields and those src's Connection names.
+func copyHeader(dst, src http.Header, owned map[string]bool, ownedPrefix string) {
 	for k, vv := range src {
-		if fieldDrops[k]&dir != 0 || strings.HasPrefix(k, "X-Sluice-") {
+		if hopHeaders[k] || owned[k] || strings.HasPrefix(k, "X-Sluice-") {
 			continue
 		}
 		if ownedPrefix != "" && strings.HasPrefix(k, ownedPrefix) {
