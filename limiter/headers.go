@@ -11,6 +11,7 @@ import (
 // policy is one limit as it appears in the response headers.
 type policy struct {
 	name   string // IETF policy identifier
+	quoted string // name as strconv.Quote writes it (a Structured Field string)
 	unit   string // IETF "qu" quota unit; empty means the default (requests)
 	window bool   // per-minute limit (w=60); concurrency has no window
 	q      Quota
@@ -18,11 +19,11 @@ type policy struct {
 
 func (d Decision) policies() (out [5]policy, n int) {
 	all := [...]policy{
-		{name: ReasonRequests, window: true, q: d.Requests},
-		{name: ReasonTokens, unit: "tokens", window: true, q: d.Tokens},
-		{name: ReasonInputTokens, unit: "tokens", window: true, q: d.InputTokens},
-		{name: ReasonOutputTokens, unit: "tokens", window: true, q: d.OutputTokens},
-		{name: ReasonConcurrency, unit: "concurrency", q: d.Concurrency},
+		{name: ReasonRequests, quoted: `"` + ReasonRequests + `"`, window: true, q: d.Requests},
+		{name: ReasonTokens, quoted: `"` + ReasonTokens + `"`, unit: "tokens", window: true, q: d.Tokens},
+		{name: ReasonInputTokens, quoted: `"` + ReasonInputTokens + `"`, unit: "tokens", window: true, q: d.InputTokens},
+		{name: ReasonOutputTokens, quoted: `"` + ReasonOutputTokens + `"`, unit: "tokens", window: true, q: d.OutputTokens},
+		{name: ReasonConcurrency, quoted: `"` + ReasonConcurrency + `"`, unit: "concurrency", q: d.Concurrency},
 	}
 	for _, p := range all {
 		if p.q.Limit > 0 {
@@ -132,7 +133,7 @@ func appendPolicyField(b []byte, ps []policy) []byte {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = strconv.AppendQuote(b, p.name)
+		b = append(b, p.quoted...) // the names need no escaping: strconv.Quote's text
 		b = append(b, ";q="...)
 		b = strconv.AppendInt(b, p.q.Limit, 10)
 		if p.window {
@@ -152,7 +153,7 @@ func appendRateLimitField(b []byte, ps []policy) []byte {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = strconv.AppendQuote(b, p.name)
+		b = append(b, p.quoted...) // the names need no escaping: strconv.Quote's text
 		b = append(b, ";r="...)
 		b = strconv.AppendInt(b, max(p.q.Remaining, 0), 10)
 		if p.window {

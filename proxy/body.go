@@ -99,7 +99,15 @@ func readBody(w http.ResponseWriter, r *http.Request, lim bodyLimits, budget *bo
 	var rc *http.ResponseController
 	if w != nil {
 		rc = http.NewResponseController(w)
-		if rc.SetReadDeadline(hard) != nil {
+		// The first deadline: the end of the grace period when a minimum
+		// rate applies after it, else the hard limit (one call, not the
+		// hard limit then the grace period's end: each is a timer change
+		// in the netpoller).
+		first := hard
+		if lim.minRate > 0 && bodyRateGrace < lim.timeout {
+			first = start.Add(bodyRateGrace)
+		}
+		if rc.SetReadDeadline(first) != nil {
 			rc = nil
 		} else {
 			// The deadline is cleared only after a body read whole: after
@@ -110,9 +118,6 @@ func readBody(w http.ResponseWriter, r *http.Request, lim bodyLimits, budget *bo
 					rc.SetReadDeadline(time.Time{})
 				}
 			}()
-			if lim.minRate > 0 && bodyRateGrace < lim.timeout {
-				rc.SetReadDeadline(start.Add(bodyRateGrace))
-			}
 		}
 	}
 	var slow *atomic.Bool // set only here: allocated only without deadlines

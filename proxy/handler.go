@@ -488,7 +488,9 @@ func (x *exchange) finish(timing bool) Outcome {
 		x.settle()
 	}
 	o := x.outcome(timing)
-	x.endTrace(time.Now())
+	if x.trace != nil {
+		x.endTrace(time.Now()) // a clock read only when traced
+	}
 	x.h.observe(x)
 	x.releaseITL()
 	return o
