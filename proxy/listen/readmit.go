@@ -3,8 +3,6 @@ package listen
 import (
 	"context"
 	"net"
-	"os"
-	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -380,71 +378,4 @@ func EarlySocket(ctx context.Context) (syscall.RawConn, bool) {
 	}
 	_, l := openReadmitter(cs.cap)
 	return cs.raw, l != nil
-}
-
-// Temporary switch (first8's A/B): "wait", "yield".
-var f8 = os.Getenv("SLUICE_F8")
-
-// serveWith makes hs serve the re-admitted connections at once.
-func (l *readmitListener) serveWith(hs *h1Server) {
-	if f8 != "wait" && f8 != "yield" {
-		l.serve = hs.serveConn
-		return
-	}
-	yield := f8 == "yield"
-	serve := func(c net.Conn) {
-		if waitRequest(c) && yield {
-			runtime.Gosched()
-		}
-		if hc := hs.newConn(c); hc != nil {
-			hc.serve()
-		}
-	}
-	l.serve = func(c net.Conn) { go serve(c) }
-}
-
-// waitRequest waits until c, a re-admitted connection, has bytes to read
-// (or its end, or an error); it reports whether it waited.
-func waitRequest(c net.Conn) bool {
-	cc, ok := c.(*capConn)
-	if !ok {
-		return false
-	}
-	kc, ok := cc.Conn.(*keptConn)
-	if !ok || len(kc.prefix) > 0 {
-		return false
-	}
-	sc, ok := kc.Conn.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	waited := false
-	rc.Read(func(fd uintptr) bool {
-		if waited {
-			return true // woken: the read that follows sees what came
-		}
-		if peekable(int(fd)) {
-			return true
-		}
-		waited = true
-		return false
-	})
-	return waited
-}
-
-// peekable reports whether the socket has bytes to read, its EOF or an
-// error.
-func peekable(fd int) bool {
-	var b [1]byte
-	for {
-		_, _, err := syscall.Recvfrom(fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		if err == syscall.EINTR {
-			continue
-		}
-		return err != syscall.EAGAIN
-	}
 }

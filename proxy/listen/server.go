@@ -151,7 +151,7 @@ func (s *Server) listen() error {
 		s.readmit = append(s.readmit, rl)
 		if s.ownH1() {
 			hs := s.newH1Server(s.Handler)
-			rl.serveWith(hs) // re-admitted connections skip Accept
+			rl.serve = hs.serveConn // re-admitted connections skip Accept
 			s.addServer(ListenerHTTP, rl, hs)
 		} else {
 			s.add(ListenerHTTP, rl, s.Handler)
