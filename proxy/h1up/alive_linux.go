@@ -68,8 +68,15 @@ func (c *conn) alive() bool {
 	return p.rc.Read(p.fn) == nil && p.live
 }
 
+// sendWaitOn is SLUICE_H1UP_SENDWAIT=1, read once: off by default (it
+// cut a read per small request but was not measured better in `sluice
+// serve`, and target 1's TTFT came out higher in 9 of 12 rounds:
+// docs/BENCHMARKS.md "small8sys"); off, every request goes through the
+// net.Conn after getConn's liveness check, as before.
+var sendWaitOn = os.Getenv("SLUICE_H1UP_SENDWAIT") == "1"
+
 // canSendWait reports whether sendWait works on c.
-func (c *conn) canSendWait() bool { return c.probe != nil && c.probe.raw }
+func (c *conn) canSendWait() bool { return sendWaitOn && c.probe != nil && c.probe.raw }
 
 // sendWait writes out (a whole request) on c and waits until the socket
 // turns readable, saving the read that would meet EAGAIN before the

@@ -10,6 +10,8 @@ func (c *conn) initProbe() {}
 // implemented; a request that fails on it is retried by RoundTrip's rule.
 func (c *conn) alive() bool { return true }
 
+var sendWaitOn = false
+
 // canSendWait: no sendWait outside Linux; requests go through the net.Conn.
 func (c *conn) canSendWait() bool { return false }
 

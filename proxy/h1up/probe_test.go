@@ -89,6 +89,7 @@ func TestProbeAfterSkipsCheck(t *testing.T) {
 // right before the write is the liveness check: ProbeAfter skips nothing
 // for it, and a POST on a connection the backend closed goes on a new one.
 func TestProbeAfterSmallRequestChecked(t *testing.T) {
+	requireSendWait(t)
 	raw, reqs, closed := closingBackend(t)
 	tr := New(Options{ProbeAfter: time.Hour})
 	defer tr.CloseIdleConnections()

@@ -58,9 +58,16 @@ func postBody(t *testing.T, tr *Transport, url string, body []byte) string {
 	return readAll(t, resp)
 }
 
+func requireSendWait(t *testing.T) {
+	if !sendWaitOn {
+		t.Skip("SLUICE_H1UP_SENDWAIT=0")
+	}
+}
+
 // Many small requests, sequential and from 8 goroutines, against a
 // backend that answers at once: none waits for its context.
 func TestSendWaitInstantAnswer(t *testing.T) {
+	requireSendWait(t)
 	raw := instantServer(t)
 	tr := New(Options{})
 	defer tr.CloseIdleConnections()
@@ -115,6 +122,7 @@ func TestSendWaitInstantAnswer(t *testing.T) {
 // in the buffer go through sendWait, the others through the net.Conn, on
 // the same kept connection; every byte arrives.
 func TestSendWaitBodySizes(t *testing.T) {
+	requireSendWait(t)
 	raw := instantServer(t)
 	tr := New(Options{})
 	defer tr.CloseIdleConnections()
@@ -140,6 +148,7 @@ func TestSendWaitBodySizes(t *testing.T) {
 // before the client's read readiness is reset (the dialer waits for it):
 // the request is written, not waited on, and that answer read.
 func TestSendWaitBackendSpeaksFirst(t *testing.T) {
+	requireSendWait(t)
 	stop := make(chan struct{})
 	defer close(stop)
 	raw := newRawServer(t, func(c net.Conn) {
@@ -174,6 +183,7 @@ func TestSendWaitBackendSpeaksFirst(t *testing.T) {
 // peek in sendWait finds them, nothing is written on it, and the POST
 // goes on a new connection.
 func TestSendWaitUnaskedBytes(t *testing.T) {
+	requireSendWait(t)
 	var mu sync.Mutex
 	perConn := map[int]int{}
 	var accepts atomic.Int32
@@ -230,6 +240,7 @@ func TestSendWaitUnaskedBytes(t *testing.T) {
 // EAGAIN, or a partial write) is finished through the net.Conn and its
 // answer read as usual.
 func TestSendWaitSendBufferFull(t *testing.T) {
+	requireSendWait(t)
 	ln := listen(t)
 	filled := make(chan int, 1)
 	done := make(chan error, 1)
@@ -304,6 +315,7 @@ func isTimeout(err error) bool {
 // A request waiting in sendWait for an answer that never comes ends when
 // its context does, with the context's error.
 func TestSendWaitCancel(t *testing.T) {
+	requireSendWait(t)
 	raw := newRawServer(t, func(c net.Conn) {
 		readRequest(t, bufio.NewReader(c))
 		io.Copy(io.Discard, c)

@@ -314,7 +314,7 @@ func (w *reqWriter) Write(p []byte) (int, error) {
 		return c.nc.Write(p)
 	}
 	for {
-		single := w.last // the whole request is in p
+		single := w.last && sendWaitOn // the whole request is in p, for sendWait
 		c, err := w.t.getConn(w.b.ctx, w.key, w.fresh, !single)
 		if err != nil {
 			w.err = err
