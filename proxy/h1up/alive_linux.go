@@ -70,7 +70,7 @@ func (c *conn) alive() bool {
 
 // sendWaitOn is SLUICE_H1UP_SENDWAIT=1, read once: off by default (it
 // cut a read per small request but was not measured better in `sluice
-// serve`, and target 1's TTFT came out higher in 9 of 12 rounds:
+// serve`, and target 1's TTFT came out higher in 10 of 15 rounds:
 // docs/BENCHMARKS.md "small8sys"); off, every request goes through the
 // net.Conn after getConn's liveness check, as before.
 var sendWaitOn = os.Getenv("SLUICE_H1UP_SENDWAIT") == "1"
