@@ -35,9 +35,11 @@ const (
 type Body struct {
 	t    *Transport
 	c    *conn
-	nc   net.Conn // c.nc, never changed: what the cancel callback closes
+	nc   net.Conn // c.nc: what the cancel callback closes (changed only with the callback stopped)
 	ctx  context.Context
 	stop func() bool // stops the context.AfterFunc that closes nc
+
+	w reqWriter // writes the request, takes c (attach)
 
 	mode      uint8
 	keep      bool  // the connection may serve another request after the body
@@ -53,6 +55,13 @@ type Body struct {
 }
 
 var _ io.ReadCloser = (*Body)(nil)
+
+// attach makes c the exchange's connection: a cancel of the request's
+// context closes it from now on.
+func (b *Body) attach(c *conn) {
+	b.c, b.nc = c, c.nc
+	b.stop = context.AfterFunc(b.ctx, b.cancel)
+}
 
 // cancel runs when the request's context is done before the body ended:
 // it closes the socket, which ends any Read or write in flight.

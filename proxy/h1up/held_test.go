@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 		heldBackend()
 		return
 	}
+	if os.Getenv("SLUICE_H1UP_SENDWAIT") != "0" {
+		sendWaitOn = true // the tests run the opt-in path unless told not to
+	}
 	os.Exit(m.Run())
 }
 

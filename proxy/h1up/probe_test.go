@@ -40,11 +40,22 @@ func post(url string) *http.Request {
 	return req
 }
 
+// bigPost is a POST whose body does not fit the request writer's buffer:
+// it takes its connection at the writer's first flush and is written
+// through the net.Conn (no sendWait), so ProbeAfter's skip applies to it.
+func bigPost(url string) *http.Request {
+	body := strings.Repeat("x", 10<<10)
+	req, _ := http.NewRequest(http.MethodPost, url, io.NopCloser(strings.NewReader(body))) // no GetBody
+	req.ContentLength = int64(len(body))
+	return req
+}
+
 // With ProbeAfter, a connection back in the pool a moment ago is reused
-// unchecked. When the backend had closed it, a POST written on it fails
-// (it is never sent again: RoundTrip's rule), the backend read no second
-// request, and the host's idle connections are checked again, so the next
-// request succeeds on a new connection.
+// unchecked by a request too big for sendWait. When the backend had
+// closed it, a POST written on it fails (it is never sent again:
+// RoundTrip's rule), the backend read no second request, and the host's
+// idle connections are checked again, so the next request succeeds on a
+// new connection.
 func TestProbeAfterSkipsCheck(t *testing.T) {
 	raw, reqs, closed := closingBackend(t)
 	tr := New(Options{ProbeAfter: time.Hour})
@@ -55,7 +66,7 @@ func TestProbeAfterSkipsCheck(t *testing.T) {
 	}
 	readAll(t, resp)
 	<-closed
-	if _, err := tr.RoundTrip(post(raw.url())); err == nil {
+	if _, err := tr.RoundTrip(bigPost(raw.url())); err == nil {
 		t.Fatal("a POST on a connection the backend closed succeeded: was the liveness check made?")
 	}
 	if got := reqs.Load(); got != 1 {
@@ -71,6 +82,27 @@ func TestProbeAfterSkipsCheck(t *testing.T) {
 	}
 	if got, acc := reqs.Load(), raw.accepts.Load(); got != 4 || acc != 4 {
 		t.Fatalf("backend read %d requests on %d connections; want 4 on 4", got, acc)
+	}
+}
+
+// A request whole in the writer's buffer is sent by sendWait, whose peek
+// right before the write is the liveness check: ProbeAfter skips nothing
+// for it, and a POST on a connection the backend closed goes on a new one.
+func TestProbeAfterSmallRequestChecked(t *testing.T) {
+	requireSendWait(t)
+	raw, reqs, closed := closingBackend(t)
+	tr := New(Options{ProbeAfter: time.Hour})
+	defer tr.CloseIdleConnections()
+	for i := range 3 {
+		resp, err := tr.RoundTrip(post(raw.url()))
+		if err != nil {
+			t.Fatalf("POST %d: %v", i, err)
+		}
+		readAll(t, resp)
+		<-closed
+	}
+	if got, acc := reqs.Load(), raw.accepts.Load(); got != 3 || acc != 3 {
+		t.Fatalf("backend read %d requests on %d connections; want 3 on 3", got, acc)
 	}
 }
 

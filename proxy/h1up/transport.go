@@ -179,13 +179,12 @@ func (t *Transport) roundTrip(req *http.Request) (*http.Response, error) {
 	}
 	key := hostPort(req.URL.Host, req.URL.Port())
 	for retried := false; ; retried = true {
-		c, err := t.getConn(ctx, key, retried)
-		if err != nil {
-			return nil, err
-		}
-		resp, wrote, err := t.exchange(ctx, c, req)
+		resp, c, wrote, err := t.exchange(ctx, key, retried, req)
 		if err == nil {
 			return resp, nil
+		}
+		if c == nil { // no connection taken: a dial failed or the context ended
+			return nil, err
 		}
 		if c.reused && t.o.ProbeAfter > 0 && ctx.Err() == nil {
 			var nr *errNoResponse
@@ -248,23 +247,30 @@ func retryable(req *http.Request, wrote bool, err error) bool {
 	return a || b
 }
 
-// exchange writes req on c and reads the response head. wrote reports
-// that the request write succeeded (a retry may duplicate it). On error c
-// is closed.
-func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (resp *http.Response, wrote bool, err error) {
-	b := &Body{t: t, c: c, nc: c.nc, ctx: ctx}
-	b.stop = context.AfterFunc(ctx, b.cancel)
-	fail := func(err error) (*http.Response, bool, error) {
+// exchange writes req on a connection to key (a new one when fresh is
+// set) and reads the response head. The connection is taken when the
+// request's writer first sends bytes (reqWriter); c is nil when none was
+// (a failed dial). wrote reports that the request write succeeded (a retry
+// may duplicate it). On error c is closed.
+func (t *Transport) exchange(ctx context.Context, key string, fresh bool, req *http.Request) (resp *http.Response, c *conn, wrote bool, err error) {
+	b := &Body{t: t, ctx: ctx}
+	b.w = reqWriter{t: t, b: b, key: key, fresh: fresh}
+	fail := func(err error) (*http.Response, *conn, bool, error) {
+		c := b.c
 		b.abort()
 		if ctx.Err() != nil {
 			err = context.Cause(ctx)
 		}
-		return nil, wrote, err
+		return nil, c, wrote, err
 	}
-	if err := t.writeRequest(c.nc, req); err != nil {
+	if err := t.writeRequest(&b.w, req); err != nil {
+		if b.c == nil && b.w.err != nil {
+			err = b.w.err // getConn's own error, unwrapped
+		}
 		return fail(err)
 	}
 	wrote = true
+	c = b.c
 	c.br = t.readers.Get().(*bufio.Reader)
 	c.br.Reset(c.nc)
 	resp, err = readResponse(c, req, b)
@@ -280,12 +286,83 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (r
 		t.readers.Put(c.br)
 		c.br = nil
 	}
-	return resp, true, nil
+	return resp, c, true, nil
+}
+
+// reqWriter is what a request's pooled bufio.Writer writes to. It takes
+// the request's connection when the writer first sends bytes. A request
+// that fits the writer's buffer whole is sent by its last flush (last set),
+// where on Linux sendWait checks a reused connection's liveness, writes
+// the request and waits for the answer in one RawConn.Read: three system
+// calls for a small request on a kept connection (peek, write, the
+// answer's read) instead of four (the peek, the write, a read meeting
+// EAGAIN, the answer's read). A request that does not fit takes its
+// connection (liveness-checked as getConn does) at its first flush and is
+// written through the net.Conn, as is every request on a connection
+// sendWait does not work on.
+type reqWriter struct {
+	t     *Transport
+	b     *Body
+	key   string
+	fresh bool
+	last  bool  // the flush now is the request's last
+	err   error // getConn's error
+}
+
+func (w *reqWriter) Write(p []byte) (int, error) {
+	if c := w.b.c; c != nil {
+		return c.nc.Write(p)
+	}
+	for {
+		single := w.last && sendWaitOn // the whole request is in p, for sendWait
+		c, err := w.t.getConn(w.b.ctx, w.key, w.fresh, !single)
+		if err != nil {
+			w.err = err
+			return 0, err
+		}
+		w.b.attach(c)
+		if !single || !c.canSendWait() {
+			if single && c.reused && !c.alive() { // getConn left the check to this write
+				if !w.drop() {
+					return 0, context.Cause(w.b.ctx)
+				}
+				continue
+			}
+			return c.nc.Write(p)
+		}
+		n, dead, err := c.sendWait(p)
+		if dead {
+			if !w.drop() {
+				return 0, context.Cause(w.b.ctx)
+			}
+			continue
+		}
+		if err == nil && n < len(p) { // EAGAIN or a partial write: the rest as usual
+			m, err := c.nc.Write(p[n:])
+			return n + m, err
+		}
+		return n, err
+	}
+}
+
+// drop closes the dead connection the request was about to go on, before
+// anything was written on it, and reports whether another may be taken
+// (false: the request's context is done).
+func (w *reqWriter) drop() bool {
+	b, c := w.b, w.b.c
+	b.c = nil
+	stopped := b.stop()
+	c.nc.Close()
+	if w.t.o.ProbeAfter > 0 {
+		w.t.markSuspect(w.key)
+	}
+	return stopped && b.ctx.Err() == nil
 }
 
 // getConn takes the newest live idle connection to key, or dials one;
-// with fresh set it always dials.
-func (t *Transport) getConn(ctx context.Context, key string, fresh bool) (*conn, error) {
+// with fresh set it always dials. Without check, an idle connection is
+// returned unchecked: its caller checks it (reqWriter).
+func (t *Transport) getConn(ctx context.Context, key string, fresh, check bool) (*conn, error) {
 	now := time.Now()
 	t.mu.Lock()
 	for !fresh {
@@ -302,7 +379,7 @@ func (t *Transport) getConn(ctx context.Context, key string, fresh bool) (*conn,
 			c.nc.Close()
 			break
 		}
-		if idle < t.o.ProbeAfter && (t.suspect == nil || !now.Before(t.suspect[key])) {
+		if !check || idle < t.o.ProbeAfter && (t.suspect == nil || !now.Before(t.suspect[key])) {
 			t.mu.Unlock()
 			c.reused = true
 			return c, nil

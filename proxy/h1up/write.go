@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 
@@ -18,12 +17,13 @@ import (
 // ContentLength: sending it would desynchronize the connection.
 var errBodyLength = errors.New("h1up: request body length differs from ContentLength")
 
-// writeRequest writes req's head and body on nc through a pooled writer.
+// writeRequest writes req's head and body to w through a pooled writer.
 // The body is read to its end (io.EOF), so wrappers that watch for the end
-// of the body see it.
-func (t *Transport) writeRequest(nc net.Conn, req *http.Request) error {
+// of the body see it. The last flush is marked (w.last): a request whole
+// in the writer's buffer is sent by it alone.
+func (t *Transport) writeRequest(w *reqWriter, req *http.Request) error {
 	bw := t.writers.Get().(*bufio.Writer)
-	bw.Reset(nc)
+	bw.Reset(w)
 	defer func() {
 		bw.Reset(nil)
 		t.writers.Put(bw)
@@ -33,6 +33,7 @@ func (t *Transport) writeRequest(nc net.Conn, req *http.Request) error {
 	}
 	body := req.Body
 	if body == nil || body == http.NoBody {
+		w.last = true
 		return bw.Flush()
 	}
 	var err error
@@ -44,6 +45,7 @@ func (t *Transport) writeRequest(nc net.Conn, req *http.Request) error {
 	if err != nil {
 		return err
 	}
+	w.last = true
 	return bw.Flush()
 }
 
