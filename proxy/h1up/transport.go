@@ -321,27 +321,24 @@ func (w *reqWriter) Write(p []byte) (int, error) {
 			return 0, err
 		}
 		w.b.attach(c)
-		if !single || !c.canSendWait() {
-			if single && c.reused && !c.alive() { // getConn left the check to this write
-				if !w.drop() {
-					return 0, context.Cause(w.b.ctx)
-				}
-				continue
-			}
-			return c.nc.Write(p)
+		n, dead := 0, false
+		switch {
+		case single && c.canSendWait():
+			n, dead, err = c.sendWait(p)
+		case single && c.reused:
+			dead = !c.alive() // getConn left the check to this write
 		}
-		n, dead, err := c.sendWait(p)
 		if dead {
 			if !w.drop() {
 				return 0, context.Cause(w.b.ctx)
 			}
 			continue
 		}
-		if err == nil && n < len(p) { // EAGAIN or a partial write: the rest as usual
-			m, err := c.nc.Write(p[n:])
-			return n + m, err
+		if err != nil || n == len(p) {
+			return n, err
 		}
-		return n, err
+		m, err := c.nc.Write(p[n:]) // all of p, or what EAGAIN or a partial write left
+		return n + m, err
 	}
 }
 
