@@ -327,3 +327,74 @@ func TestNativeKey(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkHistObserve measures one observation of a latency series as
+// Sluice configures it (classic and native buckets), client_golang's
+// HistogramVec's and the own one's, each from one goroutine ("serial")
+// and from GOMAXPROCS goroutines into the same series ("parallel", the
+// cross-core case). Values cycle through 1,024 latencies from 10 µs to
+// 1 s, already observed once (the buckets exist).
+//
+//	go test -run '^$' -bench BenchmarkHistObserve -cpu 1,2 -benchmem ./proxy/observe/
+func BenchmarkHistObserve(b *testing.B) {
+	c := histConfig{"bench", latencyBuckets, nativeFactor, nativeMaxBuckets, nativeMinReset}
+	ref, own, _, _ := c.pair(0)
+	vs := histValues(rand.New(rand.NewPCG(7, 7)), "narrow", 0)
+	rng := rand.New(rand.NewPCG(7, 7))
+	for range 1024 {
+		vs = append(vs, math.Exp(math.Log(1e-5)+rng.Float64()*(math.Log(1)-math.Log(1e-5))))
+	}
+	for _, side := range []struct {
+		name string
+		o    prometheus.Observer
+	}{{"client_golang", ref.WithLabelValues("r", "s")}, {"own", own.WithLabelValues("r", "s")}} {
+		for _, v := range vs {
+			side.o.Observe(v)
+		}
+		b.Run(side.name+"/serial", func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				side.o.Observe(vs[i&1023])
+				i++
+			}
+		})
+		b.Run(side.name+"/parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				i := rand.IntN(1024)
+				for pb.Next() {
+					side.o.Observe(vs[i&1023])
+					i++
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkHistITL measures a stream's 256 inter-token gaps observed at
+// its end: client_golang's Observe per gap against observeMicros.
+//
+//	go test -run '^$' -bench BenchmarkHistITL -benchmem ./proxy/observe/
+func BenchmarkHistITL(b *testing.B) {
+	c := histConfig{"itl", itlBuckets, nativeFactor, nativeMaxBuckets, nativeMinReset}
+	ref, own, _, _ := c.pair(0)
+	rng := rand.New(rand.NewPCG(8, 8))
+	us := make([]uint32, 256)
+	for i := range us {
+		us[i] = uint32(15000 + rng.IntN(10000))
+	}
+	r, o := ref.WithLabelValues("r", "s"), own.WithLabelValues("r", "s")
+	b.Run("client_golang", func(b *testing.B) {
+		for b.Loop() {
+			for _, u := range us {
+				r.Observe(float64(u) / 1e6)
+			}
+		}
+	})
+	b.Run("own", func(b *testing.B) {
+		for b.Loop() {
+			o.observeMicros(us)
+		}
+	})
+}
