@@ -20,16 +20,16 @@ type Metrics struct {
 	retries  *prometheus.CounterVec
 	hedges   *prometheus.CounterVec
 	refusals *prometheus.CounterVec
-	ttft     *prometheus.HistogramVec
-	itl      *prometheus.HistogramVec
-	e2e      *prometheus.HistogramVec
-	stages   *prometheus.HistogramVec
+	ttft     *shardHistVec
+	itl      *shardHistVec
+	e2e      *shardHistVec
+	stages   *shardHistVec
 	tokens   *prometheus.CounterVec
 	wsConns  *prometheus.GaugeVec
 	wsSlow   prometheus.Counter
 
 	// The OpenTelemetry GenAI server metrics (see genai below).
-	genTTFT, genTPOT, genDuration, genTokens *prometheus.HistogramVec
+	genTTFT, genTPOT, genDuration, genTokens *shardHistVec
 
 	// tenants and models are the label values given out
 	// (NewMetrics's tenantLabels and genAIModelCap at most).
@@ -142,17 +142,17 @@ type (
 
 // genAIObs are the GenAI series of one (operation, model, backend, error).
 type genAIObs struct {
-	ttft, tpot, duration, tokIn, tokOut prometheus.Observer
+	ttft, tpot, duration, tokIn, tokOut *shardHist
 }
 
 // routeObs are a (route, proto)'s duration series: e2e, and each stage in
 // the order of Timed.
 type routeObs struct {
-	e2e    prometheus.Observer
-	stages [len(Timed)]prometheus.Observer
+	e2e    *shardHist
+	stages [len(Timed)]*shardHist
 }
 
-type backendObs struct{ ttft, itl prometheus.Observer }
+type backendObs struct{ ttft, itl *shardHist }
 
 type tokenObs struct{ in, out prometheus.Counter }
 
@@ -338,16 +338,16 @@ const (
 	nativeMinReset   = time.Hour
 )
 
-// histogram is a HistogramVec with classic buckets and, when native is
-// set, native ones too.
-func histogram(name, help string, buckets []float64, native bool, labels ...string) *prometheus.HistogramVec {
-	o := prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}
+// histogram is a histogram vector with classic buckets and, when native
+// is set, native ones too: what client_golang's HistogramVec with these
+// options exposes, counted in per-P shards without its sync.Map lookup
+// per native observation (see shardHistVec).
+func histogram(name, help string, buckets []float64, native bool, labels ...string) *shardHistVec {
+	o := histOpts{name: name, help: help, labels: labels, buckets: buckets}
 	if native {
-		o.NativeHistogramBucketFactor = nativeFactor
-		o.NativeHistogramMaxBucketNumber = nativeMaxBuckets
-		o.NativeHistogramMinResetDuration = nativeMinReset
+		o.factor, o.maxBuckets, o.minReset = nativeFactor, nativeMaxBuckets, nativeMinReset
 	}
-	return prometheus.NewHistogramVec(o, labels)
+	return newShardHistVec(o)
 }
 
 // NewMetrics creates the metrics and registers them with reg. tenantLabels
@@ -494,9 +494,7 @@ func (m *Metrics) Record(r *Record) {
 	if r.Backend != "" && r.Measured[TTFT] {
 		bo := s.backendObs(m)
 		bo.ttft.Observe(r.Stages[TTFT].Seconds())
-		for _, us := range r.ITL {
-			bo.itl.Observe(float64(us) / 1e6)
-		}
+		bo.itl.observeMicros(r.ITL)
 	}
 	if r.Counted {
 		to := s.tokenObs(m)

@@ -282,6 +282,24 @@ func BenchmarkRecordSmall(b *testing.B) {
 	}
 }
 
+// BenchmarkRecordSmallParallel is BenchmarkRecordSmall from GOMAXPROCS
+// goroutines at once, all into the same series (one route, backend and
+// model, as target 3's load): the cross-core cost of the observations.
+//
+//	go test -run '^$' -bench BenchmarkRecordSmallParallel -cpu 1,2 -benchmem ./proxy/observe/
+func BenchmarkRecordSmallParallel(b *testing.B) {
+	m := observe.NewMetrics(prometheus.NewRegistry(), 10)
+	r := streamRecord()
+	r.ITL = nil
+	m.Record(r)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			m.Record(r)
+		}
+	})
+}
+
 // Tenant labels handed out from many goroutines at once stay bounded: with
 // room for 10, exactly 10 tenants get their own value and every other one
 // shares "other", and a tenant that got its own value keeps it. Run with
