@@ -37,9 +37,7 @@ func (x *exchange) record(end time.Time) observe.Record {
 	for i, name := range observe.Timed {
 		r.Stages[i], r.Measured[i] = x.stage(name)
 	}
-	if x.itl != nil {
-		r.ITL = *x.itl
-	}
+	r.ITL = x.itl
 	return r
 }
 
