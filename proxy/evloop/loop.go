@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -149,10 +148,6 @@ func (l *loop) run() {
 	if err != nil {
 		panic("evloop: " + err.Error())
 	}
-	if polledWait {
-		l.runPolled(f, rc)
-		return
-	}
 	var deadline time.Time
 	wait := func(timeout time.Duration) (int, error) {
 		switch {
@@ -221,74 +216,6 @@ func (l *loop) run() {
 		}
 		timeout = l.sweepEvery()
 		l.own.Unlock()
-	}
-}
-
-// polledWait selects runPolled (SLUICE_LOOP_WAIT=polled; xline9's A/B).
-var polledWait = os.Getenv("SLUICE_LOOP_WAIT") == "polled"
-
-// runPolled is run serving its batches inside one read of the netpoller's
-// descriptor: it polls again after a full batch or one that ran commands
-// (they may have changed the epoll set), and parks right after an
-// epoll_wait that returned fewer events than it had room for, without the
-// empty epoll_wait run makes on entering its next read. No wake-up is
-// lost: the read clears the descriptor's readiness only on its entry, so
-// an event that comes after the last epoll_wait marks it ready again. It
-// leaves the read to arm or clear the sweep's deadline, when that passes
-// (the read's error), and to stop.
-func (l *loop) runPolled(f *os.File, rc syscall.RawConn) {
-	sweep := l.opts.Sweep
-	lastSweep := time.Now()
-	var deadline time.Time
-	stop, active := false, time.Duration(-1)
-	serve := func(fd uintptr) bool {
-		l.own.Lock()
-		defer l.own.Unlock()
-		for {
-			if l.exited { // a helper took the stop command
-				stop = true
-				return true
-			}
-			n, werr := rawEpollWait(int(fd), l.ready)
-			if werr == unix.EINTR || werr == unix.EAGAIN {
-				n, werr = 0, nil
-			}
-			l.polled.Store(mono())
-			now := time.Now()
-			if werr != nil {
-				l.fail(fmt.Errorf("evloop: epoll_wait: %w", werr), now)
-				l.exited, stop = true, true
-				return true
-			}
-			if n > 0 && l.dispatch(n, now) {
-				l.exited, stop = true, true
-				return true
-			}
-			if now.Sub(lastSweep) >= sweep {
-				lastSweep = now
-				l.sweep(now)
-			}
-			if a := l.sweepEvery(); a != active {
-				active = a
-				return true // the sweep's deadline must be armed or cleared
-			}
-			if n < len(l.ready) && !(n > 0 && l.woken) {
-				return false // drained: park (see above)
-			}
-		}
-	}
-	for !stop {
-		// active is written by serve under own and read here after
-		// Read returned, on the same goroutine.
-		switch now := time.Now(); {
-		case active < 0 && !deadline.IsZero():
-			deadline = time.Time{}
-			f.SetReadDeadline(deadline)
-		case active >= 0 && (deadline.IsZero() || !now.Before(deadline) || deadline.Sub(now) > active):
-			deadline = now.Add(active)
-			f.SetReadDeadline(deadline)
-		}
-		rc.Read(serve) // an error is the deadline: arm it again and serve
 	}
 }
 
