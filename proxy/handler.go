@@ -220,25 +220,22 @@ func (x *exchange) complete(timing, served bool) (o Outcome) {
 type exchange struct {
 	// The fields a committed stream's every event touches (relayEvent,
 	// classify, send, tokenAt) come first, in the struct's first two cache
-	// lines (122 bytes; the struct is 64-byte aligned in its size class):
+	// lines (112 bytes; the struct is 64-byte aligned in its size class):
 	// on an event loop a stream's state is seldom still cached between two
 	// of its tokens, and each line is a miss (BENCHMARKS.md, xline9).
 	sink  Sink
 	alias *alias    // the route serves meta.Model under another name; see alias.go
 	trace *reqTrace // the request's spans; nil when tracing is off (trace.go)
-	// itl holds inter-token gaps in microseconds, in the array of itlBuf
-	// (pooled; cold, so not a second line to load per token); lastTokenAt
-	// is the previous token's arrival.
-	itl         []uint32
+	// itl holds inter-token gaps in microseconds; lastTokenAt is the
+	// previous token's arrival.
+	itl         *[]uint32
 	lastTokenAt time.Time
 	lastToken   time.Time // a mark on the request's timeline, as those below
 	tokens      int64     // chunks carrying generated text
 	bytesToUser int64
+	usage       *limiter.Usage
 	dialect     dialect // the API the path speaks (openai routes): see dialect.go
 	clientGone  bool
-
-	itlBuf *[]uint32
-	usage  *limiter.Usage // set by the usage chunk (not every event)
 
 	h    *Handler
 	st   *State

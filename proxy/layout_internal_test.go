@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"testing"
-	"time"
 	"unsafe"
 )
 
@@ -25,6 +24,7 @@ func TestEventFieldsFirst(t *testing.T) {
 		{"exchange.lastToken", unsafe.Offsetof(x.lastToken), unsafe.Sizeof(x.lastToken), 128},
 		{"exchange.tokens", unsafe.Offsetof(x.tokens), unsafe.Sizeof(x.tokens), 128},
 		{"exchange.bytesToUser", unsafe.Offsetof(x.bytesToUser), unsafe.Sizeof(x.bytesToUser), 128},
+		{"exchange.usage", unsafe.Offsetof(x.usage), unsafe.Sizeof(x.usage), 128},
 		{"exchange.dialect", unsafe.Offsetof(x.dialect), unsafe.Sizeof(x.dialect), 128},
 		{"exchange.clientGone", unsafe.Offsetof(x.clientGone), unsafe.Sizeof(x.clientGone), 128},
 		{"loopStream.x", unsafe.Offsetof(ls.x), unsafe.Sizeof(ls.x), 64},
@@ -35,26 +35,5 @@ func TestEventFieldsFirst(t *testing.T) {
 		if end := f.off + f.size; end > f.limit {
 			t.Errorf("%s ends at byte %d; want ≤ %d", f.name, end, f.limit)
 		}
-	}
-}
-
-// TestITLSamples checks the ITL samples kept in the exchange's slice: one
-// per token after the first, past the pooled array's first capacity, and
-// none left after releaseITL.
-func TestITLSamples(t *testing.T) {
-	var x exchange
-	t0 := time.Now()
-	for i := range 300 {
-		x.tokenAt(t0.Add(time.Duration(i) * 2 * time.Millisecond))
-	}
-	if len(x.itl) != 299 || x.itl[0] != 2000 || x.itl[298] != 2000 {
-		t.Fatalf("samples %d (first %v); want 299 of 2000 µs", len(x.itl), x.itl[:min(len(x.itl), 1)])
-	}
-	if p50, _, _, n := x.itlPercentiles(); n != 299 || p50 != 2*time.Millisecond {
-		t.Errorf("itlPercentiles: P50 %v of %d; want 2ms of 299", p50, n)
-	}
-	x.releaseITL()
-	if x.itl != nil || x.itlBuf != nil {
-		t.Errorf("after releaseITL: itl %d samples, itlBuf %v; want none", len(x.itl), x.itlBuf)
 	}
 }

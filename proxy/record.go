@@ -37,7 +37,9 @@ func (x *exchange) record(end time.Time) observe.Record {
 	for i, name := range observe.Timed {
 		r.Stages[i], r.Measured[i] = x.stage(name)
 	}
-	r.ITL = x.itl
+	if x.itl != nil {
+		r.ITL = *x.itl
+	}
 	return r
 }
 

@@ -28,12 +28,11 @@ var itlPool = sync.Pool{New: func() any { s := make([]uint32, 0, 256); return &s
 // the first.
 func (x *exchange) tokenAt(t time.Time) {
 	if !x.lastTokenAt.IsZero() {
-		if x.itlBuf == nil {
-			x.itlBuf = itlPool.Get().(*[]uint32)
-			x.itl = (*x.itlBuf)[:0]
+		if x.itl == nil {
+			x.itl = itlPool.Get().(*[]uint32)
 		}
-		if len(x.itl) < maxITLSamples {
-			x.itl = append(x.itl, uint32(min(t.Sub(x.lastTokenAt).Microseconds(), math.MaxUint32)))
+		if len(*x.itl) < maxITLSamples {
+			*x.itl = append(*x.itl, uint32(min(t.Sub(x.lastTokenAt).Microseconds(), math.MaxUint32)))
 		}
 	}
 	x.lastTokenAt = t
@@ -41,10 +40,10 @@ func (x *exchange) tokenAt(t time.Time) {
 
 // releaseITL returns the sample buffer to its pool.
 func (x *exchange) releaseITL() {
-	if x.itlBuf != nil {
-		*x.itlBuf = x.itl[:0] // the samples' array, grown or not
-		itlPool.Put(x.itlBuf)
-		x.itlBuf, x.itl = nil, nil
+	if x.itl != nil {
+		*x.itl = (*x.itl)[:0]
+		itlPool.Put(x.itl)
+		x.itl = nil
 	}
 }
 
@@ -137,10 +136,10 @@ func (x *exchange) appendServerTiming(b []byte) []byte {
 
 // itlPercentiles returns the P50, P99 and max of the ITL samples.
 func (x *exchange) itlPercentiles() (p50, p99, maxd time.Duration, n int) {
-	if len(x.itl) == 0 {
+	if x.itl == nil || len(*x.itl) == 0 {
 		return 0, 0, 0, 0
 	}
-	s := slices.Clone(x.itl)
+	s := slices.Clone(*x.itl)
 	slices.Sort(s)
 	rank := func(p float64) time.Duration {
 		i := int(math.Ceil(p*float64(len(s)))) - 1
