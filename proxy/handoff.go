@@ -138,10 +138,8 @@ func (h *Handler) LoopParked() int64 {
 
 // loopStream is an exchange's stream on a loop: the Relay the loop calls.
 type loopStream struct {
-	x   *exchange
-	l   *leg
-	att Attempt // l.att, in ls's first line: Event reports progress on it
-	// sink.out, which every Event sets, is in that line too.
+	x       *exchange
+	l       *leg
 	sink    loopSink
 	h       *evloop.Handle
 	release func()        // the server's hold (listen.Hold)
@@ -307,7 +305,7 @@ func (x *exchange) commitLoopHead(l *leg, s *httpSink) http.Header {
 // event; no loop is needed, and loopAbort closes the connection, which
 // the head then says.
 func (x *exchange) firstBytes(l *leg, hdr http.Header, conn net.Conn, keep bool) (*loopStream, bool) {
-	ls := &loopStream{x: x, l: l, att: l.att, done: make(chan struct{}), conn: conn, keep: keep}
+	ls := &loopStream{x: x, l: l, done: make(chan struct{}), conn: conn, keep: keep}
 	ls.sink.hdr = hdr
 	ls.sink.trailer = wantsTrailer(x.r)
 	ls.sink.plain = !x.r.ProtoAtLeast(1, 1)
@@ -565,7 +563,7 @@ func (w *headBuf) WriteString(s string) (int, error) { w.b = append(w.b, s...); 
 func (ls *loopStream) Event(out, ev []byte, now time.Time) ([]byte, bool) {
 	ls.sink.out = out
 	done, err := ls.x.relayEvent(ls.l, ev, now)
-	ls.att.Progress(now)
+	ls.l.att.Progress(now)
 	out, ls.sink.out = ls.sink.out, nil
 	return out, done || err != nil
 }

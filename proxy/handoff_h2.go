@@ -91,7 +91,7 @@ func (x *exchange) handOffFramed(l *leg) (bool, error) {
 	x.netRTT() // read while the handler runs (the access log reports it)
 	reuse := reuseFunc(l.resp.Body, up)
 	l.wd.stop() // the loop watches idleness
-	ls := &loopStream{x: x, l: l, att: l.att, done: make(chan struct{}), framed: hs, uncount: func() {}}
+	ls := &loopStream{x: x, l: l, done: make(chan struct{}), framed: hs, uncount: func() {}}
 	ls.sink.framed = true
 	ls.sink.trailer = wantsTrailer(r)
 	pending := l.handOverBuffers()
