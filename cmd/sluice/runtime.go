@@ -43,7 +43,7 @@ const limitedGOGC = 200
 // memory limit when the environment does not set GOMEMLIMIT, raises the
 // collector's target to limitedGOGC when the environment does not set
 // GOGC and a memory limit is in force (with neither, it starts the GC
-// tuner: startGCTuner), and logs the runtime settings in force. Without
+// tuner when SLUICE_GC_HEADROOM asks for it: startGCTuner), and logs the runtime settings in force. Without
 // a soft limit the heap grows to (1+GOGC/100) times the live heap before
 // a collection, whatever the container's limit: a node
 // holding many streams can be killed for memory it would have freed. With
@@ -148,27 +148,20 @@ func selfCgroups(file string) (v2, v1mem string) {
 	return v2, v1mem
 }
 
-// defaultGCHeadroom is the least the heap may grow between collections
-// when neither GOGC nor a memory limit is set (see startGCTuner). 16 MiB
-// (GOGC 400 at a small request load's 2 MiB live heap) cut the CPU per
-// small request by ≈ 20 % against Go's 100 and left held streams' RSS
-// unchanged, where a plain GOGC 200 raised it by 30 %
-// (docs/BENCHMARKS.md, "gc9").
-const defaultGCHeadroom = 16 << 20
-
 // gcMaxPercent caps the collector's target the tuner sets.
 const gcMaxPercent = 400
 
-// gcHeadroom is the tuner's headroom: SLUICE_GC_HEADROOM in bytes ("0":
-// no tuner), else defaultGCHeadroom.
+// gcHeadroom is the tuner's headroom: SLUICE_GC_HEADROOM in bytes; 0 (unset,
+// "0" or not a number): no tuner. It is not on by default: 16 MiB (GOGC
+// 400 at a small request load's 2 MiB live heap) cut the CPU per small
+// request by ≈ 20 % against Go's 100 and left held streams' RSS as it
+// was, where a plain GOGC 200 raised it by 30 %, but it raised target 1's
+// TTFT P50 at 64 streams by 0.14–0.18 ms and its CPU per token by 1–7 %
+// (docs/BENCHMARKS.md, "gc9").
 func gcHeadroom() uint64 {
-	v := os.Getenv("SLUICE_GC_HEADROOM")
-	if v == "" {
-		return defaultGCHeadroom
-	}
-	n, err := strconv.ParseUint(v, 10, 64)
+	n, err := strconv.ParseUint(os.Getenv("SLUICE_GC_HEADROOM"), 10, 64)
 	if err != nil {
-		return defaultGCHeadroom
+		return 0
 	}
 	return n
 }

@@ -88,14 +88,14 @@ func TestRuntimeDefaultsGOGC(t *testing.T) {
 		wantPercent                    int
 	}{
 		{"unset, limit", "", strconv.Itoa(limitedGOGC), "sluice", 1 << 30, limitedGOGC},
-		{"unset, no limit, no headroom", "", "100", "go", math.MaxInt64, 100},
-		{"set, limit", "150", "150", "GOGC", 1 << 30, 100}, // the runtime read GOGC at start; 100 is what the test set
+		{"unset, no limit", "", "100", "go", math.MaxInt64, 100}, // no SLUICE_GC_HEADROOM: no tuner
+		{"set, limit", "150", "150", "GOGC", 1 << 30, 100},       // the runtime read GOGC at start; 100 is what the test set
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("GOGC", tc.env)
 			t.Setenv("GOMEMLIMIT", "test")
-			t.Setenv("SLUICE_GC_HEADROOM", "0")
+			t.Setenv("SLUICE_GC_HEADROOM", "")
 			prev := debug.SetGCPercent(100)
 			prevLimit := debug.SetMemoryLimit(tc.limit)
 			t.Cleanup(func() { debug.SetGCPercent(prev); debug.SetMemoryLimit(prevLimit) })
@@ -136,8 +136,8 @@ func TestGCPercentFor(t *testing.T) {
 	}
 }
 
-// TestGCTuner: with neither GOGC nor a memory limit, applyRuntimeDefaults
-// starts the tuner, which sets the collector's target from the live heap
+// TestGCTuner: with neither GOGC nor a memory limit and SLUICE_GC_HEADROOM
+// set, applyRuntimeDefaults starts the tuner, which sets the collector's target from the live heap
 // after a collection (a test binary's few MiB under a 64 MiB headroom: the
 // cap), and logs it.
 func TestGCTuner(t *testing.T) {
