@@ -7,9 +7,12 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // writeFiles creates files (path relative to root → content) under root.
@@ -85,13 +88,14 @@ func TestRuntimeDefaultsGOGC(t *testing.T) {
 		wantPercent                    int
 	}{
 		{"unset, limit", "", strconv.Itoa(limitedGOGC), "sluice", 1 << 30, limitedGOGC},
-		{"unset, no limit", "", "100", "go", math.MaxInt64, 100},
-		{"set, limit", "150", "150", "GOGC", 1 << 30, 100}, // the runtime read GOGC at start; 100 is what the test set
+		{"unset, no limit", "", "100", "go", math.MaxInt64, 100}, // no SLUICE_GC_HEADROOM: no tuner
+		{"set, limit", "150", "150", "GOGC", 1 << 30, 100},       // the runtime read GOGC at start; 100 is what the test set
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("GOGC", tc.env)
 			t.Setenv("GOMEMLIMIT", "test")
+			t.Setenv("SLUICE_GC_HEADROOM", "")
 			prev := debug.SetGCPercent(100)
 			prevLimit := debug.SetMemoryLimit(tc.limit)
 			t.Cleanup(func() { debug.SetGCPercent(prev); debug.SetMemoryLimit(prevLimit) })
@@ -112,5 +116,56 @@ func TestRuntimeDefaultsGOGC(t *testing.T) {
 				t.Fatalf("log line %q: memory_limit_bytes present %v with limit %d", buf.String(), ok, tc.limit)
 			}
 		})
+	}
+}
+
+// TestGCPercentFor: Go's 100 for a live heap of headroom or more, raised so
+// that headroom bytes fit between collections below it, capped.
+func TestGCPercentFor(t *testing.T) {
+	const h = 16 << 20
+	for _, tc := range []struct {
+		live uint64
+		want int
+	}{
+		{0, gcMaxPercent}, {1 << 20, gcMaxPercent}, {4 << 20, 400}, {5 << 20, 320}, {8 << 20, 200},
+		{10 << 20, 160}, {16 << 20, 100}, {100 << 20, 100},
+	} {
+		if got := gcPercentFor(tc.live, h); got != tc.want {
+			t.Errorf("gcPercentFor(%d MiB) = %d, want %d", tc.live>>20, got, tc.want)
+		}
+	}
+}
+
+// TestGCTuner: with neither GOGC nor a memory limit and SLUICE_GC_HEADROOM
+// set, applyRuntimeDefaults starts the tuner, which sets the collector's target from the live heap
+// after a collection (a test binary's few MiB under a 64 MiB headroom: the
+// cap), and logs it.
+func TestGCTuner(t *testing.T) {
+	t.Setenv("GOGC", "")
+	t.Setenv("GOMEMLIMIT", "test")
+	t.Setenv("SLUICE_GC_HEADROOM", strconv.Itoa(64<<20))
+	prev := debug.SetGCPercent(100)
+	prevLimit := debug.SetMemoryLimit(math.MaxInt64)
+	var buf bytes.Buffer
+	applyRuntimeDefaults(slog.New(slog.NewJSONHandler(&buf, nil)))
+	t.Cleanup(func() { stopGCTuner(); runtime.GC(); debug.SetGCPercent(prev); debug.SetMemoryLimit(prevLimit) })
+	var m map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
+		t.Fatalf("log line %q: %v", buf.String(), err)
+	}
+	if m["gogc"] != "100+headroom" || m["gogc_source"] != "sluice" || m["gc_headroom_bytes"] != float64(64<<20) {
+		t.Fatalf("log line %q", buf.String())
+	}
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	for i := 0; ; i++ {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond) // the finalizer goroutine's turn
+		metrics.Read(s)
+		if s[0].Value.Uint64() == gcMaxPercent {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("GC percent %d after %d collections, want %d", s[0].Value.Uint64(), i+1, gcMaxPercent)
+		}
 	}
 }

@@ -60,7 +60,15 @@ var (
 	_ http.Hijacker       = (*h1Response)(nil)
 )
 
-func (w *h1Response) Header() http.Header { return w.header }
+// Header returns the response's header map; after the handler returned, a
+// map of its own (the response's may already be the next response's, see
+// h1Conn.finish).
+func (w *h1Response) Header() http.Header {
+	if w.done.Load() {
+		return http.Header{}
+	}
+	return w.header
+}
 
 func (w *h1Response) WriteHeader(code int) {
 	if w.hijacked || w.wroteHeader {

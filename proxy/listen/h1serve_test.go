@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -520,5 +522,68 @@ func TestH1ShortBodyCloses(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the handler did not see the body end")
+	}
+}
+
+// TestH1HeaderMapReused: a kept connection's next response gets the last
+// response's header map, emptied: no field of the first answer reaches the
+// second, a map that grew past the bound is not kept, and Header called
+// after the handler returned is a map of its own, which the next response
+// does not see.
+func TestH1HeaderMapReused(t *testing.T) {
+	var mu sync.Mutex
+	var maps []uintptr
+	late := make(chan http.ResponseWriter, 1)
+	_, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		maps = append(maps, reflect.ValueOf(w.Header()).Pointer())
+		mu.Unlock()
+		switch r.URL.Path {
+		case "/a":
+			w.Header().Set("X-First", "1")
+			late <- w
+		case "/big":
+			for i := range 40 {
+				w.Header().Set(fmt.Sprintf("X-Big-%d", i), "v")
+			}
+		}
+		io.WriteString(w, r.URL.Path)
+	}), 0)
+	c, br := dialRaw(t, addr)
+	for i, path := range []string{"/a", "/b", "/big", "/c", "/d"} {
+		if i == 2 {
+			// After /a's handler returned and /b reused its map: a late
+			// Header is a map of its own, not the one /b had.
+			h := (<-late).Header()
+			mu.Lock()
+			same := reflect.ValueOf(h).Pointer() == maps[1]
+			mu.Unlock()
+			if same {
+				t.Fatal("Header after the handler returned is the next response's map")
+			}
+			h.Set("X-Late", "1")
+		}
+		io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, body := readResp(t, br, "GET")
+		if body != path {
+			t.Fatalf("%s: body %q", path, body)
+		}
+		if path != "/a" && (resp.Header.Get("X-First") != "" || resp.Header.Get("X-Late") != "") {
+			t.Fatalf("%s: a field of an earlier answer or a late Header: %v", path, resp.Header)
+		}
+		if path == "/c" && resp.Header.Get("X-Big-1") != "" {
+			t.Fatalf("/c: a field of /big's answer: %v", resp.Header)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if maps[1] != maps[0] || maps[2] != maps[1] {
+		t.Errorf("the header map was not reused on the kept connection: %x", maps)
+	}
+	if maps[3] == maps[2] {
+		t.Errorf("a map grown past %d fields was kept", 32)
+	}
+	if maps[4] != maps[3] {
+		t.Errorf("the map after the grown one was not reused: %x", maps)
 	}
 }
