@@ -108,8 +108,8 @@ func (w *watchdog) stop() { w.t.Stop() }
 
 // causeOf prefers the reason the attempt's context was cancelled (timeout,
 // drain) over the transport's generic error.
-func causeOf(ctx context.Context, err error) error {
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+func causeOf(ctx *attemptCtx, err error) error {
+	if cause := ctx.Cause(); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
 	return err
