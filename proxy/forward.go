@@ -80,22 +80,11 @@ func (x *exchange) forward() error {
 }
 
 // watchdog cancels an attempt whose backend is too slow: first with
-// errFirstTokenTimeout, and, once events flow, with errStreamIdle.
+// errFirstTokenTimeout, and, once events flow, with errStreamIdle (its
+// timer runs leg.watchdogFired).
 type watchdog struct {
 	t       *time.Timer
 	started atomic.Bool
-}
-
-func newWatchdog(d time.Duration, cancel context.CancelCauseFunc) *watchdog {
-	w := &watchdog{}
-	w.t = time.AfterFunc(d, func() {
-		if w.started.Load() {
-			cancel(errStreamIdle)
-		} else {
-			cancel(errFirstTokenTimeout)
-		}
-	})
-	return w
 }
 
 // tick restarts the idle timer after an event.

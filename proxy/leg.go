@@ -37,7 +37,8 @@ type leg struct {
 	b    *routing.Backend // att's backend
 	ctx  *attemptCtx      // &actx
 	actx attemptCtx
-	wd   *watchdog
+	wd   *watchdog // &wdv
+	wdv  watchdog
 
 	resp           *http.Response
 	headers, first time.Time // response headers; first event (or whole body)
@@ -62,8 +63,13 @@ type leg struct {
 }
 
 // newLeg starts a leg on attempt a in l's storage and arms the
-// first-token watchdog.
+// first-token watchdog. Storage that held a leg before (a retry's) is not
+// used again: that leg's watchdog and its registration on the request's
+// context may still run late on it; the retry gets its own.
 func (x *exchange) newLeg(a Attempt, l *leg) *leg {
+	if l.x != nil {
+		l = new(leg)
+	}
 	*l = leg{x: x, att: a, b: a.Backend()}
 	if x.trace != nil {
 		l.startSpan()
@@ -74,8 +80,19 @@ func (x *exchange) newLeg(a Attempt, l *leg) *leg {
 	if x.policy.FirstTokenTimeout > 0 {
 		timeout = x.policy.FirstTokenTimeout
 	}
-	l.wd = newWatchdog(timeout, l.ctx.cancel)
+	l.wd = &l.wdv
+	l.wd.t = time.AfterFunc(timeout, l.watchdogFired)
 	return l
+}
+
+// watchdogFired cancels an attempt whose backend is too slow: first with
+// errFirstTokenTimeout, and, once events flow, with errStreamIdle.
+func (l *leg) watchdogFired() {
+	if l.wd.started.Load() {
+		l.ctx.cancel(errStreamIdle)
+	} else {
+		l.ctx.cancel(errFirstTokenTimeout)
+	}
 }
 
 // open sends the request and reads up to the first event. On failure it
