@@ -145,3 +145,43 @@ func TestAttemptCtxChildren(t *testing.T) {
 	}
 	time.Sleep(10 * time.Millisecond) // the stopped func would have run by now
 }
+
+// BenchmarkAttemptContext is a small request's attempt-context work, the
+// old way and the new (leg9): the request's context (a cancelCtx, as the
+// own h1 server's), then per attempt: "stdlib" is the
+// context.WithCancelCause the leg made and the context.AfterFunc h1up
+// registered on it, stopped when the body ended, and the leg's cancel at
+// close; "attemptctx" is attemptCtx's one registration on the request's
+// context, h1up's HoldConn and ReleaseConn, the cancel and unwatch at
+// close.
+//
+//	go test -run '^$' -bench BenchmarkAttemptContext -benchmem ./proxy/
+func BenchmarkAttemptContext(b *testing.B) {
+	conn := &closeCounter{}
+	b.Run("stdlib", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			req, cancelReq := context.WithCancelCause(context.Background())
+			ctx, cancel := context.WithCancelCause(req)
+			stop := context.AfterFunc(ctx, func() { conn.Close() })
+			stop()
+			cancel(context.Canceled)
+			cancelReq(nil)
+		}
+	})
+	b.Run("attemptctx", func(b *testing.B) {
+		b.ReportAllocs()
+		var l leg
+		for b.Loop() {
+			req, cancelReq := context.WithCancelCause(context.Background())
+			l.actx = attemptCtx{}
+			c := &l.actx
+			c.start(req)
+			c.HoldConn(conn)
+			c.ReleaseConn()
+			c.cancel(context.Canceled)
+			c.unwatch()
+			cancelReq(nil)
+		}
+	})
+}
