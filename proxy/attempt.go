@@ -2,9 +2,12 @@ package proxy
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"sync"
 	"time"
 
+	"github.com/sluice-proxy/sluice/proxy/h1up"
 	"github.com/sluice-proxy/sluice/routing"
 )
 
@@ -92,4 +95,184 @@ func (x *exchange) sessionKey() string {
 		return ""
 	}
 	return x.tenant.ID + "\x00" + v
+}
+
+// attemptCtx is a leg's context: the request's context (a client who
+// leaves cancels the attempt) plus the leg's own cancel (its watchdog, a
+// lost hedge, its close), with the cause context.Cause would give. It
+// takes the place of a context.WithCancelCause of the request's context
+// and of the context.AfterFunc h1up registered on that one per request:
+// it is part of the leg (no allocation of its own), registers once on the
+// request's context, and closes h1up's connection itself
+// (h1up.ConnCanceler). For the other transports it is an ordinary
+// context: Done, Err and AfterFunc (which context.WithCancel and
+// context.AfterFunc of it use, so they start no goroutine) behave as a
+// cancelCtx's.
+type attemptCtx struct {
+	parent context.Context
+	stop   func() bool // ends the registration on parent
+
+	mu    sync.Mutex
+	err   error // nil while live; then context.Canceled or parent's Err
+	cause error
+	done  chan struct{} // Done's, made when first asked for
+	conn  io.Closer     // h1up's connection while its exchange holds it (HoldConn)
+	fns   []*ctxFunc    // AfterFunc's, run once when cancelled
+}
+
+// ctxFunc is one AfterFunc registration (a pointer: its stop finds it).
+type ctxFunc struct{ f func() }
+
+var (
+	_ context.Context   = (*attemptCtx)(nil)
+	_ h1up.ConnCanceler = (*attemptCtx)(nil)
+)
+
+// closedDone is the Done of an attemptCtx cancelled before it was asked for.
+var closedDone = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// start makes c live under parent.
+func (c *attemptCtx) start(parent context.Context) {
+	c.parent = parent
+	c.stop = context.AfterFunc(parent, c.parentDone)
+}
+
+// parentDone runs (in its own goroutine) when the request's context ends
+// while the leg watches it.
+func (c *attemptCtx) parentDone() { c.cancel(nil) }
+
+// unwatch ends the registration on the request's context (the leg's
+// close; a hand-off to a loop).
+func (c *attemptCtx) unwatch() {
+	if c.stop != nil {
+		c.stop()
+	}
+}
+
+// cancel ends the attempt with cause (context.Canceled when nil). When the
+// request's context ended first, its error and cause are the attempt's,
+// as they would be for a child cancelCtx. The first cancel wins.
+func (c *attemptCtx) cancel(cause error) {
+	err := context.Canceled
+	if perr := c.parent.Err(); perr != nil {
+		err, cause = perr, context.Cause(c.parent)
+	}
+	if cause == nil {
+		cause = err
+	}
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err, c.cause = err, cause
+	if c.done == nil {
+		c.done = closedDone
+	} else {
+		close(c.done)
+	}
+	conn, fns := c.conn, c.fns
+	c.fns = nil // conn stays: ReleaseConn reports it was closed
+	c.mu.Unlock()
+	if conn != nil {
+		conn.Close()
+	}
+	for _, e := range fns {
+		go e.f()
+	}
+}
+
+// state is c's error and cause; a request's context that ended before its
+// registration ran cancels c first (so Err is never nil once the request's
+// is not, and Done is closed when Err is not nil).
+func (c *attemptCtx) state() (err, cause error) {
+	c.mu.Lock()
+	err, cause = c.err, c.cause
+	c.mu.Unlock()
+	if err == nil && c.parent.Err() != nil {
+		c.cancel(nil)
+		c.mu.Lock()
+		err, cause = c.err, c.cause
+		c.mu.Unlock()
+	}
+	return err, cause
+}
+
+func (c *attemptCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+func (c *attemptCtx) Value(key any) any           { return c.parent.Value(key) }
+
+func (c *attemptCtx) Err() error {
+	err, _ := c.state()
+	return err
+}
+
+// Cause is context.Cause of c (which, for a context of its own type,
+// context.Cause cannot find: it would report the request's context's).
+func (c *attemptCtx) Cause() error {
+	_, cause := c.state()
+	return cause
+}
+
+func (c *attemptCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.done = make(chan struct{})
+	}
+	return c.done
+}
+
+// AfterFunc is context.AfterFunc of c: f runs in its own goroutine once c
+// is cancelled (at once when it is); stop reports whether it prevented
+// that. context.WithCancel and context.AfterFunc of c use it.
+func (c *attemptCtx) AfterFunc(f func()) (stop func() bool) {
+	if err, _ := c.state(); err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	e := &ctxFunc{f: f}
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		go f()
+		return func() bool { return false }
+	}
+	c.fns = append(c.fns, e)
+	c.mu.Unlock()
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for i, g := range c.fns {
+			if g == e {
+				c.fns = append(c.fns[:i], c.fns[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// HoldConn makes nc the connection a cancel closes, from now on; when c
+// is already cancelled it closes nc at once (h1up.ConnCanceler).
+func (c *attemptCtx) HoldConn(nc io.Closer) {
+	if err, _ := c.state(); err == nil {
+		c.mu.Lock()
+		if c.err == nil {
+			c.conn = nc
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+	}
+	nc.Close()
+}
+
+// ReleaseConn ends HoldConn: false when a cancel closed the connection or
+// is closing it (h1up.ConnCanceler).
+func (c *attemptCtx) ReleaseConn() bool {
+	c.state() // a request's context that ended closes the connection now
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.conn = nil
+	return c.err == nil
 }

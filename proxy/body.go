@@ -89,12 +89,12 @@ var (
 // readBody reads the request body within lim. reserved is the capacity
 // taken from budget, to be released by the caller (also on error) once the
 // body is no longer used. w may be nil (no read deadline is set then; the
-// timeout closes the body instead).
-func readBody(w http.ResponseWriter, r *http.Request, lim bodyLimits, budget *bodyBudget) (body []byte, reserved int64, err error) {
+// timeout closes the body instead). The time limits count from start (the
+// caller's last clock read).
+func readBody(w http.ResponseWriter, r *http.Request, lim bodyLimits, budget *bodyBudget, start time.Time) (body []byte, reserved int64, err error) {
 	if r.ContentLength > lim.max {
 		return nil, 0, tooLarge(lim.max)
 	}
-	start := time.Now()
 	hard := start.Add(lim.timeout)
 	var rc *http.ResponseController
 	if w != nil {

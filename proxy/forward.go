@@ -80,22 +80,11 @@ func (x *exchange) forward() error {
 }
 
 // watchdog cancels an attempt whose backend is too slow: first with
-// errFirstTokenTimeout, and, once events flow, with errStreamIdle.
+// errFirstTokenTimeout, and, once events flow, with errStreamIdle (its
+// timer runs leg.watchdogFired).
 type watchdog struct {
 	t       *time.Timer
 	started atomic.Bool
-}
-
-func newWatchdog(d time.Duration, cancel context.CancelCauseFunc) *watchdog {
-	w := &watchdog{}
-	w.t = time.AfterFunc(d, func() {
-		if w.started.Load() {
-			cancel(errStreamIdle)
-		} else {
-			cancel(errFirstTokenTimeout)
-		}
-	})
-	return w
 }
 
 // tick restarts the idle timer after an event.
@@ -108,8 +97,8 @@ func (w *watchdog) stop() { w.t.Stop() }
 
 // causeOf prefers the reason the attempt's context was cancelled (timeout,
 // drain) over the transport's generic error.
-func causeOf(ctx context.Context, err error) error {
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+func causeOf(ctx *attemptCtx, err error) error {
+	if cause := ctx.Cause(); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
 	return err

@@ -32,12 +32,13 @@ const (
 // the client before a leg wins, so a failed leg can be retried and a hedged
 // one dropped. A leg is used by one goroutine at a time.
 type leg struct {
-	x      *exchange
-	att    Attempt
-	b      *routing.Backend // att's backend
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	wd     *watchdog
+	x    *exchange
+	att  Attempt
+	b    *routing.Backend // att's backend
+	ctx  *attemptCtx      // &actx
+	actx attemptCtx
+	wd   *watchdog // &wdv
+	wdv  watchdog
 
 	resp           *http.Response
 	headers, first time.Time // response headers; first event (or whole body)
@@ -62,19 +63,36 @@ type leg struct {
 }
 
 // newLeg starts a leg on attempt a in l's storage and arms the
-// first-token watchdog.
+// first-token watchdog. Storage that held a leg before (a retry's) is not
+// used again: that leg's watchdog and its registration on the request's
+// context may still run late on it; the retry gets its own.
 func (x *exchange) newLeg(a Attempt, l *leg) *leg {
+	if l.x != nil {
+		l = new(leg)
+	}
 	*l = leg{x: x, att: a, b: a.Backend()}
 	if x.trace != nil {
 		l.startSpan()
 	}
-	l.ctx, l.cancel = context.WithCancelCause(x.r.Context())
+	l.ctx = &l.actx
+	l.ctx.start(x.r.Context())
 	timeout := x.st.Config.FirstTokenTimeout
 	if x.policy.FirstTokenTimeout > 0 {
 		timeout = x.policy.FirstTokenTimeout
 	}
-	l.wd = newWatchdog(timeout, l.cancel)
+	l.wd = &l.wdv
+	l.wd.t = time.AfterFunc(timeout, l.watchdogFired)
 	return l
+}
+
+// watchdogFired cancels an attempt whose backend is too slow: first with
+// errFirstTokenTimeout, and, once events flow, with errStreamIdle.
+func (l *leg) watchdogFired() {
+	if l.wd.started.Load() {
+		l.ctx.cancel(errStreamIdle)
+	} else {
+		l.ctx.cancel(errFirstTokenTimeout)
+	}
 }
 
 // open sends the request and reads up to the first event. On failure it
@@ -142,7 +160,7 @@ func (l *leg) readFirstEvent() {
 func (l *leg) fail(err error, report bool) {
 	l.err = err
 	if l.x.r.Context().Err() == nil && !errors.Is(err, listen.ErrDraining) &&
-		!errors.Is(context.Cause(l.ctx), errHedgeLost) {
+		!errors.Is(l.ctx.Cause(), errHedgeLost) {
 		if report {
 			l.outcome = routing.Failed
 		}
@@ -170,7 +188,8 @@ func (l *leg) close() {
 		l.resp.Body.Close()
 	}
 	l.wd.stop()
-	l.cancel(context.Canceled)
+	l.ctx.cancel(context.Canceled)
+	l.ctx.unwatch()
 	l.releaseBuffers()
 	l.releaseWindow()
 	if l.span != nil {
@@ -243,7 +262,7 @@ func (x *exchange) race(a Attempt, tried []*routing.Backend) (*leg, []*routing.B
 			}
 			for _, other := range rc.legs[:rc.n] {
 				if other != l {
-					other.cancel(errHedgeLost)
+					other.ctx.cancel(errHedgeLost)
 				}
 			}
 			if l.hedge {
@@ -301,8 +320,12 @@ func (l *leg) releaseBuffers() {
 
 // handOverBuffers returns a copy of what l's reader holds unread (the
 // backend's bytes a loop must see first) and releases its read buffers:
-// a stream on a loop holds none.
+// a stream on a loop holds none. The leg stops watching the request's
+// context too: the loop watches the client from here, and the handler's
+// return (which cancels that context) then starts no goroutine for the
+// leg (attemptCtx).
 func (l *leg) handOverBuffers() (pending []byte) {
+	l.ctx.unwatch()
 	if n := l.br.Buffered(); n > 0 {
 		p, _ := l.br.Peek(n)
 		pending = bytes.Clone(p)

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"context"
 	"encoding/hex"
 	"errors"
 	"net/http"
@@ -423,7 +422,7 @@ func (l *leg) endSpan() {
 		s.AddEventAt("first_token", l.first)
 	}
 	switch {
-	case errors.Is(l.err, errHedgeLost) || errors.Is(context.Cause(l.ctx), errHedgeLost) && l.err != nil:
+	case errors.Is(l.err, errHedgeLost) || errors.Is(l.ctx.Cause(), errHedgeLost) && l.err != nil:
 		attrs = append(attrs, attrResult.String("hedge_lost"))
 	case l.err != nil:
 		attrs = append(attrs, attrResult.String("failed"), attrErrorType.String(ErrorOf(l.err).Code))

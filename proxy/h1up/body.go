@@ -37,7 +37,8 @@ type Body struct {
 	c    *conn
 	nc   net.Conn // c.nc: what the cancel callback closes (changed only with the callback stopped)
 	ctx  context.Context
-	stop func() bool // stops the context.AfterFunc that closes nc
+	cc   ConnCanceler // ctx, when it closes nc itself
+	stop func() bool  // stops the context.AfterFunc that closes nc (cc nil)
 
 	w reqWriter // writes the request, takes c (attach)
 
@@ -56,11 +57,50 @@ type Body struct {
 
 var _ io.ReadCloser = (*Body)(nil)
 
+// ConnCanceler is a request context that closes the exchange's
+// connection itself when it is cancelled. On such a context the Transport
+// registers no context.AfterFunc (a lock-taking registration and six
+// allocations per request): it hands the connection over with HoldConn
+// while the exchange holds it and takes it back with ReleaseConn. The
+// proxy's attempt context is one: its leg cancels it directly.
+type ConnCanceler interface {
+	context.Context
+	// HoldConn makes nc the connection a cancel closes from now on; on a
+	// context already cancelled it closes nc at once.
+	HoldConn(nc io.Closer)
+	// ReleaseConn ends HoldConn. It reports false when a cancel closed
+	// the connection or is closing it (as context.AfterFunc's stop).
+	ReleaseConn() bool
+	// Cause is what context.Cause would report for the context.
+	Cause() error
+}
+
+// causeOf is context.Cause of ctx, or its own for a ConnCanceler.
+func causeOf(ctx context.Context) error {
+	if cc, ok := ctx.(ConnCanceler); ok {
+		return cc.Cause()
+	}
+	return context.Cause(ctx)
+}
+
 // attach makes c the exchange's connection: a cancel of the request's
 // context closes it from now on.
 func (b *Body) attach(c *conn) {
 	b.c, b.nc = c, c.nc
+	if b.cc != nil {
+		b.cc.HoldConn(c.nc)
+		return
+	}
 	b.stop = context.AfterFunc(b.ctx, b.cancel)
+}
+
+// unwatch ends attach's watch: false when the context's cancel closed
+// (or is closing) the connection.
+func (b *Body) unwatch() bool {
+	if b.cc != nil {
+		return b.cc.ReleaseConn()
+	}
+	return b.stop()
 }
 
 // cancel runs when the request's context is done before the body ended:
@@ -99,7 +139,7 @@ func (b *Body) Read(p []byte) (int, error) {
 	switch {
 	case err != nil:
 		if b.ctx.Err() != nil {
-			err = context.Cause(b.ctx)
+			err = causeOf(b.ctx)
 		}
 		b.state, b.err = stClosed, err
 		b.release(false)
@@ -226,7 +266,7 @@ func (b *Body) release(keep bool) {
 		return
 	}
 	b.c = nil
-	if !b.stop() { // the context is done: cancel closes (or closed) the socket
+	if !b.unwatch() { // the context is done: cancel closes (or closed) the socket
 		keep = false
 	}
 	if keep && (c.br == nil || c.br.Buffered() == 0) {
@@ -264,8 +304,8 @@ func (b *Body) Detach() (conn net.Conn, raw []byte, dec *chunked.Decoder, remain
 	case stReading:
 		return nil, nil, nil, 0, errors.New("h1up: detach during a read")
 	}
-	if !b.stop() { // the cancel callback ran or runs: conn is being closed
-		b.state, b.err = stClosed, context.Cause(b.ctx)
+	if !b.unwatch() { // the cancel callback ran or runs: conn is being closed
+		b.state, b.err = stClosed, causeOf(b.ctx)
 		b.c = nil
 		return nil, nil, nil, 0, b.err
 	}

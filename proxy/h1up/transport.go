@@ -2,7 +2,8 @@
 // upstreams. Unlike net/http's Transport it keeps no goroutine per
 // connection: RoundTrip writes the request and reads the response head on
 // the caller's goroutine, the response body is read on the reader's, and
-// context cancellation closes the connection through context.AfterFunc.
+// context cancellation closes the connection through context.AfterFunc
+// (or, on a ConnCanceler, the context closes it itself).
 // That lets the proxy take an upstream connection over once a stream is
 // committed (Body.Detach) and hand it to an event loop, which net/http's
 // readLoop/writeLoop pair never allows.
@@ -175,7 +176,7 @@ func (t *Transport) roundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	if ctx.Err() != nil {
-		return nil, context.Cause(ctx)
+		return nil, causeOf(ctx)
 	}
 	key := hostPort(req.URL.Host, req.URL.Port())
 	for retried := false; ; retried = true {
@@ -254,12 +255,13 @@ func retryable(req *http.Request, wrote bool, err error) bool {
 // may duplicate it). On error c is closed.
 func (t *Transport) exchange(ctx context.Context, key string, fresh bool, req *http.Request) (resp *http.Response, c *conn, wrote bool, err error) {
 	b := &Body{t: t, ctx: ctx}
+	b.cc, _ = ctx.(ConnCanceler)
 	b.w = reqWriter{t: t, b: b, key: key, fresh: fresh}
 	fail := func(err error) (*http.Response, *conn, bool, error) {
 		c := b.c
 		b.abort()
 		if ctx.Err() != nil {
-			err = context.Cause(ctx)
+			err = causeOf(ctx)
 		}
 		return nil, c, wrote, err
 	}
@@ -330,7 +332,7 @@ func (w *reqWriter) Write(p []byte) (int, error) {
 		}
 		if dead {
 			if !w.drop() {
-				return 0, context.Cause(w.b.ctx)
+				return 0, causeOf(w.b.ctx)
 			}
 			continue
 		}
@@ -348,7 +350,7 @@ func (w *reqWriter) Write(p []byte) (int, error) {
 func (w *reqWriter) drop() bool {
 	b, c := w.b, w.b.c
 	b.c = nil
-	stopped := b.stop()
+	stopped := b.unwatch()
 	c.nc.Close()
 	if w.t.o.ProbeAfter > 0 {
 		w.t.markSuspect(w.key)
@@ -396,7 +398,7 @@ func (t *Transport) getConn(ctx context.Context, key string, fresh, check bool) 
 	nc, err := t.o.Dial(ctx, "tcp", key)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, context.Cause(ctx)
+			return nil, causeOf(ctx)
 		}
 		return nil, err
 	}

@@ -1062,3 +1062,158 @@ func TestReturnAfterDetach(t *testing.T) {
 		t.Fatalf("a Connection: close response's connection was parked (idle %d)", tr.idleCount(key))
 	}
 }
+
+// connCancelCtx is a ConnCanceler whose cancel reaches the exchange only
+// through HoldConn's connection: its Done is nil (the Background's), so
+// a context.AfterFunc on it would never run.
+type connCancelCtx struct {
+	context.Context
+	mu              sync.Mutex
+	cause           error
+	conn            io.Closer
+	holds, releases int
+}
+
+func (c *connCancelCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cause != nil {
+		return context.Canceled
+	}
+	return nil
+}
+
+func (c *connCancelCtx) Cause() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cause
+}
+
+func (c *connCancelCtx) cancel(cause error) {
+	c.mu.Lock()
+	c.cause = cause
+	conn := c.conn
+	c.mu.Unlock()
+	if conn != nil {
+		conn.Close()
+	}
+}
+
+func (c *connCancelCtx) HoldConn(nc io.Closer) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.holds++
+	if c.cause != nil {
+		nc.Close()
+		return
+	}
+	c.conn = nc
+}
+
+func (c *connCancelCtx) ReleaseConn() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.releases++
+	c.conn = nil
+	return c.cause == nil
+}
+
+func (c *connCancelCtx) counts() (int, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.holds, c.releases
+}
+
+// TestConnCanceler: on a ConnCanceler the exchange's connection is handed
+// to the context (no context.AfterFunc): its cancel ends the wait for the
+// head and a body's Read with its cause, and a body read to its end
+// releases the connection back to the pool.
+func TestConnCanceler(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/head":
+			arrived <- struct{}{}
+		case "/body":
+			io.WriteString(w, "first")
+			w.(http.Flusher).Flush()
+		default:
+			io.WriteString(w, "whole")
+			return
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(release)
+	tr := New(Options{})
+	host := strings.TrimPrefix(srv.URL, "http://")
+	within := func(t *testing.T, what string, f func()) {
+		t.Helper()
+		done := make(chan struct{})
+		go func() { f(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the cancel did not reach the connection", what)
+		}
+	}
+
+	t.Run("whole", func(t *testing.T) {
+		ctx := &connCancelCtx{Context: context.Background()}
+		resp, err := get(t, tr, ctx, srv.URL+"/whole")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(b) != "whole" {
+			t.Fatalf("body %q, %v", b, err)
+		}
+		if h, r := ctx.counts(); h != 1 || r != 1 {
+			t.Fatalf("HoldConn %d, ReleaseConn %d; want 1 and 1", h, r)
+		}
+		if got := tr.idleCount(host); got != 1 {
+			t.Fatalf("idle pool holds %d; want the connection back", got)
+		}
+	})
+	t.Run("head", func(t *testing.T) {
+		ctx := &connCancelCtx{Context: context.Background()}
+		go func() {
+			<-arrived
+			ctx.cancel(errCause)
+		}()
+		within(t, "head", func() {
+			resp, err := get(t, tr, ctx, srv.URL+"/head")
+			if resp != nil || !errors.Is(err, errCause) {
+				t.Errorf("RoundTrip: resp %v, err %v; want the context's cause", resp, err)
+			}
+		})
+	})
+	t.Run("body", func(t *testing.T) {
+		ctx := &connCancelCtx{Context: context.Background()}
+		resp, err := get(t, tr, ctx, srv.URL+"/body")
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		if n, err := resp.Body.Read(buf); err != nil || string(buf[:n]) != "first" {
+			t.Fatalf("first read: %q, %v", buf[:n], err)
+		}
+		go func() {
+			time.Sleep(20 * time.Millisecond)
+			ctx.cancel(errCause)
+		}()
+		within(t, "body", func() {
+			if _, err := resp.Body.Read(buf); !errors.Is(err, errCause) {
+				t.Errorf("read after cancel: %v; want the context's cause", err)
+			}
+		})
+		resp.Body.Close()
+	})
+	if got := tr.idleCount(host); got != 0 {
+		t.Fatalf("idle pool holds %d after the cancels; want 0", got)
+	}
+}
