@@ -12,6 +12,18 @@ type closeCounter struct{ n atomic.Int32 }
 
 func (c *closeCounter) Close() error { c.n.Add(1); return nil }
 
+// heldAttempt is a live attempt context under parent (its registration
+// ended at the test's end), its Done, and the connection it holds.
+func heldAttempt(t *testing.T, parent context.Context) (*attemptCtx, <-chan struct{}, *closeCounter) {
+	c := new(attemptCtx)
+	c.start(parent)
+	t.Cleanup(c.unwatch)
+	done := c.Done()
+	conn := &closeCounter{}
+	c.HoldConn(conn)
+	return c, done, conn
+}
+
 func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()
 	select {
@@ -26,12 +38,7 @@ func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
 // request's context changes nothing.
 func TestAttemptCtxOwnCancel(t *testing.T) {
 	parent, cancelParent := context.WithCancelCause(context.Background())
-	var c attemptCtx
-	c.start(parent)
-	defer c.unwatch()
-	done := c.Done()
-	conn := &closeCounter{}
-	c.HoldConn(conn)
+	c, done, conn := heldAttempt(t, parent)
 	if c.Err() != nil || c.Cause() != nil {
 		t.Fatalf("live context: Err %v, Cause %v", c.Err(), c.Cause())
 	}
@@ -42,7 +49,7 @@ func TestAttemptCtxOwnCancel(t *testing.T) {
 	if !errors.Is(c.Err(), context.Canceled) || c.Cause() != errHedgeLost {
 		t.Fatalf("Err %v, Cause %v; want Canceled and the first cause", c.Err(), c.Cause())
 	}
-	if causeOf(&c, errors.New("transport")) != errHedgeLost {
+	if causeOf(c, errors.New("transport")) != errHedgeLost {
 		t.Fatal("causeOf does not prefer the attempt's cause")
 	}
 	if conn.n.Load() != 1 || c.ReleaseConn() {
@@ -62,12 +69,7 @@ func TestAttemptCtxParent(t *testing.T) {
 	errGone := errors.New("client gone")
 	t.Run("registration", func(t *testing.T) {
 		parent, cancelParent := context.WithCancelCause(context.Background())
-		var c attemptCtx
-		c.start(parent)
-		defer c.unwatch()
-		done := c.Done()
-		conn := &closeCounter{}
-		c.HoldConn(conn)
+		c, done, conn := heldAttempt(t, parent)
 		cancelParent(errGone)
 		waitClosed(t, done, "parent cancel")
 		if !errors.Is(c.Err(), context.Canceled) || c.Cause() != errGone || conn.n.Load() != 1 {
