@@ -176,8 +176,8 @@ func BenchmarkAttemptContext(b *testing.B) {
 		var l leg
 		for b.Loop() {
 			req, cancelReq := context.WithCancelCause(context.Background())
-			l.actx = attemptCtx{}
-			c := &l.actx
+			l.ctx = attemptCtx{}
+			c := &l.ctx
 			c.start(req)
 			c.HoldConn(conn)
 			c.ReleaseConn()

@@ -32,13 +32,11 @@ const (
 // the client before a leg wins, so a failed leg can be retried and a hedged
 // one dropped. A leg is used by one goroutine at a time.
 type leg struct {
-	x    *exchange
-	att  Attempt
-	b    *routing.Backend // att's backend
-	ctx  *attemptCtx      // &actx
-	actx attemptCtx
-	wd   *watchdog // &wdv
-	wdv  watchdog
+	x   *exchange
+	att Attempt
+	b   *routing.Backend // att's backend
+	ctx attemptCtx       // the attempt's context (&l.ctx where a context.Context is wanted)
+	wd  watchdog
 
 	resp           *http.Response
 	headers, first time.Time // response headers; first event (or whole body)
@@ -74,13 +72,11 @@ func (x *exchange) newLeg(a Attempt, l *leg) *leg {
 	if x.trace != nil {
 		l.startSpan()
 	}
-	l.ctx = &l.actx
 	l.ctx.start(x.r.Context())
 	timeout := x.st.Config.FirstTokenTimeout
 	if x.policy.FirstTokenTimeout > 0 {
 		timeout = x.policy.FirstTokenTimeout
 	}
-	l.wd = &l.wdv
 	l.wd.t = time.AfterFunc(timeout, l.watchdogFired)
 	return l
 }
@@ -99,7 +95,7 @@ func (l *leg) watchdogFired() {
 // sets l.err and closes the leg.
 func (l *leg) open() {
 	x := l.x
-	req, err := x.upstreamRequest(l.ctx, l.b)
+	req, err := x.upstreamRequest(&l.ctx, l.b)
 	if err != nil {
 		l.fail(err, false)
 		return
@@ -110,7 +106,7 @@ func (l *leg) open() {
 	l.watchSent(req)
 	resp, err := x.transport().RoundTrip(req)
 	if err != nil {
-		l.fail(causeOf(l.ctx, err), true)
+		l.fail(causeOf(&l.ctx, err), true)
 		return
 	}
 	l.resp, l.headers = resp, time.Now()
@@ -142,7 +138,7 @@ func (l *leg) readFirstEvent() {
 		ev, err := readEvent(l.br, (*l.bufp)[:0])
 		*l.bufp = ev[:0]
 		if err != nil {
-			l.fail(causeOf(l.ctx, err), true)
+			l.fail(causeOf(&l.ctx, err), true)
 			return
 		}
 		if EventData(ev) != nil {

@@ -66,7 +66,7 @@ func (x *exchange) relayOpenAI(l *leg) error {
 		ev, err = readEvent(l.br, (*l.bufp)[:0])
 		*l.bufp = ev[:0]
 		if err != nil {
-			return x.streamFailed(l, causeOf(l.ctx, err))
+			return x.streamFailed(l, causeOf(&l.ctx, err))
 		}
 		now = time.Now()
 		l.wd.tick(idle)
@@ -106,7 +106,7 @@ func (x *exchange) relayEvent(l *leg, ev []byte, now time.Time) (done bool, err 
 		}
 		x.setTrailer()
 		if l.br != nil { // (nil on the event loop: the backend's socket is closed)
-			x.drainAfterDone(l.br, l.wd)
+			x.drainAfterDone(l.br, &l.wd)
 		}
 		if x.lastToken.IsZero() {
 			x.lastToken = now
@@ -223,7 +223,7 @@ func (x *exchange) relayRaw(l *leg) error {
 			return nil
 		}
 		if err != nil {
-			return x.streamFailed(l, causeOf(l.ctx, err))
+			return x.streamFailed(l, causeOf(&l.ctx, err))
 		}
 	}
 }

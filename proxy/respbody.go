@@ -75,7 +75,7 @@ func (l *leg) readHead() {
 			break
 		}
 		if err != nil {
-			l.fail(causeOf(l.ctx, err), true)
+			l.fail(causeOf(&l.ctx, err), true)
 			return
 		}
 	}
@@ -222,7 +222,7 @@ func (x *exchange) relayBody(l *leg) error {
 			break
 		}
 		if err != nil {
-			return x.bodyCut(l, causeOf(l.ctx, err))
+			return x.bodyCut(l, causeOf(&l.ctx, err))
 		}
 	}
 	if closeBody(w) != nil {
