@@ -38,13 +38,17 @@ func (f *fakeSink) Write(p []byte) (int, error) {
 func (f *fakeSink) Flush()           { f.mu.Lock(); f.flushes++; f.mu.Unlock() }
 func (f *fakeSink) Close(reset bool) { f.closed <- reset }
 
-// grant adds credit and resumes the stream.
+// grant adds credit and resumes the stream. The loop attaches its Waker
+// on its own goroutine after Group.Add returns, so an early grant may find
+// none yet: the credit is then taken by the loop's first writes.
 func (f *fakeSink) grant(n int) {
 	f.mu.Lock()
 	f.credit += n
 	w := f.w
 	f.mu.Unlock()
-	w.Resume()
+	if w != nil {
+		w.Resume()
+	}
 }
 
 func (f *fakeSink) text() string { f.mu.Lock(); defer f.mu.Unlock(); return string(f.got) }
