@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sluice-proxy/sluice/internal/chunked"
 )
 
@@ -34,7 +36,7 @@ func TestHelpServesLoops(t *testing.T) {
 	buf := make([]byte, 256)
 	for i := range 3 {
 		up.Write(chunked.AppendChunk(nil, []byte(ev(i))))
-		time.Sleep(10 * time.Millisecond) // the backend's bytes are in
+		waitPollable(t, g) // the backend's bytes are in
 		help()
 		cl.SetReadDeadline(time.Now().Add(time.Second))
 		n, err := cr.Read(buf)
@@ -43,11 +45,14 @@ func TestHelpServesLoops(t *testing.T) {
 		}
 	}
 	// Polled just now: a second Help within helpAfter leaves the loop
-	// to its goroutine.
+	// to its goroutine. The poll is stamped an hour ahead, so that this
+	// goroutine's being descheduled for more than helpAfter (200 µs)
+	// between the stamp and Help's clock read, which a loaded machine
+	// does, does not make the poll look old (the test failed so).
 	up.Write(chunked.AppendChunk(nil, []byte(ev(3))))
-	time.Sleep(5 * time.Millisecond)
+	waitPollable(t, g)
 	for _, l := range g.loops {
-		l.polled.Store(mono())
+		l.polled.Store(mono() + int64(time.Hour))
 	}
 	g.Help()
 	cl.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
@@ -55,6 +60,7 @@ func TestHelpServesLoops(t *testing.T) {
 		t.Fatalf("Help within helpAfter relayed %q", buf[:n])
 	}
 	for _, l := range g.loops {
+		l.polled.Store(mono()) // help() below waits helpAfter from here
 		l.stop()
 	}
 	help() // the stop: the stream ends with ErrClosed
@@ -101,5 +107,30 @@ func TestHelpOff(t *testing.T) {
 		g.wg.Add(1)
 		go g.loops[0].run()
 		g.Close()
+	}
+}
+
+// waitPollable waits until one of g's loops has an event ready for its
+// epoll_wait (its epoll descriptor is readable): bytes written on a
+// loopback socket usually are by the time the write returns, but not when
+// the kernel leaves the receive side to ksoftirqd, which a loaded machine
+// may run late.
+func waitPollable(t *testing.T, g *Group) {
+	t.Helper()
+	fds := make([]unix.PollFd, len(g.loops))
+	for i, l := range g.loops {
+		fds[i] = unix.PollFd{Fd: int32(l.epfd), Events: unix.POLLIN}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		n, err := unix.Poll(fds, 100)
+		if n > 0 {
+			return
+		}
+		if err != nil && err != unix.EINTR {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no loop had an event ready within 5s")
+		}
 	}
 }
