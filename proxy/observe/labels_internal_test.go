@@ -2,6 +2,8 @@ package observe
 
 import (
 	"bytes"
+	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -10,6 +12,26 @@ import (
 
 	"github.com/sluice-proxy/sluice/limiter"
 )
+
+// sumLine is an exposition's histogram or summary sum line.
+var sumLine = regexp.MustCompile(`(?m)^(\S+_sum(?:\{[^}]*\})?) (\S+)$`)
+
+// sumsRounded rounds an exposition's sums to 12 significant digits. A
+// latency histogram is sharded by the P the recording goroutine runs on
+// (shardHistVec) and its sum is the shards' sums added, so the same
+// observations give a sum that differs in the last bits (0.138 and
+// 0.13799999999999998) when the goroutine moved to another P between
+// them, which a loaded machine's scheduler does.
+func sumsRounded(s string) string {
+	return sumLine.ReplaceAllStringFunc(s, func(line string) string {
+		m := sumLine.FindStringSubmatch(line)
+		v, err := strconv.ParseFloat(m[2], 64)
+		if err != nil {
+			return line
+		}
+		return m[1] + " " + strconv.FormatFloat(v, 'g', 12, 64)
+	})
+}
 
 // Recording through the combined series cache (byReq), past its cap (each
 // series resolved in its own cache), and with no room in it at all gives
@@ -68,7 +90,7 @@ func TestRequestSeriesCache(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		return b.String(), m.nByReq.Load()
+		return sumsRounded(b.String()), m.nByReq.Load()
 	}
 	none, n0 := expose(0)
 	some, n3 := expose(3)
