@@ -72,6 +72,29 @@ func countingServer(b testing.TB, h http.Handler, h2c bool) (*httptest.Server, *
 	return srv, conns
 }
 
+// warmGate holds the requests that reach a backend until n have arrived
+// (at most 10 s), so that n connections are open to it at once.
+type warmGate struct {
+	n, in int
+	mu    sync.Mutex
+	all   chan struct{}
+}
+
+func newWarmGate(n int) *warmGate { return &warmGate{n: n, all: make(chan struct{})} }
+
+func (g *warmGate) arrive() {
+	g.mu.Lock()
+	g.in++
+	if g.in == g.n {
+		close(g.all)
+	}
+	g.mu.Unlock()
+	select {
+	case <-g.all:
+	case <-time.After(10 * time.Second):
+	}
+}
+
 // BenchmarkSmallRequests sends small non-streamed requests from 8
 // concurrent keep-alive clients: an op is a round of 400 requests directly
 // to the backend and 400 through Sluice. It reports, per case, requests/s
@@ -81,13 +104,17 @@ func countingServer(b testing.TB, h http.Handler, h2c bool) (*httptest.Server, *
 // "new-conns" the connections opened to the backend after the warm-up
 // (keep-alive works: 0).
 func BenchmarkSmallRequests(b *testing.B) {
+	const workers, perRound = 8, 400
+	var warm atomic.Pointer[warmGate]
 	srv, conns := countingServer(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
+		if g := warm.Load(); g != nil {
+			g.arrive()
+		}
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, smallAnswer)
 	}), false)
 	e := fullEdge(b, poolOf(srv.URL))
-	const workers, perRound = 8, 400
 	body := `{"model":"sim-small","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`
 	type kase struct {
 		name, url string
@@ -104,7 +131,16 @@ func BenchmarkSmallRequests(b *testing.B) {
 	}
 	for _, c := range cases {
 		c.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}}
-		round(c) // connect and warm up
+		// Connect: the backend holds the first requests until all the
+		// workers' are in, so that both the client's and the edge's pools
+		// have a connection per worker before the count starts. Without
+		// it a loaded machine could finish one request before the last
+		// worker's first arrived: the edge then had 7 backend connections
+		// and dialed the 8th in a measured round ("new-conns 1").
+		warm.Store(newWarmGate(workers))
+		postN(b, c.client, c.url, c.name, body, "application/json", workers, workers)
+		warm.Store(nil)
+		round(c) // warm up
 	}
 	before := conns.Load()
 	b.ResetTimer()
