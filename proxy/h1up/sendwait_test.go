@@ -181,14 +181,16 @@ func TestSendWaitBackendSpeaksFirst(t *testing.T) {
 // A kept connection on which the backend sent bytes nobody asked for and
 // kept it open (a 408 before a timeout that has not closed yet): the
 // peek in sendWait finds them, nothing is written on it, and the POST
-// goes on a new connection.
+// goes on a new connection. The 408 is sent after the client read the
+// first answer, so that the connection is kept, not closed for bytes
+// that came with the answer's.
 func TestSendWaitUnaskedBytes(t *testing.T) {
 	requireSendWait(t)
 	var mu sync.Mutex
 	perConn := map[int]int{}
 	var accepts atomic.Int32
 	ln := listen(t)
-	sent := make(chan struct{}, 4)
+	read := make(chan struct{}) // the client read the first answer
 	go func() {
 		for id := 0; ; id++ {
 			c, err := ln.Accept()
@@ -208,8 +210,8 @@ func TestSendWaitUnaskedBytes(t *testing.T) {
 					mu.Unlock()
 					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 					if id == 0 {
+						<-read // (else it may come with the answer's bytes)
 						io.WriteString(c, "HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n")
-						sent <- struct{}{}
 					}
 				}
 			}()
@@ -222,8 +224,19 @@ func TestSendWaitUnaskedBytes(t *testing.T) {
 	if got := postBody(t, tr, url, []byte("x")); got != "ok" {
 		t.Fatalf("first POST: %q", got)
 	}
-	<-sent
-	time.Sleep(20 * time.Millisecond) // the 408 is in the client's socket
+	key := ln.Addr().String()
+	if n := tr.idleCount(key); n != 1 {
+		t.Fatalf("%d idle connections after the first POST; want 1", n)
+	}
+	close(read)
+	// Wait until the 408 is in the kept connection's socket (its liveness
+	// check fails), not a fixed time: a loaded machine may run the
+	// backend's write, or the kernel's receive side of it, late.
+	for deadline := time.Now().Add(5 * time.Second); !idleHasBytes(tr, key); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the 408 did not reach the kept connection in 5s")
+		}
+	}
 	for i := range 3 {
 		if got := postBody(t, tr, url, []byte("x")); got != "ok" {
 			t.Fatalf("POST %d: %q", i, got)
@@ -234,6 +247,15 @@ func TestSendWaitUnaskedBytes(t *testing.T) {
 	if perConn[0] != 1 || accepts.Load() != 2 || perConn[1] != 3 {
 		t.Fatalf("requests per connection %v on %d connections; want the first alone on the first, 3 on the second", perConn, accepts.Load())
 	}
+}
+
+// idleHasBytes reports whether tr's one idle connection to key has bytes
+// (or EOF) to read: its liveness check fails.
+func idleHasBytes(tr *Transport, key string) bool {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	s := tr.idle[key]
+	return len(s) == 1 && !s[0].alive()
 }
 
 // A request sendWait cannot write whole (the socket's send buffer full:
