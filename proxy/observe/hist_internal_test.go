@@ -204,9 +204,14 @@ func TestShardHistMatchesClientGolang(t *testing.T) {
 
 // The reset scheduled when the bucket limit is first exceeded (the last
 // reset less than the minimum duration ago) empties the histogram when
-// the duration has passed, as client_golang's timer does.
+// the duration has passed, as client_golang's timer does. Both
+// histograms run on the real clock (client_golang's cannot be given
+// another), so the minimum reset duration must outlast the 1,000
+// observations and the first scrape on a loaded machine: 1.5 s (they took
+// up to 161 ms with -race in a 0.4-CPU cgroup; at 300 ms the histograms
+// could reset before the scrape meant to see them full).
 func TestShardHistScheduledReset(t *testing.T) {
-	c := histConfig{"scheduled", latencyBuckets, nativeFactor, 10, 300 * time.Millisecond}
+	c := histConfig{"scheduled", latencyBuckets, nativeFactor, 10, 1500 * time.Millisecond}
 	ref, own, r1, r2 := c.pair(1)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, v := range histValues(rng, "latency", 500) {
@@ -218,7 +223,7 @@ func TestShardHistScheduledReset(t *testing.T) {
 	if s := fams[0].GetMetric()[0].GetHistogram().GetSchema(); s >= 3 {
 		t.Fatalf("schema %d after 500 spread values with a limit of 10; want it lowered", s)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		a, _ := r1.Gather()
 		b, _ := r2.Gather()
@@ -226,7 +231,7 @@ func TestShardHistScheduledReset(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not reset within 5 s: counts %d and %d", a[0].GetMetric()[0].GetHistogram().GetSampleCount(),
+			t.Fatalf("not reset within 10 s: counts %d and %d", a[0].GetMetric()[0].GetHistogram().GetSampleCount(),
 				b[0].GetMetric()[0].GetHistogram().GetSampleCount())
 		}
 		time.Sleep(20 * time.Millisecond)
