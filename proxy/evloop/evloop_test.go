@@ -307,8 +307,8 @@ func TestLengthAndCloseDelimited(t *testing.T) {
 func TestIdleTimeout(t *testing.T) {
 	g := newGroup(t, Options{Loops: 1, Sweep: 20 * time.Millisecond})
 	up, cl, r := streamOn(t, g, Stream{Idle: 150 * time.Millisecond})
+	start := time.Now() // before the event the idle time counts from
 	up.Write(chunked.AppendChunk(nil, []byte(ev(0))))
-	start := time.Now()
 	got, err := readEvents(cl)
 	if err != nil || len(got) != 2 || !strings.Contains(got[1], ErrIdle.Error()) {
 		t.Fatalf("events %q %v", got, err)
