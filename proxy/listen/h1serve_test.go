@@ -376,9 +376,9 @@ func TestH1ShutdownWaitsAndClosesIdle(t *testing.T) {
 func TestH1IdleTimeout(t *testing.T) {
 	_, addr := startOwn(t, echo(), 300*time.Millisecond)
 	c, br := dialRaw(t, addr)
+	t0 := time.Now() // before the response the idle time counts from
 	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	readResp(t, br, "GET")
-	t0 := time.Now()
 	if !closedWithin(c, 3*time.Second) {
 		t.Fatal("kept connection open 3s past its idle timeout")
 	}

@@ -266,8 +266,8 @@ func TestH2IdleTimeoutSendsGoAway(t *testing.T) {
 	s := startH2(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
 		func(l *h2Limits) { l.idle = 200 * time.Millisecond })
 	c := dialH2(t, s)
+	start := time.Now() // before the request whose end the idle time counts from
 	c.get(1)
-	start := time.Now()
 	if code := c.goAway(); code != http2.ErrCodeNo {
 		t.Fatalf("GOAWAY %v; want NO_ERROR", code)
 	}

@@ -184,8 +184,8 @@ func TestProxyProtocolRefusesMissingOrMalformedHeader(t *testing.T) {
 			t.Fatalf("header %q: served %q", hdr, body)
 		}
 	}
+	start := time.Now() // before the accept the timeout counts from
 	conn := dialFrom(t, lbIP, addr)
-	start := time.Now()
 	if !closedWithin(conn, 3*time.Second) {
 		t.Fatal("a silent connection from the balancer was kept past 3s")
 	}
@@ -311,8 +311,8 @@ func TestTrustedProxyConnectionsNotCapped(t *testing.T) {
 // header. Fails when the timer restarts after the header (closed at 1.7s).
 func TestProxyProtocolFirstRequestTimeoutCountsFromAccept(t *testing.T) {
 	s := startProxied(t, func(s *listen.Server) { s.FirstRequestTimeout = time.Second })
+	start := time.Now() // before the accept the timeout counts from
 	conn := dialFrom(t, lbIP, s.Addr(listen.ListenerHTTP))
-	start := time.Now()
 	time.Sleep(700 * time.Millisecond)
 	conn.Write(listen.ProxyV1Header(clientA, lbDst))
 	conn.Write([]byte("GET / HT")) // a request begun, never finished
