@@ -48,7 +48,8 @@ func TestHelpServesLoops(t *testing.T) {
 	// to its goroutine. The poll is stamped an hour ahead, so that this
 	// goroutine's being descheduled for more than helpAfter (200 µs)
 	// between the stamp and Help's clock read, which a loaded machine
-	// does, does not make the poll look old (the test failed so).
+	// may do, does not make the poll look old (a 1 ms sleep there made
+	// the test fail).
 	up.Write(chunked.AppendChunk(nil, []byte(ev(3))))
 	waitPollable(t, g)
 	for _, l := range g.loops {
