@@ -191,6 +191,9 @@ func TestSendWaitUnaskedBytes(t *testing.T) {
 	var accepts atomic.Int32
 	ln := listen(t)
 	read := make(chan struct{}) // the client read the first answer
+	var readOnce sync.Once
+	readDone := func() { readOnce.Do(func() { close(read) }) }
+	t.Cleanup(readDone) // (a failed test's backend is not left waiting)
 	go func() {
 		for id := 0; ; id++ {
 			c, err := ln.Accept()
@@ -228,7 +231,7 @@ func TestSendWaitUnaskedBytes(t *testing.T) {
 	if n := tr.idleCount(key); n != 1 {
 		t.Fatalf("%d idle connections after the first POST; want 1", n)
 	}
-	close(read)
+	readDone()
 	// Wait until the 408 is in the kept connection's socket (its liveness
 	// check fails), not a fixed time: a loaded machine may run the
 	// backend's write, or the kernel's receive side of it, late.
