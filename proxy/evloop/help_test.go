@@ -32,6 +32,7 @@ func TestHelpServesLoops(t *testing.T) {
 	if g.Streams() != 1 {
 		t.Fatalf("%d streams; want 1", g.Streams())
 	}
+	help() // the wake-up the first left for the loop's goroutine (none runs here)
 	cr := httputil.NewChunkedReader(bufio.NewReader(cl))
 	buf := make([]byte, 256)
 	for i := range 3 {

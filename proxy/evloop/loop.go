@@ -311,10 +311,20 @@ func (l *loop) help(now int64) {
 		return
 	}
 	if !l.exited {
+		// Without streams, drains or parked sockets the loop's goroutine
+		// waits with no deadline, until its descriptor turns readable.
+		asleep := l.sweepEvery() < 0
 		n, _ := rawEpollWait(l.epfd, l.ready)
 		l.polled.Store(mono())
 		if n > 0 && l.dispatch(n, time.Now()) {
 			l.exited = true // the loop's goroutine sees it when its wait returns
+		} else if asleep && l.sweepEvery() >= 0 {
+			// This helper took the wake-up of what it just started (an
+			// Add's), and nothing of that may be ready soon (a ClientSink
+			// stream whose backend is silent registers no writable
+			// socket): wake the goroutine, so that it sets the sweep's
+			// deadline, or idle timeouts would never end those streams.
+			l.wake()
 		}
 	}
 	l.own.Unlock()
