@@ -346,7 +346,7 @@ func TestLastSeriesSlot(t *testing.T) {
 // request does to sluice_requests_total and sluice_tokens_total),
 // client_golang's counter against the own one, from one goroutine
 // ("serial") and from GOMAXPROCS goroutines into the same series
-// ("parallel", the cross-core case).
+// ("parallel", the cross-core case), and "spaced" between other work.
 //
 //	go test -run '^$' -bench BenchmarkCounter -cpu 1,2 -benchmem ./proxy/observe/
 func BenchmarkCounter(b *testing.B) {
@@ -371,6 +371,22 @@ func BenchmarkCounter(b *testing.B) {
 				for pb.Next() {
 					side.c.Inc()
 					side.c.Add(17)
+				}
+			})
+		})
+		// spaced: as a request does, other work between the updates
+		// (here writing 16 KiB of the goroutine's own memory, which the
+		// other core's updates meanwhile take the shared line away from).
+		b.Run(side.name+"/spaced", func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				buf := make([]uint64, 2048)
+				for pb.Next() {
+					side.c.Inc()
+					side.c.Add(17)
+					for i := range buf {
+						buf[i]++
+					}
 				}
 			})
 		})
@@ -408,7 +424,7 @@ func BenchmarkInflight(b *testing.B) {
 // BenchmarkSeriesLookup measures finding a request's series: "one" kind
 // of request (target 3's load: one route, tenant, backend and model), or
 // "four" kinds in turn (each replacing the P's last-series slot, so each
-// a byReq lookup).
+// a byReq lookup), and byReq's lookup alone (the code before the slot).
 //
 //	go test -run '^$' -bench BenchmarkSeriesLookup -cpu 1,2 -benchmem ./proxy/observe/
 func BenchmarkSeriesLookup(b *testing.B) {
@@ -419,6 +435,20 @@ func BenchmarkSeriesLookup(b *testing.B) {
 			backend: "127.0.0.1:8000", path: "/chat/completions", model: "llama-3-8b", code: 200})
 		m.series(keys[i])
 	}
+	b.Run("byReq/serial", func(b *testing.B) { // without the slot, as before
+		b.ReportAllocs()
+		for b.Loop() {
+			m.lookupSeries(keys[0])
+		}
+	})
+	b.Run("byReq/parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				m.lookupSeries(keys[0])
+			}
+		})
+	})
 	for _, n := range []int{1, 4} {
 		name := map[int]string{1: "one", 4: "four"}[n]
 		b.Run(name+"/serial", func(b *testing.B) {
