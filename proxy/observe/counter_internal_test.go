@@ -235,67 +235,6 @@ func TestShardCounterConcurrent(t *testing.T) {
 	gatherCounters(t, "after the goroutines", r1, r2)
 }
 
-// The own gauge's exposition is client_golang's Gauge's for the same
-// deltas when client_golang's running float sum is exact: integer deltas
-// (0, ±1 as Inflight adds, large ones to 2^40) and fractions of 1/8,
-// compared after every chunk; with arbitrary fractions (grouped
-// differently) within 1e-12 of the running sum's magnitude. Both sides
-// expose one sample with no labels.
-func TestShardGaugeMatchesClientGolang(t *testing.T) {
-	for _, c := range []struct {
-		name  string
-		delta func(*rand.Rand) float64
-		exact bool
-	}{
-		{"inflight", func(r *rand.Rand) float64 { return float64(r.IntN(3) - 1) }, true},
-		{"integers", func(r *rand.Rand) float64 { return float64(r.Int64N(1<<41) - 1<<40) }, true},
-		{"eighths", func(r *rand.Rand) float64 { return float64(r.IntN(4001)-2000) / 8 }, true},
-		{"fractions", func(r *rand.Rand) float64 { return (r.Float64() - 0.5) * 1e3 }, false},
-	} {
-		for _, shards := range []int{1, 4} {
-			t.Run(fmt.Sprintf("%s/shards%d", c.name, shards), func(t *testing.T) {
-				rng := rand.New(rand.NewPCG(uint64(shards), 3))
-				ref := prometheus.NewGauge(prometheus.GaugeOpts{Name: "g", Help: "Gauged things."})
-				own := newShardGauge("g", "Gauged things.", shards)
-				r1, r2 := prometheus.NewRegistry(), prometheus.NewRegistry()
-				r1.MustRegister(ref)
-				r2.MustRegister(own)
-				var spread int
-				for chunk := range 40 {
-					for range 1 + rng.IntN(300) {
-						d := c.delta(rng)
-						ref.Add(d)
-						if i := int64(d); float64(i) == d && rng.IntN(3) == 0 {
-							// The same delta counted in another shard.
-							own.shards[spread%shards].n += uint64(i)
-							spread++
-						} else {
-							own.Add(d)
-						}
-					}
-					if c.exact {
-						gatherCounters(t, fmt.Sprintf("chunk %d", chunk), r1, r2)
-						continue
-					}
-					want, got := gaugeValue(t, r1), gaugeValue(t, r2)
-					if math.Abs(want-got) > 1e-12*math.Max(1e3, math.Abs(want)) {
-						t.Fatalf("chunk %d: %v; client_golang %v", chunk, got, want)
-					}
-				}
-			})
-		}
-	}
-}
-
-func gaugeValue(t *testing.T, r *prometheus.Registry) float64 {
-	t.Helper()
-	mfs, err := r.Gather()
-	if err != nil || len(mfs) != 1 || len(mfs[0].GetMetric()) != 1 {
-		t.Fatalf("gather: %v, %d families", err, len(mfs))
-	}
-	return mfs[0].GetMetric()[0].GetGauge().GetValue()
-}
-
 // Requests of alternating kinds recorded from one goroutine (so through
 // one P's last-series slot, which each kind then replaces) land in their
 // own series: a key differing from the slot's in any one field is not
@@ -387,34 +326,6 @@ func BenchmarkCounter(b *testing.B) {
 					for i := range buf {
 						buf[i]++
 					}
-				}
-			})
-		})
-	}
-}
-
-// BenchmarkInflight measures a request's two in-flight gauge updates
-// (+1, −1), client_golang's Gauge against the own one.
-//
-//	go test -run '^$' -bench BenchmarkInflight -cpu 1,2 -benchmem ./proxy/observe/
-func BenchmarkInflight(b *testing.B) {
-	for _, side := range []struct {
-		name string
-		g    interface{ Add(float64) }
-	}{{"client_golang", prometheus.NewGauge(prometheus.GaugeOpts{Name: "g", Help: "g"})}, {"own", newShardGauge("g", "g", 0)}} {
-		b.Run(side.name+"/serial", func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				side.g.Add(1)
-				side.g.Add(-1)
-			}
-		})
-		b.Run(side.name+"/parallel", func(b *testing.B) {
-			b.ReportAllocs()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					side.g.Add(1)
-					side.g.Add(-1)
 				}
 			})
 		})

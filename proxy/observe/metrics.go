@@ -17,7 +17,7 @@ import (
 // per-token path does no metric work.
 type Metrics struct {
 	requests *shardCounterVec
-	inflight *shardGauge
+	inflight prometheus.Gauge
 	retries  *prometheus.CounterVec
 	hedges   *prometheus.CounterVec
 	refusals *prometheus.CounterVec
@@ -388,7 +388,9 @@ func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 	m := &Metrics{
 		requests: newShardCounterVec("sluice_requests_total", "Requests by route, protocol, tenant and status code.",
 			[]string{"route", "proto", "tenant", "code"}, 0),
-		inflight: newShardGauge("sluice_inflight_requests", "Requests being served now.", 0),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_inflight_requests", Help: "Requests being served now.",
+		}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_upstream_retries_total", Help: "Requests retried on another backend before the first token.",
 		}, []string{"route"}),
