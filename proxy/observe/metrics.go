@@ -2,6 +2,7 @@ package observe
 
 import (
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,7 +16,7 @@ import (
 // nothing. Latencies are observed once a request has finished, so the
 // per-token path does no metric work.
 type Metrics struct {
-	requests *prometheus.CounterVec
+	requests *shardCounterVec
 	inflight prometheus.Gauge
 	retries  *prometheus.CounterVec
 	hedges   *prometheus.CounterVec
@@ -24,7 +25,7 @@ type Metrics struct {
 	itl      *shardHistVec
 	e2e      *shardHistVec
 	stages   *shardHistVec
-	tokens   *prometheus.CounterVec
+	tokens   *shardCounterVec
 	wsConns  *prometheus.GaugeVec
 	wsSlow   prometheus.Counter
 
@@ -52,6 +53,18 @@ type Metrics struct {
 	nByReq  atomic.Int64
 	byReqMu sync.Mutex // serializes additions to byReq
 	reqCap  int64      // reqSeriesCap (tests lower it)
+
+	// lastReq holds, per P (min(GOMAXPROCS, 16) slots), the reqSeries
+	// the last request recorded there used: a request of the same kind
+	// compares its key with it instead of hashing the key for byReq.
+	lastReq []lastReqSlot
+}
+
+// lastReqSlot is one P's last reqSeries, two cache lines wide so that no
+// two Ps' slots share a line.
+type lastReqSlot struct {
+	s atomic.Pointer[reqSeries]
+	_ [120]byte
 }
 
 // reqSeriesCap bounds byReq: its key is the product of labels that each
@@ -70,7 +83,7 @@ type reqSeriesKey struct {
 // gets a sample, as before), then kept here.
 type reqSeries struct {
 	k           reqSeriesKey
-	count       prometheus.Counter
+	count       *shardCounter
 	route       *routeObs
 	genAI       *genAIObs // nil without a backend
 	backend     atomic.Pointer[backendObs]
@@ -78,8 +91,25 @@ type reqSeries struct {
 	genAITokens atomic.Pointer[genAIObs]
 }
 
-// series returns k's series.
+// series returns k's series: the P's last ones when k is theirs, else
+// byReq's (which it then remembers as the P's last).
 func (m *Metrics) series(k reqSeriesKey) *reqSeries {
+	slot := &m.lastReq[0].s
+	if len(m.lastReq) > 1 {
+		p := procPin()
+		procUnpin()
+		slot = &m.lastReq[uint(p)%uint(len(m.lastReq))].s
+	}
+	if s := slot.Load(); s != nil && s.k == k {
+		return s
+	}
+	s := m.lookupSeries(k)
+	slot.Store(s)
+	return s
+}
+
+// lookupSeries returns k's series from byReq, making them the first time.
+func (m *Metrics) lookupSeries(k reqSeriesKey) *reqSeries {
 	if v, ok := m.byReq.Load(k); ok {
 		return v.(*reqSeries)
 	}
@@ -154,7 +184,7 @@ type routeObs struct {
 
 type backendObs struct{ ttft, itl *shardHist }
 
-type tokenObs struct{ in, out prometheus.Counter }
+type tokenObs struct{ in, out *shardCounter }
 
 // cachedSeries returns the series kept in cache under k, making it with mk the
 // first time.
@@ -176,8 +206,8 @@ func (m *Metrics) routeObs(route, proto string) *routeObs {
 	})
 }
 
-func (m *Metrics) requestCounter(route, proto, tenant string, code int) prometheus.Counter {
-	return cachedSeries(&m.byRequest, requestKey{route, proto, tenant, code}, func() prometheus.Counter {
+func (m *Metrics) requestCounter(route, proto, tenant string, code int) *shardCounter {
+	return cachedSeries(&m.byRequest, requestKey{route, proto, tenant, code}, func() *shardCounter {
 		return m.requests.WithLabelValues(route, proto, tenant, strconv.Itoa(code))
 	})
 }
@@ -356,9 +386,8 @@ func histogram(name, help string, buckets []float64, native bool, labels ...stri
 // label values at all ("-"), which keeps cardinality bounded.
 func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 	m := &Metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_requests_total", Help: "Requests by route, protocol, tenant and status code.",
-		}, []string{"route", "proto", "tenant", "code"}),
+		requests: newShardCounterVec("sluice_requests_total", "Requests by route, protocol, tenant and status code.",
+			[]string{"route", "proto", "tenant", "code"}, 0),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sluice_inflight_requests", Help: "Requests being served now.",
 		}),
@@ -379,9 +408,8 @@ func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 			"route", "proto"),
 		stages: histogram("sluice_stage_seconds", "Duration of each request stage (see docs/TIMING.md).", latencyBuckets, true,
 			"route", "proto", "stage"),
-		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_tokens_total", Help: "Tokens by route, tenant and direction (in, out).",
-		}, []string{"route", "tenant", "direction"}),
+		tokens: newShardCounterVec("sluice_tokens_total", "Tokens by route, tenant and direction (in, out).",
+			[]string{"route", "tenant", "direction"}, 0),
 		wsConns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sluice_websocket_connections", Help: "Open WebSocket connections by mode (bridge, passthrough).",
 		}, []string{"mode"}),
@@ -402,6 +430,7 @@ func NewMetrics(reg prometheus.Registerer, tenantLabels int) *Metrics {
 			otelTokenBuckets, false, append([]string{"gen_ai_token_type"}, genAILabels...)...),
 	}
 	m.tenants.max, m.models.max, m.reqCap = int64(tenantLabels), genAIModelCap, reqSeriesCap
+	m.lastReq = make([]lastReqSlot, min(runtime.GOMAXPROCS(0), maxShards))
 	if reg != nil {
 		reg.MustRegister(m.requests, m.inflight, m.retries, m.hedges, m.refusals, m.ttft, m.itl, m.e2e, m.stages, m.tokens,
 			m.wsConns, m.wsSlow, m.genTTFT, m.genTPOT, m.genDuration, m.genTokens)
