@@ -7,12 +7,16 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-proxy/sluice/proxy/internal/rawsock"
 )
 
 // prober checks an idle connection's liveness with one non-blocking
 // recv(MSG_PEEK), and sends a whole request and waits for its answer in
 // one syscall.RawConn.Read (sendWait): made once per connection, so
-// neither allocates.
+// neither allocates. Its calls never block (MSG_DONTWAIT, a non-blocking
+// socket) and go through RawSyscall, as the connection's reads and writes
+// do (proxy/internal/rawsock: no entersyscall, so no sysmon wake-up).
 type prober struct {
 	rc   syscall.RawConn
 	fn   func(fd uintptr) bool
@@ -31,6 +35,7 @@ type prober struct {
 }
 
 func (c *conn) initProbe() {
+	c.rs = rawsock.Of(c.nc)
 	sc, ok := c.nc.(syscall.Conn)
 	if !ok {
 		return
@@ -50,7 +55,7 @@ func (c *conn) initProbe() {
 // is nothing to read (EAGAIN); data nobody asked for or EOF mean it is
 // not.
 func (p *prober) peek(fd uintptr) bool {
-	_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p.buf[0])), 1,
+	_, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p.buf[0])), 1,
 		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 	p.live = errno == unix.EAGAIN || errno == unix.EWOULDBLOCK
 	return true // never wait for readiness
@@ -117,7 +122,7 @@ func (p *prober) sendThenWait(fd uintptr) bool {
 		return true
 	}
 	p.ran = true
-	_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p.buf[0])), 1,
+	_, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p.buf[0])), 1,
 		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 	quiet := errno == unix.EAGAIN || errno == unix.EWOULDBLOCK
 	if !quiet && p.reused {
@@ -125,7 +130,7 @@ func (p *prober) sendThenWait(fd uintptr) bool {
 		return true
 	}
 	for {
-		n, _, errno := unix.Syscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p.out[0])), uintptr(len(p.out)))
+		n, _, errno := unix.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p.out[0])), uintptr(len(p.out)))
 		switch errno {
 		case 0:
 			p.sent = int(n)

@@ -169,7 +169,7 @@ func (b *Body) read(p []byte) (n int, done bool, err error) {
 	br := b.c.br
 	if br == nil {
 		br = b.t.readers.Get().(*bufio.Reader)
-		br.Reset(b.nc)
+		br.Reset(b.c.reader())
 		b.c.br = br
 	}
 	switch b.mode {

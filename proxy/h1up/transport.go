@@ -19,12 +19,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluice-proxy/sluice/proxy/internal/rawsock"
 )
 
 // Options configure a Transport. The zero value is usable: every field has
@@ -148,6 +151,26 @@ type conn struct {
 	idleAt time.Time // when it went idle
 	reused bool      // it served a request before the current one
 	probe  *prober   // the liveness check; nil where there is none
+	// rs is nc's socket read and written raw (Linux, a *net.TCPConn,
+	// SLUICE_RAW_SOCKETS not 0); nil: through nc. Made with probe.
+	rs *rawsock.Conn
+}
+
+// reader is what the connection's response is read from: its raw socket,
+// or nc.
+func (c *conn) reader() io.Reader {
+	if c.rs != nil {
+		return c.rs
+	}
+	return c.nc
+}
+
+// write writes p on the connection: on its raw socket, or through nc.
+func (c *conn) write(p []byte) (int, error) {
+	if c.rs != nil {
+		return c.rs.Write(p)
+	}
+	return c.nc.Write(p)
 }
 
 // RoundTrip sends req on an idle or new connection and reads the response
@@ -274,7 +297,7 @@ func (t *Transport) exchange(ctx context.Context, key string, fresh bool, req *h
 	wrote = true
 	c = b.c
 	c.br = t.readers.Get().(*bufio.Reader)
-	c.br.Reset(c.nc)
+	c.br.Reset(c.reader())
 	resp, err = readResponse(c, req, b)
 	if err != nil {
 		return fail(err)
@@ -313,7 +336,7 @@ type reqWriter struct {
 
 func (w *reqWriter) Write(p []byte) (int, error) {
 	if c := w.b.c; c != nil {
-		return c.nc.Write(p)
+		return c.write(p)
 	}
 	for {
 		single := w.last && sendWaitOn // the whole request is in p, for sendWait
@@ -339,7 +362,7 @@ func (w *reqWriter) Write(p []byte) (int, error) {
 		if err != nil || n == len(p) {
 			return n, err
 		}
-		m, err := c.nc.Write(p[n:]) // all of p, or what EAGAIN or a partial write left
+		m, err := c.write(p[n:]) // all of p, or what EAGAIN or a partial write left
 		return n + m, err
 	}
 }

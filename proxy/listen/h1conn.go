@@ -20,6 +20,8 @@ import (
 	_ "unsafe" // go:linkname
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/sluice-proxy/sluice/proxy/internal/rawsock"
 )
 
 // Connection states, for Shutdown: idle connections wait for a request
@@ -48,6 +50,7 @@ var (
 type h1Conn struct {
 	srv    *h1Server
 	rwc    net.Conn
+	sock   *rawsock.Conn // rwc's socket, read and written raw (rawSockOf); nil: through rwc
 	lr     limitReader
 	br     *bufio.Reader
 	out    []byte // the response's bytes on their way to the socket
@@ -89,6 +92,9 @@ type h1Conn struct {
 func (c *h1Conn) serve() {
 	c.br = readerPool.Get().(*bufio.Reader)
 	c.lr.r, c.lr.remain = c.rwc, math.MaxInt64
+	if c.sock = rawSockOf(c.rwc); c.sock != nil {
+		c.lr.r = c.sock
+	}
 	c.br.Reset(&c.lr)
 	c.remote = c.rwc.RemoteAddr().String()
 	ctx := context.WithValue(c.srv.s.base, http.LocalAddrContextKey, c.rwc.LocalAddr())

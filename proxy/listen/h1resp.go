@@ -450,7 +450,12 @@ func (w *h1Response) flushOut() error {
 		c.out = c.out[:0]
 		return net.ErrClosed
 	}
-	_, err := c.rwc.Write(c.out)
+	var err error
+	if c.sock != nil {
+		_, err = c.sock.Write(c.out)
+	} else {
+		_, err = c.rwc.Write(c.out)
+	}
 	c.out = c.out[:0]
 	if err != nil {
 		w.broken = true

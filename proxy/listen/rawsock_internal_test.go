@@ -1,0 +1,119 @@
+package listen
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRawSockOfWrappers: a connection the package's listeners accepted
+// (capConn over the socket), and one re-admitted with bytes read before
+// (capConn over keptConn with a prefix) get a raw socket that returns the
+// prefix first, then the socket's bytes; a connection with no socket
+// under it (net.Pipe) gets none.
+func TestRawSockOfWrappers(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("raw sockets are Linux's")
+	}
+	rl, peer, c := acceptedPair(t)
+	s := rawSockOf(c)
+	if s == nil {
+		t.Fatal("no raw socket under an accepted capConn")
+	}
+	if s.Pending != nil {
+		t.Fatal("Pending set without a prefix")
+	}
+	c.(*capConn).request()
+	if !ReadmitConn(c, []byte("GET ")) {
+		t.Fatal("not re-admitted")
+	}
+	c.Close() // retired: the socket stays open
+	next, err := rl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	s = rawSockOf(next)
+	if s == nil || s.Pending == nil {
+		t.Fatalf("re-admitted conn: raw socket %v, want one with Pending", s)
+	}
+	peer.Write([]byte("/x"))
+	next.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 6)
+	if _, err := io.ReadFull(s, buf); err != nil || string(buf) != "GET /x" {
+		t.Fatalf("read %q, %v; want the prefix, then the socket's bytes", buf, err)
+	}
+	if n, err := s.Write([]byte("ok")); n != 2 || err != nil {
+		t.Fatalf("Write = %d, %v", n, err)
+	}
+	peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(peer, buf[:2]); err != nil || string(buf[:2]) != "ok" {
+		t.Fatalf("peer read %q, %v", buf[:2], err)
+	}
+	p1, p2 := net.Pipe()
+	defer p1.Close()
+	defer p2.Close()
+	if rawSockOf(p1) != nil || rawSockOf(&capConn{Conn: p1}) != nil {
+		t.Fatal("a raw socket for a net.Pipe")
+	}
+}
+
+// TestH1ServerRawAndFallback: the own server answers a request on a TCP
+// connection through its raw socket, and on a net.Pipe (no socket) through
+// the net.Conn, the same bytes.
+func TestH1ServerRawAndFallback(t *testing.T) {
+	raw := make(chan bool, 4)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hr, ok := w.(*h1Response); ok {
+			raw <- hr.c.sock != nil
+		}
+		b, _ := io.ReadAll(r.Body)
+		io.WriteString(w, "echo:"+string(b)+strings.Repeat("z", 100<<10))
+	})
+	s := &Server{Handler: h, HTTPAddr: "127.0.0.1:0", HTTPServer: HTTPServerSluice}
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve()
+	defer s.Close()
+	ask := func(t *testing.T, c net.Conn) {
+		t.Helper()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		go io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || string(b) != "echo:abc"+strings.Repeat("z", 100<<10) {
+			t.Fatalf("body of %d bytes, %v", len(b), err)
+		}
+	}
+	t.Run("tcp", func(t *testing.T) {
+		cl, err := net.Dial("tcp", s.Addr(ListenerHTTP))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		ask(t, cl)
+		if got := <-raw; got != (runtime.GOOS == "linux") {
+			t.Fatalf("raw socket used: %v", got)
+		}
+	})
+	t.Run("pipe", func(t *testing.T) {
+		p1, p2 := net.Pipe()
+		defer p1.Close()
+		hs := s.newH1Server(h)
+		defer hs.Close()
+		hs.serveConn(p2)
+		ask(t, p1)
+		if <-raw {
+			t.Fatal("a raw socket for a net.Pipe")
+		}
+	})
+}
