@@ -99,7 +99,11 @@ func TestRetryBeforeFirstToken(t *testing.T) {
 	pool := poolOf(badURL, goodURL)
 	pool.EjectAfter = 1000 // keep the bad backend in rotation
 	e := startEdge(t, edgeOpts{pool: pool})
-	for i := 0; i < 8; i++ {
+	// The picker compares the two backends' loads and breaks ties at
+	// random, so eight requests can all go to the good one (1 in 256 when
+	// every pick ties): keep sending, each a full stream, until the bad
+	// backend has failed one at least, up to 64 requests.
+	for i := 0; i < 64 && (i < 8 || badSim.Stats().Failed == 0); i++ {
 		resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
 		events, done := readEvents(t, resp.Body)
 		resp.Body.Close()
