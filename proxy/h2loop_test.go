@@ -188,7 +188,7 @@ func cancelCancelsBackend(t *testing.T, e *testEdge, b *stepBackend, c *http.Cli
 // [DONE] ends the h2 stream with the error event and END_STREAM.
 func TestH2LoopBackendDiesMidStream(t *testing.T) {
 	b := newStepBackend(t, 10)
-	b.cut = 3
+	b.cut.Store(3)
 	e := h2LoopEdge(t, b.url, edgeOpts{})
 	backendDiesMidStream(t, e, b, xh2Client(), e.https)
 }

@@ -133,7 +133,7 @@ func TestH3LoopConnCloseCancelsAll(t *testing.T) {
 // [DONE] ends the h3 stream with the error event and a clean end.
 func TestH3LoopBackendDiesMidStream(t *testing.T) {
 	b := newStepBackend(t, 10)
-	b.cut = 3
+	b.cut.Store(3)
 	e := h3LoopEdge(t, b.url, edgeOpts{})
 	backendDiesMidStream(t, e, b, h3Client(t), e.h3)
 }

@@ -33,8 +33,11 @@ type stepBackend struct {
 	next      chan struct{}
 	cancelled chan struct{}
 	n         int
-	// cut, when > 0, closes the connection after that many tokens.
-	cut int
+	// cut, when > 0, closes the connection after that many tokens. Set
+	// after the server started, and read by its handlers, whose requests
+	// reach them over TCP (no happens-before for the race detector): an
+	// atomic.
+	cut atomic.Int32
 }
 
 // waitCancelled fails the test with msg unless the backend sees a request
@@ -78,7 +81,7 @@ func newStepBackend(t *testing.T, n int) *stepBackend {
 					return
 				}
 			}
-			if b.cut > 0 && i == b.cut {
+			if cut := int(b.cut.Load()); cut > 0 && i == cut {
 				conn, _, _ := rc.Hijack()
 				conn.Close()
 				return
@@ -195,7 +198,7 @@ func TestLoopClientGoneCancelsBackend(t *testing.T) {
 // end of the body.
 func TestLoopBackendDiesMidStream(t *testing.T) {
 	b := newStepBackend(t, 10)
-	b.cut = 3
+	b.cut.Store(3)
 	e := loopEdge(t, b.url, edgeOpts{})
 	resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
 	defer resp.Body.Close()
