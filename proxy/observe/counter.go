@@ -2,13 +2,10 @@ package observe
 
 import (
 	"errors"
-	"fmt"
 	"math"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -30,14 +27,9 @@ import (
 // Not supported (not used by Sluice): exemplars, const labels, Delete,
 // Reset, CurryWith.
 type shardCounterVec struct {
-	desc   *prometheus.Desc
-	name   string
-	labels int
+	seriesSet[*shardCounter]
 	shards int
 	now    func() time.Time
-
-	mu       sync.RWMutex
-	children map[string]*shardCounter
 }
 
 // newShardCounterVec is prometheus.NewCounterVec for name, help and the
@@ -46,54 +38,15 @@ func newShardCounterVec(name, help string, labels []string, shards int) *shardCo
 	if shards <= 0 {
 		shards = min(runtime.GOMAXPROCS(0), maxShards)
 	}
-	return &shardCounterVec{desc: prometheus.NewDesc(name, help, labels, nil), name: name, labels: len(labels),
-		shards: shards, now: time.Now, children: map[string]*shardCounter{}}
+	v := &shardCounterVec{shards: shards, now: time.Now}
+	v.seriesSet = newSeriesSet(name, help, labels, v.newCounter)
+	return v
 }
 
-// WithLabelValues returns the counter of the label values, in the order of
-// the label names, making it the first time; it panics, as client_golang's
-// does, on a wrong count or a value that is not valid UTF-8.
-func (v *shardCounterVec) WithLabelValues(lvs ...string) *shardCounter {
-	if len(lvs) != v.labels {
-		panic(fmt.Errorf("%s: expected %d label values but got %d in %#v", v.name, v.labels, len(lvs), lvs))
-	}
-	key := ""
-	for _, l := range lvs {
-		if !utf8.ValidString(l) {
-			panic(fmt.Errorf("label value %q is not valid UTF-8", l))
-		}
-		key += l + "\xff"
-	}
-	v.mu.RLock()
-	c := v.children[key]
-	v.mu.RUnlock()
-	if c != nil {
-		return c
-	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if c = v.children[key]; c == nil {
-		c = &shardCounter{desc: v.desc, labels: prometheus.MakeLabelPairs(v.desc, lvs),
-			created: timestamppb.New(v.now()), shards: make([]counterShard, v.shards)}
-		v.children[key] = c
-	}
-	return c
-}
-
-// Describe implements prometheus.Collector.
-func (v *shardCounterVec) Describe(ch chan<- *prometheus.Desc) { ch <- v.desc }
-
-// Collect implements prometheus.Collector.
-func (v *shardCounterVec) Collect(ch chan<- prometheus.Metric) {
-	v.mu.RLock()
-	cs := make([]*shardCounter, 0, len(v.children))
-	for _, c := range v.children {
-		cs = append(cs, c)
-	}
-	v.mu.RUnlock()
-	for _, c := range cs {
-		ch <- c
-	}
+// newCounter makes the counter of the label values lvs.
+func (v *shardCounterVec) newCounter(lvs []string) *shardCounter {
+	return &shardCounter{desc: v.desc, labels: prometheus.MakeLabelPairs(v.desc, lvs),
+		created: timestamppb.New(v.now()), shards: make([]counterShard, v.shards)}
 }
 
 // shardCounter is one series of a shardCounterVec: a prometheus.Counter

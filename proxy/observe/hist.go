@@ -7,7 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,13 +30,9 @@ import (
 // schema 3, a zero threshold other than the default and its widening
 // (NativeHistogramMaxZeroThreshold), const labels.
 type shardHistVec struct {
-	desc   *prometheus.Desc
-	labels int // variable label names
-	names  []string
-	o      histOpts
-
-	mu       sync.RWMutex
-	children map[string]*shardHist
+	seriesSet[*shardHist]
+	names []string
+	o     histOpts
 }
 
 // histOpts configure a shardHistVec like prometheus.HistogramOpts.
@@ -83,38 +78,13 @@ func newShardHistVec(o histOpts) *shardHistVec {
 	if o.afterFunc == nil {
 		o.afterFunc = time.AfterFunc
 	}
-	return &shardHistVec{desc: prometheus.NewDesc(o.name, o.help, o.labels, nil), labels: len(o.labels),
-		names: o.labels, o: o, children: map[string]*shardHist{}}
+	v := &shardHistVec{names: o.labels, o: o}
+	v.seriesSet = newSeriesSet(o.name, o.help, o.labels, v.newHist)
+	return v
 }
 
-// WithLabelValues returns the histogram of the label values, in the order
-// of the label names; it panics, as client_golang's does, on a wrong count
-// or a value that is not valid UTF-8.
-func (v *shardHistVec) WithLabelValues(lvs ...string) *shardHist {
-	if len(lvs) != v.labels {
-		panic(fmt.Errorf("%s: expected %d label values but got %d in %#v", v.o.name, v.labels, len(lvs), lvs))
-	}
-	key := ""
-	for _, l := range lvs {
-		if !utf8.ValidString(l) {
-			panic(fmt.Errorf("label value %q is not valid UTF-8", l))
-		}
-		key += l + "\xff"
-	}
-	v.mu.RLock()
-	h := v.children[key]
-	v.mu.RUnlock()
-	if h != nil {
-		return h
-	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if h = v.children[key]; h == nil {
-		h = newShardHist(v.desc, v.o, lvs)
-		v.children[key] = h
-	}
-	return h
-}
+// newHist makes the histogram of the label values lvs.
+func (v *shardHistVec) newHist(lvs []string) *shardHist { return newShardHist(v.desc, v.o, lvs) }
 
 // With is WithLabelValues by label name.
 func (v *shardHistVec) With(l prometheus.Labels) *shardHist {
@@ -130,22 +100,6 @@ func (v *shardHistVec) With(l prometheus.Labels) *shardHist {
 		lvs[i] = val
 	}
 	return v.WithLabelValues(lvs...)
-}
-
-// Describe implements prometheus.Collector.
-func (v *shardHistVec) Describe(ch chan<- *prometheus.Desc) { ch <- v.desc }
-
-// Collect implements prometheus.Collector.
-func (v *shardHistVec) Collect(ch chan<- prometheus.Metric) {
-	v.mu.RLock()
-	hs := make([]*shardHist, 0, len(v.children))
-	for _, h := range v.children {
-		hs = append(hs, h)
-	}
-	v.mu.RUnlock()
-	for _, h := range hs {
-		ch <- h
-	}
 }
 
 // shardHist is one series of a shardHistVec. Safe for simultaneous use by multiple
