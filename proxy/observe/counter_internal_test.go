@@ -61,17 +61,7 @@ var counterLabels = [][3]string{{"chat", "t1", "200"}, {"chat", "t2", "200"}, {"
 // must have one) and text exposition byte for byte.
 func gatherCounters(t *testing.T, what string, r1, r2 *prometheus.Registry) {
 	t.Helper()
-	ref, err := r1.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	own, err := r2.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ref) != len(own) {
-		t.Fatalf("%s: %d families; want %d", what, len(own), len(ref))
-	}
+	ref, own := gatherPair(t, what, r1, r2)
 	for i := range ref {
 		a, b := proto.Clone(ref[i]).(*dto.MetricFamily), proto.Clone(own[i]).(*dto.MetricFamily)
 		for _, m := range a.GetMetric() {

@@ -100,22 +100,30 @@ func histValues(rng *rand.Rand, kind string, n int) []float64 {
 	return out
 }
 
-// gatherBoth gathers both registries and compares them: every family's
-// protobuf exactly (the created timestamp aside: each histogram keeps
-// its own clock) and its text exposition byte for byte.
-func gatherBoth(t *testing.T, what string, r1, r2 *prometheus.Registry, sumTolerance float64) {
+// gatherPair gathers both registries: the same number of families, or
+// the test fails.
+func gatherPair(t *testing.T, what string, r1, r2 *prometheus.Registry) (ref, own []*dto.MetricFamily) {
 	t.Helper()
 	ref, err := r1.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	own, err := r2.Gather()
+	own, err = r2.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ref) != len(own) {
 		t.Fatalf("%s: %d families; want %d", what, len(own), len(ref))
 	}
+	return ref, own
+}
+
+// gatherBoth gathers both registries and compares them: every family's
+// protobuf exactly (the created timestamp aside: each histogram keeps
+// its own clock) and its text exposition byte for byte.
+func gatherBoth(t *testing.T, what string, r1, r2 *prometheus.Registry, sumTolerance float64) {
+	t.Helper()
+	ref, own := gatherPair(t, what, r1, r2)
 	for i := range ref {
 		for _, m := range own[i].GetMetric() {
 			if m.GetHistogram().GetCreatedTimestamp() == nil {
