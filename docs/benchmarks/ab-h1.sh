@@ -14,6 +14,7 @@
 #     bash docs/benchmarks/ab-h1.sh OUTDIR
 #   BINS="g100=/tmp/s g400=/tmp/s" ENV_g400="GOGC=400" SHAPE=small DUR=5s ...
 #
+# CONC and OTOK set target 1's concurrency and output tokens (64, 200).
 # ENV_<name> (names are shell identifiers then) is the environment of that
 # side's `sluice serve`, e.g. "GOGC=400 GOMEMLIMIT=1GiB".
 #
@@ -74,13 +75,22 @@ sed -e "s|@PREFIX@|$OUT/conf/nginxbuf|g; s/@NOFILE@/$NOFILE/g; s/@SIM_STREAM@/$S
 # the client-measured token delay P50 and P99 (ms).
 cpu() { python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["targets"][0]; print("%.2f" % sum(c["ms_per_1k_tokens"] for c in t["cpu"]))' "$1" 2>/dev/null; }
 delay() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["targets"][0]["token_delay"]; print("%.3f %.3f" % (d["p50_ms"], d["p99_ms"]))' "$1" 2>/dev/null; }
-UNIT="ms per 1,000 tokens"
+export UNIT="ms per 1,000 tokens"
 if [[ $SHAPE == small ]]; then
 	# cpu: µs per request sent (target 3's figure); delay: requests/s ÷ direct
 	cpu() { python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["targets"][0]; print("%.2f" % (sum(c["cpu_ms"] for c in t["cpu"]) * 1000 / t["counts"]["sent"]))' "$1" 2>/dev/null; }
 	delay() { python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["targets"]; print("%.3f" % (t[0]["requests_per_s"] / t[1]["requests_per_s"]))' "$1" 2>/dev/null; }
-	UNIT="µs per request"
+	export UNIT="µs per request"
 fi
+
+# USRSYS=1: the side's user and system CPU (utime and stime of all its
+# pids, /proc/PID/stat, clock ticks, over the bench run): the side's CPU
+# figure split by their shares, in the log.
+ticks() { for p in ${1//,/ }; do awk '{print $14, $15}' "/proc/$p/stat" 2>/dev/null; done | awk '{u+=$1; s+=$2} END {print u+0, s+0}'; }
+usrsys() { # usrsys T0 T1 JSON: the side's figure split by the ticks' user and system shares
+	awk -v a="$1" -v b="$2" -v c="$(cpu "$3")" 'BEGIN {split(a, x, " "); split(b, y, " "); u = y[1] - x[1]; s = y[2] - x[2]
+		if (u + s > 0) printf "%.2f user + %.2f system %s (%d + %d ticks)", c * u / (u + s), c * s / (u + s), ENVIRON["UNIT"], u, s}'
+}
 
 n=${#names[@]}
 for r in $(seq "$ROUNDS"); do
@@ -115,6 +125,7 @@ for r in $(seq "$ROUNDS"); do
 		if [[ ${PERF:-0} == 1 ]]; then
 			(sleep 5; perf stat -e 'raw_syscalls:sys_enter,syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_epoll_pwait,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,syscalls:sys_enter_nanosleep,context-switches' -p "$pids" -o "$OUT/raw/perf-$r-$name.txt" -- sleep 5) &
 		fi
+		((${USRSYS:-0})) && t0=$(ticks "$pids")
 		if [[ $SHAPE == small ]]; then
 			"${BIN[${names[0]}]}" bench -target "http://127.0.0.1:$port" -pid "$pids" -compare "http://127.0.0.1:$SIM" \
 				-model sim-stream -no-stream -concurrency 16 -prompt-tokens 16 -output-tokens 1 -duration "$DUR" -rounds 2 \
@@ -123,10 +134,14 @@ for r in $(seq "$ROUNDS"); do
 			for p in ${pids//,/ }; do hwm=$((hwm + $(awk '/^VmHWM:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0))); done
 			log "round $r, $name: $(cpu "$OUT/raw/$r-$name.json") µs per request; requests/s ÷ direct $(delay "$OUT/raw/$r-$name.json"); peak RSS $hwm KiB"
 		else
-			"${BIN[${names[0]}]}" bench -target "http://127.0.0.1:$port" -pid "$pids" -model sim-stream -concurrency 64 \
-				-prompt-tokens 16 -output-tokens 200 -duration "$DUR" -ramp 1s -api-key sk-bench-suite -progress never \
+			"${BIN[${names[0]}]}" bench -target "http://127.0.0.1:$port" -pid "$pids" -model sim-stream -concurrency "${CONC:-64}" \
+				-prompt-tokens 16 -output-tokens "${OTOK:-200}" -duration "$DUR" -ramp 1s -api-key sk-bench-suite -progress never \
 				-json "$OUT/raw/$r-$name.json" >"$OUT/logs/bench-$r-$name.log" 2>&1
 			log "round $r, $name: $(cpu "$OUT/raw/$r-$name.json") ms per 1,000 tokens; token delay P50/P99 $(delay "$OUT/raw/$r-$name.json") ms"
+		fi
+		if ((${USRSYS:-0})); then
+			t1=$(ticks "$pids")
+			log "round $r, $name: user/system CPU $(usrsys "$t0" "$t1" "$OUT/raw/$r-$name.json")"
 		fi
 		kill "$sp"
 		wait "$sp" 2>/dev/null
