@@ -110,6 +110,27 @@ func (x *exchange) classify(ev, data []byte) eventKind {
 	return eventOther
 }
 
+// endsStream reports whether ev is its stream's last event, as classify
+// would find it (eventEnd or eventFailed), without classify's side effects
+// (usage): the hand-off leaves such an event to the loop (relayBuffered).
+func (x *exchange) endsStream(ev, data []byte) bool {
+	switch x.dialect {
+	case dialectResponses:
+		switch string(eventName(ev, data)) {
+		case "response.completed", "response.incomplete", "response.failed", "error":
+			return true
+		}
+		return false
+	case dialectMessages:
+		switch string(eventName(ev, data)) {
+		case "message_stop", "error":
+			return true
+		}
+		return false
+	}
+	return bytes.Equal(data, doneMarker)
+}
+
 func (x *exchange) classifyResponses(ev, data []byte) eventKind {
 	name := eventName(ev, data)
 	switch {

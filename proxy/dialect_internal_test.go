@@ -1,16 +1,20 @@
 package proxy
 
 import (
+	"slices"
 	"testing"
 )
 
-// classifyCases are one event of each kind the relay reads per token.
-var classifyCases = []struct {
+// classifyCase is one event and what classify makes of it.
+type classifyCase struct {
 	name string
 	d    dialect
 	ev   string
 	want eventKind
-}{
+}
+
+// classifyCases are one event of each kind the relay reads per token.
+var classifyCases = []classifyCase{
 	{"chat-content", dialectChat, `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}]}` + "\n\n", eventToken},
 	{"chat-spaced", dialectChat, `data: {"id": "c", "choices": [{"index": 0, "delta": {"content" : " word"}}]}` + "\n\n", eventToken},
 	{"chat-role", dialectChat, `data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}` + "\n\n", eventOther},
@@ -48,6 +52,48 @@ func TestClassify(t *testing.T) {
 	}
 	if x.usage == nil || x.usage.InputTokens != 25 || x.usage.OutputTokens != 30 {
 		t.Fatalf("messages usage %+v; want 25 in (message_start), 30 out (message_delta)", x.usage)
+	}
+}
+
+// TestEndsStream: endsStream (the hand-off's side-effect-free test for a
+// stream's last event) agrees with classify on every case, and on chat's
+// [DONE], Responses' incomplete and error events.
+func TestEndsStream(t *testing.T) {
+	cases := append(slices.Clone(classifyCases),
+		classifyCase{"chat-done", dialectChat, "data: [DONE]\n\n", eventEnd},
+		classifyCase{"responses-incomplete", dialectResponses, "event: response.incomplete\ndata: {\"type\":\"response.incomplete\"}\n\n", eventEnd},
+		classifyCase{"responses-error", dialectResponses, "event: error\ndata: {\"type\":\"error\",\"code\":\"x\"}\n\n", eventFailed},
+	)
+	for _, c := range cases {
+		ev := []byte(c.ev)
+		kind := (&exchange{dialect: c.d}).classify(ev, EventData(ev))
+		if kind != c.want {
+			t.Fatalf("%s: classify %d; want %d", c.name, kind, c.want)
+		}
+		end := kind == eventEnd || kind == eventFailed
+		if got := (&exchange{dialect: c.d}).endsStream(ev, EventData(ev)); got != end {
+			t.Errorf("%s: endsStream %v; classify says %d", c.name, got, kind)
+		}
+	}
+}
+
+// TestNextEvent: the hand-off's split of buffered input finds what the
+// loop's split finds (blank lines ending events: \n\n and \r\n\r\n; stray
+// blank lines skipped) and nothing in an incomplete event.
+func TestNextEvent(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"data: a\n\ndata: b\n\n", "data: a\n\n"},
+		{"\n\r\ndata: a\r\n\r\nrest", "data: a\r\n\r\n"},
+		{"event: x\ndata: a\n\n", "event: x\ndata: a\n\n"},
+		{"data: a\n", ""},
+		{"data: a", ""},
+		{"\n\n", ""},
+		{"", ""},
+	} {
+		start, end := nextEvent([]byte(c.in))
+		if got := c.in[start:end]; end == 0 && c.want != "" || got != c.want {
+			t.Errorf("nextEvent(%q) = %q; want %q", c.in, c.in[start:end], c.want)
+		}
 	}
 }
 

@@ -15,3 +15,14 @@ func BreakLoops(h *Handler) {
 // SetParkKept sets whether kept client connections wait on the event
 // loops (parkKept), for the tests of both ways.
 func SetParkKept(on bool) { parkKept.Store(on) }
+
+// SetFirstBytesSeen shows f every h1 loop hand-off's first bytes (head and
+// the events written before the hand-off) and the backend's input left to
+// the loop; nil stops it.
+func SetFirstBytesSeen(f func(first, rest []byte)) {
+	if f == nil {
+		firstBytesSeen.Store(nil)
+		return
+	}
+	firstBytesSeen.Store(&f)
+}

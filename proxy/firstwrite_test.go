@@ -1,13 +1,17 @@
 package proxy_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/proxy"
 )
 
 // The hand-off writes a stream's head and first token before it hijacks
@@ -76,4 +80,129 @@ func TestLoopHandOffHijacked(t *testing.T) {
 		t.Fatalf("end: %q %v", got, err)
 	}
 	onLoop(t, e, 0)
+}
+
+// roleEvent is the role-only chunk an OpenAI-compatible engine sends before
+// its first token (vLLM v0.11's serving_chat.py, first iteration), marked
+// with id for the tests that watch the hand-off.
+func roleEvent(id string) string {
+	return fmt.Sprintf(`data: {"id":"%s","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`+"\n\n", id)
+}
+
+// watchFirstBytes records the first bytes and the backend input left to
+// the loop of the hand-offs whose first bytes contain marker.
+func watchFirstBytes(t *testing.T, marker string) func() (first, rest string, n int) {
+	var mu sync.Mutex
+	var first, rest string
+	var n int
+	proxy.SetFirstBytesSeen(func(f, r []byte) {
+		if !strings.Contains(string(f), marker) {
+			return // another test's stream
+		}
+		mu.Lock()
+		first, rest, n = string(f), string(r), n+1
+		mu.Unlock()
+	})
+	t.Cleanup(func() { proxy.SetFirstBytesSeen(nil) })
+	return func() (string, string, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		return first, rest, n
+	}
+}
+
+// TestLoopFirstWriteCarriesBufferedEvents: a backend that sends its
+// role-only chunk and the first token together (one write, as vLLM's first
+// iteration) gets both into the hand-off's first write — the first token
+// does not wait for the loop's start — and the rest of the stream still
+// comes through the loop.
+func TestLoopFirstWriteCarriesBufferedEvents(t *testing.T) {
+	release := make(chan struct{})
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, roleEvent("bufd-1")+tokenEvent(0))
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		case <-time.After(10 * time.Second):
+			return
+		}
+		io.WriteString(w, tokenEvent(1)+"data: [DONE]\n\n")
+	}))
+	defer b.Close()
+	seen := watchFirstBytes(t, "bufd-1")
+	e := loopEdge(t, b.URL, edgeOpts{})
+	resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
+	defer resp.Body.Close()
+	ev := newEventReader(resp.Body)
+	for i, want := range []string{roleEvent("bufd-1"), tokenEvent(0)} {
+		if got, err := ev.next(); err != nil || got != want {
+			t.Fatalf("event %d: %q %v, want %q", i, got, err, want)
+		}
+	}
+	first, rest, n := seen()
+	if n != 1 || !strings.Contains(first, roleEvent("bufd-1")) || !strings.Contains(first, tokenEvent(0)) {
+		t.Fatalf("%d hand-offs; first write %q: want the role chunk and the first token in it", n, first)
+	}
+	if strings.Contains(rest, "data:") {
+		t.Fatalf("a complete event was left to the loop: %q", rest)
+	}
+	onLoop(t, e, 1)
+	close(release)
+	for i, want := range []string{tokenEvent(1), "data: [DONE]\n\n"} {
+		if got, err := ev.next(); err != nil || got != want {
+			t.Fatalf("event %d after the hand-off: %q %v, want %q", i+2, got, err, want)
+		}
+	}
+	onLoop(t, e, 0)
+}
+
+// TestLoopBufferedEndLeftToLoop: when the whole stream came with its head
+// (role chunk, a token and [DONE] in one write, the backend's body still
+// open), the events before [DONE] go in the first write and [DONE] is the
+// loop's: the stream ends on the loop, which keeps the client's
+// connection (one dial for two streams), not the hand-off's early end,
+// which closes it (TestLoopFirstEventEnds).
+func TestLoopBufferedEndLeftToLoop(t *testing.T) {
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, roleEvent("bufd-2")+tokenEvent(0)+"data: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		select { // the body stays open: only [DONE] ends the stream
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer b.Close()
+	seen := watchFirstBytes(t, "bufd-2")
+	e := loopEdge(t, b.URL, edgeOpts{})
+	var dials atomic.Int64
+	c := countingClient(&dials, "", nil)
+	for i := range 2 {
+		resp := post(t, c, e.http+"/v1/chat/completions", chatBody(""))
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		want := roleEvent("bufd-2") + tokenEvent(0)
+		if err != nil || resp.StatusCode != 200 || !strings.HasPrefix(string(body), want) ||
+			!strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+			t.Fatalf("stream %d: status %d, body %q, %v", i, resp.StatusCode, body, err)
+		}
+		if resp.Close {
+			t.Fatalf("stream %d: the response says Connection: close", i)
+		}
+		first, rest, _ := seen()
+		if !strings.Contains(first, tokenEvent(0)) || strings.Contains(first, "[DONE]") || !strings.Contains(rest, "data: [DONE]") {
+			t.Fatalf("stream %d: first write %q, left to the loop %q", i, first, rest)
+		}
+	}
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("%d dials for two streams on a kept connection, want 1", n)
+	}
+	if _, _, n := seen(); n != 2 {
+		t.Fatalf("%d hand-offs seen, want 2", n)
+	}
 }

@@ -313,10 +313,74 @@ func (x *exchange) firstBytes(l *leg, hdr http.Header, conn net.Conn, keep bool)
 	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), keep, ls.sink.plain)
 	headLen := len(ls.sink.out)
 	done, _ := x.relayEvent(l, l.ev, l.first)
+	if !done {
+		done = x.relayBuffered(l)
+	}
 	if done && keep {
 		ls.sink.out = slices.Insert(ls.sink.out, headLen-2, []byte("Connection: close\r\n")...)
 	}
+	if f := firstBytesSeen.Load(); f != nil {
+		var rest []byte
+		if l.br != nil {
+			rest, _ = l.br.Peek(l.br.Buffered())
+		}
+		(*f)(ls.sink.out, rest)
+	}
 	return ls, done
+}
+
+// firstBytesSeen, when set (tests), is shown each hand-off's first bytes
+// and the backend's input it leaves to the loop.
+var firstBytesSeen atomic.Pointer[func(first, rest []byte)]
+
+// relayBuffered relays, after the first event, the complete events l's
+// reader already holds, so that they leave with the head in the first
+// write instead of after the loop's start (an eventfd wake-up, the loop's
+// batch, two epoll_ctl): a backend that sends a role-only chunk and the
+// first content token together — vLLM's first iteration does — had its
+// first token, the one a client's TTFT counts, wait for the hand-off. It
+// stops before the stream's last event, which the loop relays (a stream
+// that ends on its loop keeps its connection), and never reads from the
+// socket. done: the stream ended here (the client is gone).
+func (x *exchange) relayBuffered(l *leg) (done bool) {
+	for l.br != nil {
+		p, _ := l.br.Peek(l.br.Buffered())
+		start, end := nextEvent(p)
+		if end == 0 {
+			return false
+		}
+		ev := p[start:end]
+		if x.endsStream(ev, EventData(ev)) {
+			l.br.Discard(start)
+			return false
+		}
+		done, _ = x.relayEvent(l, ev, l.first) // it arrived with the first
+		l.br.Discard(end)
+		if done {
+			return true
+		}
+	}
+	return false
+}
+
+// nextEvent finds p's first complete SSE event, p[start:end] through the
+// blank line that ends it (stray blank lines before it skipped, as the
+// loop's split and readEvent skip them); end is 0 when p holds none.
+func nextEvent(p []byte) (start, end int) {
+	for i := 0; ; {
+		j := bytes.IndexByte(p[i:], '\n')
+		if j < 0 {
+			return 0, 0
+		}
+		e := i + j + 1
+		if e-i == 1 || e-i == 2 && p[i] == '\r' { // a blank line
+			if i > start {
+				return start, e
+			}
+			start = e
+		}
+		i = e
+	}
 }
 
 // handOffRest is the hand-off after the first bytes were written (what

@@ -439,7 +439,7 @@ func TestLoopRefusedEndsWithErrorEvent(t *testing.T) {
 	resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
 	onLoop(t, e, 1)
 	go func() {
-		for range 4 {
+		for range 3 { // t1..t3: the second stream's backend then waits after t0
 			b.next <- struct{}{}
 		}
 	}()
