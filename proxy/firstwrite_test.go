@@ -19,39 +19,59 @@ import (
 // package listen (listen.EarlySocket), else after the Hijack. These tests
 // cover the cases the other loop tests do not reach.
 
+// openBodyBackend answers every request with events in one write and
+// keeps its body open (until the request ends, at most 5 s): only an
+// event can end the stream.
+func openBodyBackend(t *testing.T, events string) *httptest.Server {
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, events)
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	t.Cleanup(b.Close)
+	return b
+}
+
 // TestLoopFirstEventEnds: a stream whose first event ends it ([DONE],
 // the backend's body still open) on a keep-alive connection gets its
 // whole answer, says Connection: close (the hand-off closes the
 // connection) and the client's next request dials anew.
 func TestLoopFirstEventEnds(t *testing.T) {
-	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.Write([]byte("data: [DONE]\n\n"))
-		w.(http.Flusher).Flush()
-		select { // the body stays open: only the event ends the stream
-		case <-r.Context().Done():
-		case <-time.After(5 * time.Second):
-		}
-	}))
-	defer b.Close()
+	b := openBodyBackend(t, "data: [DONE]\n\n")
 	e := loopEdge(t, b.URL, edgeOpts{})
+	dials := twoStreams(t, e, "", func(i int, closed bool) {
+		if !closed {
+			t.Fatalf("stream %d: the response does not say Connection: close", i)
+		}
+	})
+	if dials != 2 {
+		t.Fatalf("%d dials for two streams on closed connections, want 2", dials)
+	}
+}
+
+// twoStreams posts two streams to e from one keep-alive client, checks
+// that each answer is whole (begins with prefix, ends with [DONE]), calls
+// check with whether it said Connection: close, and returns how many
+// connections the client dialled.
+func twoStreams(t *testing.T, e *testEdge, prefix string, check func(i int, closed bool)) int64 {
 	var dials atomic.Int64
 	c := countingClient(&dials, "", nil)
 	for i := range 2 {
 		resp := post(t, c, e.http+"/v1/chat/completions", chatBody(""))
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if err != nil || resp.StatusCode != 200 || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		if err != nil || resp.StatusCode != 200 || !strings.HasPrefix(string(body), prefix) ||
+			!strings.HasSuffix(string(body), "data: [DONE]\n\n") {
 			t.Fatalf("stream %d: status %d, body %q, %v", i, resp.StatusCode, body, err)
 		}
-		if !resp.Close {
-			t.Fatalf("stream %d: the response does not say Connection: close", i)
-		}
+		check(i, resp.Close)
 	}
-	if n := dials.Load(); n != 2 {
-		t.Fatalf("%d dials for two streams on closed connections, want 2", n)
-	}
+	return dials.Load()
 }
 
 // TestLoopHandOffHijacked: the handler served by a server of net/http's
@@ -167,40 +187,20 @@ func TestLoopFirstWriteCarriesBufferedEvents(t *testing.T) {
 // connection (one dial for two streams), not the hand-off's early end,
 // which closes it (TestLoopFirstEventEnds).
 func TestLoopBufferedEndLeftToLoop(t *testing.T) {
-	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, roleEvent("bufd-2")+tokenEvent(0)+"data: [DONE]\n\n")
-		w.(http.Flusher).Flush()
-		select { // the body stays open: only [DONE] ends the stream
-		case <-r.Context().Done():
-		case <-time.After(5 * time.Second):
-		}
-	}))
-	defer b.Close()
+	b := openBodyBackend(t, roleEvent("bufd-2")+tokenEvent(0)+"data: [DONE]\n\n")
 	seen := watchFirstBytes(t, "bufd-2")
 	e := loopEdge(t, b.URL, edgeOpts{})
-	var dials atomic.Int64
-	c := countingClient(&dials, "", nil)
-	for i := range 2 {
-		resp := post(t, c, e.http+"/v1/chat/completions", chatBody(""))
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		want := roleEvent("bufd-2") + tokenEvent(0)
-		if err != nil || resp.StatusCode != 200 || !strings.HasPrefix(string(body), want) ||
-			!strings.HasSuffix(string(body), "data: [DONE]\n\n") {
-			t.Fatalf("stream %d: status %d, body %q, %v", i, resp.StatusCode, body, err)
-		}
-		if resp.Close {
+	dials := twoStreams(t, e, roleEvent("bufd-2")+tokenEvent(0), func(i int, closed bool) {
+		if closed {
 			t.Fatalf("stream %d: the response says Connection: close", i)
 		}
 		first, rest, _ := seen()
 		if !strings.Contains(first, tokenEvent(0)) || strings.Contains(first, "[DONE]") || !strings.Contains(rest, "data: [DONE]") {
 			t.Fatalf("stream %d: first write %q, left to the loop %q", i, first, rest)
 		}
-	}
-	if n := dials.Load(); n != 1 {
-		t.Fatalf("%d dials for two streams on a kept connection, want 1", n)
+	})
+	if dials != 1 {
+		t.Fatalf("%d dials for two streams on a kept connection, want 1", dials)
 	}
 	if _, _, n := seen(); n != 2 {
 		t.Fatalf("%d hand-offs seen, want 2", n)

@@ -30,6 +30,8 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+
+	"github.com/sluice-proxy/sluice/internal/chunked"
 )
 
 func main() {
@@ -77,10 +79,10 @@ func serve(client net.Conn, backend string) {
 	out := make([]byte, 0, 16<<10)
 	for {
 		var n int64
-		var chunked bool
+		var isChunked bool
 		var err error
-		out, n, chunked, err = readHead(cl.r, out[:0])
-		if err != nil || chunked {
+		out, n, isChunked, err = readHead(cl.r, out[:0])
+		if err != nil || isChunked {
 			return // EOF between requests, or a chunked request (not in the benchmark)
 		}
 		if out, err = appendBody(out, cl.r, n); err != nil {
@@ -105,11 +107,11 @@ func serve(client net.Conn, backend string) {
 
 // relayAnswer copies one response from the backend's reader to the client.
 func relayAnswer(client net.Conn, br *bufio.Reader, out []byte) error {
-	out, n, chunked, err := readHead(br, out)
+	out, n, isChunked, err := readHead(br, out)
 	if err != nil {
 		return err
 	}
-	if !chunked {
+	if !isChunked {
 		if out, err = appendBody(out, br, n); err != nil {
 			return err
 		}
@@ -117,8 +119,10 @@ func relayAnswer(client net.Conn, br *bufio.Reader, out []byte) error {
 		return err
 	}
 	// Chunked: what has arrived goes out with each read, the head with the
-	// first; the chunk framing is followed only to find the last chunk.
-	var d dechunk
+	// first; the chunk framing is followed (internal/chunked, the decoder the
+	// event loops use) only to find the last chunk.
+	var d chunked.Decoder
+	var scratch []byte // Decode's payload, not used: the framing is followed only to find the end
 	for {
 		k := br.Buffered()
 		if k == 0 {
@@ -134,7 +138,9 @@ func relayAnswer(client net.Conn, br *bufio.Reader, out []byte) error {
 			k = br.Buffered()
 		}
 		b, _ := br.Peek(k)
-		used, done, err := d.feed(b)
+		var used int
+		var done bool
+		scratch, used, done, err = d.Decode(scratch[:0], b)
 		if err != nil {
 			return err
 		}
@@ -199,81 +205,4 @@ func appendBody(out []byte, r *bufio.Reader, n int64) ([]byte, error) {
 		n -= int64(len(b))
 	}
 	return out, nil
-}
-
-// dechunk follows a chunked body's framing (RFC 9112, 7.1) to its end.
-type dechunk struct {
-	state int   // 0: size line, 1: data, 2: CRLF after data, 3: trailer lines
-	left  int64 // data bytes left in the chunk (state 1)
-	size  int64 // the size line's value so far (state 0)
-	ext   bool  // in a chunk extension (state 0)
-	blank bool  // the trailer line so far is empty (state 3)
-	cr    bool  // a CR was seen (states 0, 2, 3)
-}
-
-// feed consumes b and reports how much of it belongs to the body and
-// whether the body ended there.
-func (d *dechunk) feed(b []byte) (used int, done bool, err error) {
-	for used < len(b) {
-		c := b[used]
-		switch d.state {
-		case 1:
-			k := min(int64(len(b)-used), d.left)
-			used += int(k)
-			if d.left -= k; d.left == 0 {
-				d.state = 2
-			}
-			continue
-		case 0:
-			switch {
-			case c == '\n':
-				if d.size == 0 {
-					d.state, d.blank = 3, true
-				} else {
-					d.state, d.left = 1, d.size
-				}
-				d.size, d.ext = 0, false
-			case c == '\r' || d.ext:
-			case c == ';' || c == ' ' || c == '\t':
-				d.ext = true
-			default:
-				v, ok := unhex(c)
-				if !ok {
-					return used, false, fmt.Errorf("bad chunk size byte %q", c)
-				}
-				d.size = d.size<<4 | int64(v)
-			}
-		case 2:
-			if c == '\n' {
-				d.state = 0
-			} else if c != '\r' {
-				return used, false, errors.New("chunk data not followed by CRLF")
-			}
-		case 3:
-			switch c {
-			case '\n':
-				if d.blank {
-					return used + 1, true, nil
-				}
-				d.blank = true
-			case '\r':
-			default:
-				d.blank = false
-			}
-		}
-		used++
-	}
-	return used, false, nil
-}
-
-func unhex(c byte) (byte, bool) {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0', true
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10, true
-	case 'A' <= c && c <= 'F':
-		return c - 'A' + 10, true
-	}
-	return 0, false
 }

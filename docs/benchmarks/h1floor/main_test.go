@@ -11,33 +11,6 @@ import (
 	"testing"
 )
 
-// TestDechunkSplits feeds one chunked body (extensions, a trailer) cut at
-// every byte and checks that the end is found exactly at its last byte.
-func TestDechunkSplits(t *testing.T) {
-	body := "5;ext=1\r\nhello\r\n1A\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nX-Trailer: v\r\n\r\n"
-	for cut := 0; cut <= len(body); cut++ {
-		var d dechunk
-		used1, done1, err := d.feed([]byte(body[:cut]))
-		if err != nil || used1 != cut {
-			t.Fatalf("cut %d: first part used %d, err %v", cut, used1, err)
-		}
-		if done1 {
-			if cut != len(body) {
-				t.Fatalf("cut %d: done before the end", cut)
-			}
-			continue
-		}
-		used2, done2, err := d.feed([]byte(body[cut:] + "NEXT"))
-		if err != nil || !done2 || cut+used2 != len(body) {
-			t.Fatalf("cut %d: second part used %d done %v err %v (want end at %d)", cut, used2, done2, err, len(body))
-		}
-	}
-	var d dechunk
-	if _, _, err := d.feed([]byte("zz\r\n")); err == nil {
-		t.Fatal("a bad size line was accepted")
-	}
-}
-
 // TestRelayKeepAlive relays Content-Length and chunked (flushed) answers of
 // a real net/http backend over one kept client connection.
 func TestRelayKeepAlive(t *testing.T) {
