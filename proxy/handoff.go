@@ -588,13 +588,10 @@ func hasFD(conn net.Conn) bool {
 // same); keep must be false.
 func appendHead(b []byte, h http.Header, now time.Time, keep, plain bool) []byte {
 	b = append(b, "HTTP/1.1 200 OK\r\n"...)
-	var w headBuf
-	w.b = b
 	h.Del("Content-Length")
 	h.Del("Transfer-Encoding")
 	h.Del("Connection")
-	h.Write(&w)
-	b = w.b
+	b = listen.AppendHeader(b, h)
 	if _, ok := h["Date"]; !ok {
 		b = append(b, "Date: "...)
 		b = now.UTC().AppendFormat(b, http.TimeFormat)
@@ -617,11 +614,6 @@ func appendHead(b []byte, h http.Header, now time.Time, keep, plain bool) []byte
 func keepAlive(r *http.Request) bool {
 	return r.ProtoMajor == 1 && r.ProtoMinor >= 1 && !r.Close
 }
-
-type headBuf struct{ b []byte }
-
-func (w *headBuf) Write(p []byte) (int, error)       { w.b = append(w.b, p...); return len(p), nil }
-func (w *headBuf) WriteString(s string) (int, error) { w.b = append(w.b, s...); return len(s), nil }
 
 // Event runs the exchange's per-event work on the loop (see relayEvent).
 func (ls *loopStream) Event(out, ev []byte, now time.Time) ([]byte, bool) {

@@ -103,7 +103,7 @@ func (w *h1Response) writeInformational(code int) {
 	}
 	b := w.c.out[:0]
 	b = appendStatus(b, true, code)
-	b = appendHeader(b, w.header)
+	b = AppendHeader(b, w.header)
 	b = append(b, "\r\n"...)
 	w.c.out = b
 	w.flushOut()
@@ -389,9 +389,12 @@ func appendStatus(b []byte, is11 bool, code int) []byte {
 	return append(b, "\r\n"...)
 }
 
-// appendHeader appends h's fields sorted by name, as net/http writes
-// them (invalid names left out; for the 1xx heads).
-func appendHeader(b []byte, h http.Header) []byte {
+// AppendHeader appends h's fields as header lines sorted by name, as
+// net/http's Header.Write writes them (invalid names left out, line breaks
+// in a value made spaces, values trimmed) but without its pooled sorter and
+// string replacer: for the 1xx heads, and for the head the h1 hand-off to
+// the event loops writes (proxy's appendHead).
+func AppendHeader(b []byte, h http.Header) []byte {
 	var ks [32]string
 	keys := ks[:0]
 	for k := range h {
