@@ -72,6 +72,11 @@ func TestAttemptCtxParent(t *testing.T) {
 		c, done, conn := heldAttempt(t, parent)
 		cancelParent(errGone)
 		waitClosed(t, done, "parent cancel")
+		// The registration's goroutine closes Done, then the connection
+		// (cancel closes it outside its lock): wait for the close too.
+		for deadline := time.Now().Add(5 * time.Second); conn.n.Load() == 0 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
 		if !errors.Is(c.Err(), context.Canceled) || c.Cause() != errGone || conn.n.Load() != 1 {
 			t.Fatalf("Err %v, Cause %v, conn closed %d; want Canceled, the parent's cause, 1", c.Err(), c.Cause(), conn.n.Load())
 		}
