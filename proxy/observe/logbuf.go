@@ -28,8 +28,11 @@ type LogWriter struct {
 	closed bool
 }
 
-// NewLogWriter returns an unbuffered LogWriter writing to w.
-func NewLogWriter(w io.Writer) *LogWriter { return &LogWriter{w: w} }
+// NewLogWriter returns an unbuffered LogWriter writing to w. When w is an
+// *os.File on a regular file, a character device or a socket, on Linux,
+// its lines go out through raw system calls (rawwrite_linux.go; the
+// environment's SLUICE_LOG_RAW=0 keeps os.File's Write).
+func NewLogWriter(w io.Writer) *LogWriter { return &LogWriter{w: rawLogOut(w)} }
 
 // SetBuffer buffers access log lines up to size bytes for at most flush
 // (which must be positive when size is). Size 0 writes every line at once.
