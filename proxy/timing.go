@@ -124,11 +124,19 @@ func (x *exchange) serverTiming() string {
 	return x.timing
 }
 
-// appendServerTiming appends the initial Server-Timing value to b.
+// appendServerTiming appends the initial Server-Timing value to b, which
+// may already hold other bytes (relayBody's Content-Length digits): the
+// value's first entry has no separator whatever precedes it.
 func (x *exchange) appendServerTiming(b []byte) []byte {
+	start := len(b)
 	for _, s := range observe.HeaderStages {
 		if d, ok := x.stage(s); ok {
-			b = appendMetric(b, s, d)
+			if len(b) > start {
+				b = append(b, ", "...)
+			}
+			b = append(b, s...)
+			b = append(b, ";dur="...)
+			b = appendMillis(b, d)
 		}
 	}
 	return b

@@ -299,3 +299,33 @@ func TestDebugStats(t *testing.T) {
 		}
 	}
 }
+
+// TestServerTimingWholeBody: a non-streamed answer read whole (relayBody
+// sets its exact Content-Length and the Server-Timing value from one
+// buffer) carries a Server-Timing value that parses strictly, its first
+// entry without a separator (it once began ", net-rtt": the Content-Length
+// digits counted as a previous entry), through net/http's client and
+// Sluice's own (h1up) transport alike.
+func TestServerTimingWholeBody(t *testing.T) {
+	_, simURL := startSim(t, fastSim())
+	body := `{"model":"sim-small","max_tokens":3,"messages":[{"role":"user","content":"hello there"}]}`
+	for _, h1up := range []bool{false, true} {
+		e := startEdge(t, edgeOpts{pool: poolOf(simURL), limiter: limiter.NewLocal(1), limits: limiter.Limits{RequestsPerMinute: 1000}, h1up: h1up})
+		resp := post(t, h1Client(), e.http+"/v1/chat/completions", body)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.ContentLength != int64(len(b)) {
+			t.Fatalf("h1up %v: status %d, Content-Length %d for %d bytes", h1up, resp.StatusCode, resp.ContentLength, len(b))
+		}
+		v := resp.Header.Get("Server-Timing")
+		if strings.HasPrefix(v, ",") || strings.HasPrefix(v, " ") {
+			t.Errorf("h1up %v: Server-Timing %q starts with a separator", h1up, v)
+		}
+		st := timings(t, v)
+		for _, name := range []string{"auth", "recv", "route", "limit", "queue", "upstream", "ttft", "edge"} {
+			if _, ok := st[name]; !ok {
+				t.Errorf("h1up %v: Server-Timing %q lacks %s", h1up, v, name)
+			}
+		}
+	}
+}
