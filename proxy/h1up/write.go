@@ -105,9 +105,8 @@ func writeHead(bw *bufio.Writer, req *http.Request) error {
 			bw.WriteString("Content-Length: 0\r\n")
 		}
 	case req.ContentLength > 0:
-		var num [20]byte
 		bw.WriteString("Content-Length: ")
-		bw.Write(strconv.AppendInt(num[:0], req.ContentLength, 10))
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), req.ContentLength, 10)) // (a local array escaped through Write)
 		bw.WriteString("\r\n")
 	default: // unknown length (-1, or 0 with a body, as net/http reads it)
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
