@@ -81,6 +81,7 @@ type Handler struct {
 	live      atomic.Pointer[liveState]
 	node      string
 	region    string
+	regionVal []string // X-Sluice-Region's value, made once: every response shares it (cap 1: an append copies)
 	log       *slog.Logger
 	access    *observe.AccessLog
 	metrics   *observe.Metrics
@@ -107,6 +108,9 @@ func NewHandler(st *State, opts Options) *Handler {
 		metrics: opts.Metrics, stats: opts.Stats, transport: opts.Transport, started: time.Now(),
 		settles: limiter.NewSettleQueue(0, 0, time.Second), noLoop: opts.NoEventLoop}
 	h.tracer = opts.Tracer
+	if h.region != "" {
+		h.regionVal = []string{h.region}
+	}
 	if h.log == nil {
 		h.log = slog.Default()
 	}
@@ -177,8 +181,8 @@ func (h *Handler) serve(l *liveState, r *http.Request, sink Sink, w http.Respons
 	hdr := sink.Header()
 	x.ids = [2]string{x.id, x.ownID} // the values' slices point into the exchange: no allocation
 	hdr["X-Request-Id"], hdr["X-Sluice-Request-Id"] = x.ids[0:1:1], x.ids[1:2:2]
-	if h.region != "" {
-		hdr.Set("X-Sluice-Region", h.region)
+	if h.regionVal != nil {
+		hdr["X-Sluice-Region"] = h.regionVal[:1:1]
 	}
 	h.inflight.Add(1)
 	h.metrics.Inflight(1)
