@@ -26,3 +26,13 @@ func SetFirstBytesSeen(f func(first, rest []byte)) {
 	}
 	firstBytesSeen.Store(&f)
 }
+
+// SetFramedPendingSeen shows f every HTTP/2 or HTTP/3 loop hand-off's
+// request id and the backend's bytes it leaves to the loop (nil: none).
+func SetFramedPendingSeen(f func(id string, pending []byte)) {
+	if f == nil {
+		framedPendingSeen.Store(nil)
+		return
+	}
+	framedPendingSeen.Store(&f)
+}

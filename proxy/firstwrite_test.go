@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -204,5 +205,77 @@ func TestLoopBufferedEndLeftToLoop(t *testing.T) {
 	}
 	if _, _, n := seen(); n != 2 {
 		t.Fatalf("%d hand-offs seen, want 2", n)
+	}
+}
+
+// TestFramedHandOffRelaysBufferedEvents: over HTTP/2 and HTTP/3 the first
+// event is written on the handler's goroutine and the stream then goes to
+// a loop (handOffFramed); the events that arrived with the first — vLLM's
+// role-only chunk and first token, in one write — are relayed before the
+// hand-off, so the loop is left none of them (the first token does not
+// wait for the loop's start), and the rest still comes through the loop.
+func TestFramedHandOffRelaysBufferedEvents(t *testing.T) {
+	for _, proto := range []string{"h2", "h3"} {
+		t.Run(proto, func(t *testing.T) {
+			id := "framed-bufd-" + proto
+			release := make(chan struct{})
+			b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, roleEvent(id)+tokenEvent(0))
+				w.(http.Flusher).Flush()
+				select {
+				case <-release:
+				case <-r.Context().Done():
+					return
+				case <-time.After(10 * time.Second):
+					return
+				}
+				io.WriteString(w, tokenEvent(1)+"data: [DONE]\n\n")
+			}))
+			defer b.Close()
+			var mu sync.Mutex
+			var pending []string
+			proxy.SetFramedPendingSeen(func(rid string, p []byte) {
+				if rid == id {
+					mu.Lock()
+					pending = append(pending, string(p))
+					mu.Unlock()
+				}
+			})
+			t.Cleanup(func() { proxy.SetFramedPendingSeen(nil) })
+			var e *testEdge
+			var c *http.Client
+			var base string
+			if proto == "h2" {
+				e, c = loopEdge(t, b.URL, edgeOpts{}), h2Client()
+				base = e.https
+			} else {
+				e, c = h3LoopEdge(t, b.URL, edgeOpts{}), h3Client(t)
+				base = e.h3
+			}
+			resp := post(t, c, base+"/v1/chat/completions", chatBody(""), "X-Request-Id", id)
+			defer resp.Body.Close()
+			ev := newEventReader(resp.Body)
+			for i, want := range []string{roleEvent(id), tokenEvent(0)} {
+				if got, err := ev.next(); err != nil || got != want {
+					t.Fatalf("event %d: %q %v, want %q", i, got, err, want)
+				}
+			}
+			onLoop(t, e, 1)
+			mu.Lock()
+			seen := slices.Clone(pending)
+			mu.Unlock()
+			if len(seen) != 1 || strings.Contains(seen[0], "data:") {
+				t.Fatalf("hand-offs left the loop %q: want one hand-off and no complete event", seen)
+			}
+			close(release)
+			for i, want := range []string{tokenEvent(1), "data: [DONE]\n\n"} {
+				if got, err := ev.next(); err != nil || got != want {
+					t.Fatalf("event %d after the hand-off: %q %v, want %q", i+2, got, err, want)
+				}
+			}
+			onLoop(t, e, 0)
+		})
 	}
 }

@@ -314,7 +314,7 @@ func (x *exchange) firstBytes(l *leg, hdr http.Header, conn net.Conn, keep bool)
 	headLen := len(ls.sink.out)
 	done, _ := x.relayEvent(l, l.ev, l.first)
 	if !done {
-		done = x.relayBuffered(l)
+		done, _ = x.relayBuffered(l)
 	}
 	if done && keep {
 		ls.sink.out = slices.Insert(ls.sink.out, headLen-2, []byte("Connection: close\r\n")...)
@@ -341,26 +341,28 @@ var firstBytesSeen atomic.Pointer[func(first, rest []byte)]
 // first token, the one a client's TTFT counts, wait for the hand-off. It
 // stops before the stream's last event, which the loop relays (a stream
 // that ends on its loop keeps its connection), and never reads from the
-// socket. done: the stream ended here (the client is gone).
-func (x *exchange) relayBuffered(l *leg) (done bool) {
+// socket. done: the stream ended here (the client is gone; err is
+// relayEvent's). relayOpenAI calls it too, before an HTTP/2 or HTTP/3
+// stream's hand-off (handOffFramed) and on the goroutine path.
+func (x *exchange) relayBuffered(l *leg) (done bool, err error) {
 	for l.br != nil {
 		p, _ := l.br.Peek(l.br.Buffered())
 		start, end := nextEvent(p)
 		if end == 0 {
-			return false
+			return false, nil
 		}
 		ev := p[start:end]
 		if x.endsStream(ev, EventData(ev)) {
 			l.br.Discard(start)
-			return false
+			return false, nil
 		}
-		done, _ = x.relayEvent(l, ev, l.first) // it arrived with the first
+		done, err = x.relayEvent(l, ev, l.first) // it arrived with the first
 		l.br.Discard(end)
-		if done {
-			return true
+		if done || err != nil {
+			return true, err
 		}
 	}
-	return false
+	return false, nil
 }
 
 // nextEvent finds p's first complete SSE event, p[start:end] through the

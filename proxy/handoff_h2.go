@@ -35,6 +35,10 @@ func switchOn(name string) *atomic.Bool {
 	return on
 }
 
+// framedPendingSeen, when set (tests), is shown each framed hand-off's
+// request id and the backend's input it leaves to the loop.
+var framedPendingSeen atomic.Pointer[func(id string, pending []byte)]
+
 // detachH2 is listen.DetachH2 as a loopClient.
 func detachH2(w http.ResponseWriter) (loopClient, bool) { return asLoopClient(listen.DetachH2(w)) }
 
@@ -95,6 +99,9 @@ func (x *exchange) handOffFramed(l *leg) (bool, error) {
 	ls.sink.framed = true
 	ls.sink.trailer = wantsTrailer(r)
 	pending := l.handOverBuffers()
+	if f := framedPendingSeen.Load(); f != nil {
+		(*f)(x.id, pending)
+	}
 	x.sink = &ls.sink
 	x.shed(l)
 	ls.holdServer(r.Context())

@@ -58,6 +58,15 @@ func (x *exchange) relayOpenAI(l *leg) error {
 			return err
 		}
 		if first {
+			// What arrived with the first event leaves now, on this
+			// goroutine, as an HTTP/1.1 hand-off sends it with the head:
+			// vLLM's first iteration sends the role-only chunk and the
+			// first token together, and the token a client's TTFT counts
+			// must not wait for a loop's start (an HTTP/2 stream's) or for
+			// the next read.
+			if done, err := x.relayBuffered(l); done || err != nil {
+				return err
+			}
 			if ok, err := x.handOffFramed(l); ok {
 				return err // an event loop relays the rest (handoff_h2.go)
 			}
