@@ -21,21 +21,34 @@ import (
 // cover the cases the other loop tests do not reach.
 
 // openBodyBackend answers every request with events in one write and
-// keeps its body open (until the request ends, at most 5 s): only an
+// keeps its body open (until the request ends, at most 10 s): only an
 // event can end the stream.
 func openBodyBackend(t *testing.T, events string) *httptest.Server {
+	b, _ := heldBackend(t, events, "")
+	return b
+}
+
+// heldBackend is a backend that answers every request with the events
+// first in one write, then holds its body open until release is closed
+// (at most 10 s) and sends rest.
+func heldBackend(t *testing.T, first, rest string) (*httptest.Server, chan struct{}) {
+	release := make(chan struct{})
 	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, events)
+		io.WriteString(w, first)
 		w.(http.Flusher).Flush()
 		select {
+		case <-release:
 		case <-r.Context().Done():
-		case <-time.After(5 * time.Second):
+			return
+		case <-time.After(10 * time.Second):
+			return
 		}
+		io.WriteString(w, rest)
 	}))
 	t.Cleanup(b.Close)
-	return b
+	return b, release
 }
 
 // TestLoopFirstEventEnds: a stream whose first event ends it ([DONE],
@@ -138,22 +151,7 @@ func watchFirstBytes(t *testing.T, marker string) func() (first, rest string, n 
 // does not wait for the loop's start — and the rest of the stream still
 // comes through the loop.
 func TestLoopFirstWriteCarriesBufferedEvents(t *testing.T) {
-	release := make(chan struct{})
-	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, roleEvent("bufd-1")+tokenEvent(0))
-		w.(http.Flusher).Flush()
-		select {
-		case <-release:
-		case <-r.Context().Done():
-			return
-		case <-time.After(10 * time.Second):
-			return
-		}
-		io.WriteString(w, tokenEvent(1)+"data: [DONE]\n\n")
-	}))
-	defer b.Close()
+	b, release := heldBackend(t, roleEvent("bufd-1")+tokenEvent(0), tokenEvent(1)+"data: [DONE]\n\n")
 	seen := watchFirstBytes(t, "bufd-1")
 	e := loopEdge(t, b.URL, edgeOpts{})
 	resp := post(t, h1Client(), e.http+"/v1/chat/completions", chatBody(""))
@@ -218,22 +216,7 @@ func TestFramedHandOffRelaysBufferedEvents(t *testing.T) {
 	for _, proto := range []string{"h2", "h3"} {
 		t.Run(proto, func(t *testing.T) {
 			id := "framed-bufd-" + proto
-			release := make(chan struct{})
-			b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				io.Copy(io.Discard, r.Body)
-				w.Header().Set("Content-Type", "text/event-stream")
-				io.WriteString(w, roleEvent(id)+tokenEvent(0))
-				w.(http.Flusher).Flush()
-				select {
-				case <-release:
-				case <-r.Context().Done():
-					return
-				case <-time.After(10 * time.Second):
-					return
-				}
-				io.WriteString(w, tokenEvent(1)+"data: [DONE]\n\n")
-			}))
-			defer b.Close()
+			b, release := heldBackend(t, roleEvent(id)+tokenEvent(0), tokenEvent(1)+"data: [DONE]\n\n")
 			var mu sync.Mutex
 			var pending []string
 			proxy.SetFramedPendingSeen(func(rid string, p []byte) {
