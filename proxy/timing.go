@@ -90,9 +90,12 @@ func (x *exchange) stage(name string) (time.Duration, bool) {
 	return 0, false
 }
 
-// appendMetric appends one W3C Server-Timing entry: name;dur=<ms>.
-func appendMetric(b []byte, name string, d time.Duration) []byte {
-	if len(b) > 0 {
+// appendMetric appends one W3C Server-Timing entry, name;dur=<ms>, to the
+// value that begins at b[start] (b may hold other bytes before it:
+// relayBody's Content-Length digits), after a separator unless it is the
+// value's first.
+func appendMetric(b []byte, start int, name string, d time.Duration) []byte {
+	if len(b) > start {
 		b = append(b, ", "...)
 	}
 	b = append(b, name...)
@@ -125,18 +128,12 @@ func (x *exchange) serverTiming() string {
 }
 
 // appendServerTiming appends the initial Server-Timing value to b, which
-// may already hold other bytes (relayBody's Content-Length digits): the
-// value's first entry has no separator whatever precedes it.
+// may already hold other bytes (relayBody's Content-Length digits).
 func (x *exchange) appendServerTiming(b []byte) []byte {
 	start := len(b)
 	for _, s := range observe.HeaderStages {
 		if d, ok := x.stage(s); ok {
-			if len(b) > start {
-				b = append(b, ", "...)
-			}
-			b = append(b, s...)
-			b = append(b, ";dur="...)
-			b = appendMillis(b, d)
+			b = appendMetric(b, start, s, d)
 		}
 	}
 	return b
@@ -158,9 +155,9 @@ func (x *exchange) itlPercentiles() (p50, p99, maxd time.Duration, n int) {
 
 // appendDesc appends one Server-Timing entry whose value is not a
 // duration: name;desc="<v>". A count or a rate in dur would show in
-// browsers' devtools as milliseconds.
-func appendDesc(b []byte, name string, v float64, prec int) []byte {
-	if len(b) > 0 {
+// browsers' devtools as milliseconds. start is as appendMetric's.
+func appendDesc(b []byte, start int, name string, v float64, prec int) []byte {
+	if len(b) > start {
 		b = append(b, ", "...)
 	}
 	b = append(b, name...)
@@ -175,18 +172,18 @@ func appendDesc(b []byte, name string, v float64, prec int) []byte {
 func (x *exchange) finalTiming() string {
 	b := make([]byte, 0, 160)
 	decode, _ := x.stage(observe.StageDecode)
-	b = appendMetric(b, observe.StageDecode, decode)
+	b = appendMetric(b, 0, observe.StageDecode, decode)
 	p50, p99, mx, _ := x.itlPercentiles()
-	b = appendMetric(b, "itl-p50", p50)
-	b = appendMetric(b, "itl-p99", p99)
-	b = appendMetric(b, "itl-max", mx)
+	b = appendMetric(b, 0, "itl-p50", p50)
+	b = appendMetric(b, 0, "itl-p99", p99)
+	b = appendMetric(b, 0, "itl-max", mx)
 	tokens := x.outputTokens()
-	b = appendDesc(b, "tokens", float64(tokens), 0)
+	b = appendDesc(b, 0, "tokens", float64(tokens), 0)
 	tps := 0.0
 	if decode > 0 && tokens > 1 {
 		tps = float64(tokens-1) / decode.Seconds()
 	}
-	b = appendDesc(b, "tps", math.Round(tps*10)/10, 1)
+	b = appendDesc(b, 0, "tps", math.Round(tps*10)/10, 1)
 	return string(b)
 }
 
