@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -70,16 +71,37 @@ func buildPebble(t *testing.T) (bin, dir string) {
 	return pebbleBin, pebbleDir
 }
 
-// freePort returns a loopback TCP port that was free a moment ago (Pebble
+// freePort returns a loopback port (TCP and UDP) that was free a moment ago (Pebble
 // must know the node's ports before the node starts ordering).
+//
+// The port comes from below the kernel's ephemeral range (32768–60999 on
+// Linux), as docs/benchmarks/run.sh's do: a port the kernel handed out for
+// ":0" is handed out again to the next ":0" listener or outgoing
+// connection of any test running in parallel, and between this pick and
+// the node's bind (Pebble starts in between) one took it in a CI run
+// ("bind: address already in use"). Below the range only another pick
+// like this one can collide; both TCP and UDP must be free (the node may
+// serve HTTP/3 on the port).
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	const lo, n = 20000, 12000
+	start := rand.IntN(n)
+	for i := range 200 {
+		port := lo + (start+i*7919)%n
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		pc, err := net.ListenPacket("udp", ln.Addr().String())
+		ln.Close()
+		if err != nil {
+			continue
+		}
+		pc.Close()
+		return port
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free loopback port below the ephemeral range")
+	return 0
 }
 
 // forwardWhenReady listens on a loopback port (returned) and forwards each
