@@ -12,7 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 )
 
 // memLimitShare is the share of the container's memory limit that Sluice
@@ -25,7 +25,8 @@ const memLimitShare = 0.9
 // limitedGOGC is the collector's target, in percent of the live heap
 // allocated between collections, that Sluice sets when the environment
 // does not set GOGC and a soft memory limit is in force (from the
-// container's or GOMEMLIMIT); Go's own default, 100, stays otherwise. A
+// container's or GOMEMLIMIT); without a limit the GC tuner (startGCTuner)
+// sets it from the live heap instead. A
 // small non-streamed request allocates a few kilobytes that die with it,
 // mostly in net/http's two hops; at 100 the collector runs so often that
 // its work, and the scheduling around it, is a large share of such a
@@ -34,8 +35,9 @@ const memLimitShare = 0.9
 // 3 times the live heap, against 2): with a limit in force the collector
 // runs as often as it must near the limit, whatever GOGC says, so the
 // extra heap is memory the container has to spare; without one nothing
-// would bound it but the live heap, and held streams' RSS grew with GOGC
-// (target 4), so Sluice leaves GOGC alone there. 200 rather than 400: 400
+// would bound it but the live heap, and held streams' RSS grew with a
+// fixed GOGC (target 4), which is why the tuner raises it only while the
+// live heap is small. 200 rather than 400: 400
 // cut no more CPU and its heap may reach 5 times the live heap.
 const limitedGOGC = 200
 
@@ -43,7 +45,8 @@ const limitedGOGC = 200
 // memory limit when the environment does not set GOMEMLIMIT, raises the
 // collector's target to limitedGOGC when the environment does not set
 // GOGC and a memory limit is in force (with neither, it starts the GC
-// tuner when SLUICE_GC_HEADROOM asks for it: startGCTuner), and logs the runtime settings in force. Without
+// tuner, startGCTuner, unless SLUICE_GC_HEADROOM=0), and logs the runtime
+// settings in force. Without
 // a soft limit the heap grows to (1+GOGC/100) times the live heap before
 // a collection, whatever the container's limit: a node
 // holding many streams can be killed for memory it would have freed. With
@@ -61,6 +64,7 @@ func applyRuntimeDefaults(log *slog.Logger) {
 	}
 	memLimit := debug.SetMemoryLimit(-1) // -1 reads the limit without changing it
 	limited := memLimit < 1<<62          // math.MaxInt64 means none
+	stopGCTuner()                        // a running tuner (a test's earlier serve) would override what is set below
 	gogc, gogcSource := os.Getenv("GOGC"), "GOGC"
 	var attrs0 []any
 	switch {
@@ -69,9 +73,13 @@ func applyRuntimeDefaults(log *slog.Logger) {
 		debug.SetGCPercent(limitedGOGC)
 		gogc, gogcSource = strconv.Itoa(limitedGOGC), "sluice"
 	default:
-		gogc, gogcSource = "100", "go" // no limit to bound a higher target
-		if h := gcHeadroom(); h > 0 {
-			stopGCTuner = startGCTuner(h)
+		gogc, gogcSource = "100", "go" // SLUICE_GC_HEADROOM=0: Go's own
+		h, bad := gcHeadroom()
+		if bad != "" {
+			attrs0 = append(attrs0, "gc_headroom_invalid", bad)
+		}
+		if h > 0 {
+			startGCTuner(h)
 			gogc, gogcSource = "100+headroom", "sluice"
 			attrs0 = append(attrs0, "gc_headroom_bytes", h)
 		}
@@ -151,19 +159,30 @@ func selfCgroups(file string) (v2, v1mem string) {
 // gcMaxPercent caps the collector's target the tuner sets.
 const gcMaxPercent = 400
 
-// gcHeadroom is the tuner's headroom: SLUICE_GC_HEADROOM in bytes; 0 (unset,
-// "0" or not a number): no tuner. It is not on by default: 16 MiB (GOGC
-// 400 at a small request load's 2 MiB live heap) cut the CPU per small
-// request by ≈ 20 % against Go's 100 and left held streams' RSS as it
-// was, where a plain GOGC 200 raised it by 30 %, but it raised target 1's
-// TTFT P50 at 64 streams by 0.14–0.18 ms and its CPU per token by 1–7 %
-// (docs/BENCHMARKS.md, "gc9").
-func gcHeadroom() uint64 {
-	n, err := strconv.ParseUint(os.Getenv("SLUICE_GC_HEADROOM"), 10, 64)
-	if err != nil {
-		return 0
+// defaultGCHeadroom is the tuner's headroom when SLUICE_GC_HEADROOM is
+// not set: 16 MiB. At a small request load's 1–2 MiB live heap that is
+// GOGC 400 (16 MiB between collections instead of Go's 4 MiB minimum, a
+// collection every ≈ 2,000 small requests instead of every ≈ 500); at held
+// streams' ≈ 100 MiB it is Go's 100. Measured (docs/BENCHMARKS.md,
+// "gcdef17"): CPU per small request −15 %, target 1's CPU per token and
+// TTFT P50 at 64 streams no worse against a control side of the same
+// binary; gc9's rise of target 1's TTFT with it did not reproduce on a
+// quiet machine.
+const defaultGCHeadroom = 16 << 20
+
+// gcHeadroom is the tuner's headroom: SLUICE_GC_HEADROOM in bytes,
+// defaultGCHeadroom when it is unset; 0 turns the tuner off. A value that
+// is not a number of bytes is reported in bad and the default used.
+func gcHeadroom() (n uint64, bad string) {
+	v, ok := os.LookupEnv("SLUICE_GC_HEADROOM")
+	if !ok || v == "" {
+		return defaultGCHeadroom, ""
 	}
-	return n
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return defaultGCHeadroom, v
+	}
+	return n, ""
 }
 
 // gcPercentFor is the collector's target for a live heap of live bytes:
@@ -190,29 +209,57 @@ type gcSentinel struct {
 // headroom bytes allocated instead of once per live heap's size, while a
 // large live heap (held streams) keeps Go's 100, so its memory is what it
 // was: RSS per held stream does not grow with the headroom, only by at
-// most headroom in all.
-// It returns a function that stops it after its next cycle (tests).
-func startGCTuner(headroom uint64) (stop func()) {
+// most headroom in all. The tuner is the process's one: it replaces a
+// tuner started before (a test's second serve).
+func startGCTuner(headroom uint64) {
 	t := &gcTuner{headroom: headroom, sample: []metrics.Sample{{Name: "/gc/heap/live:bytes"}}, cur: 100}
+	tuner.Lock()
+	defer tuner.Unlock()
+	if tuner.t != nil {
+		tuner.t.stop()
+	}
+	tuner.t = t
 	t.arm()
-	return func() { t.stopped.Store(true) }
 }
 
-// stopGCTuner stops the tuner applyRuntimeDefaults started (tests).
-var stopGCTuner = func() {}
+// stopGCTuner stops the process's tuner, if one runs: after it returns the
+// tuner sets the collector's target no more.
+func stopGCTuner() {
+	tuner.Lock()
+	defer tuner.Unlock()
+	if tuner.t != nil {
+		tuner.t.stop()
+		tuner.t = nil
+	}
+}
+
+// tuner is the process's running gcTuner.
+var tuner struct {
+	sync.Mutex
+	t *gcTuner
+}
 
 type gcTuner struct {
 	headroom uint64
 	sample   []metrics.Sample
+	mu       sync.Mutex // held by cycle and stop: no SetGCPercent after stop returns
 	cur      int
-	stopped  atomic.Bool
+	stopped  bool
 }
 
 func (t *gcTuner) arm() { runtime.SetFinalizer(&gcSentinel{}, t.cycle) }
 
+func (t *gcTuner) stop() {
+	t.mu.Lock()
+	t.stopped = true
+	t.mu.Unlock()
+}
+
 // cycle runs on the finalizer goroutine after a collection.
 func (t *gcTuner) cycle(*gcSentinel) {
-	if t.stopped.Load() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped {
 		return
 	}
 	metrics.Read(t.sample)

@@ -88,14 +88,14 @@ func TestRuntimeDefaultsGOGC(t *testing.T) {
 		wantPercent                    int
 	}{
 		{"unset, limit", "", strconv.Itoa(limitedGOGC), "sluice", 1 << 30, limitedGOGC},
-		{"unset, no limit", "", "100", "go", math.MaxInt64, 100}, // no SLUICE_GC_HEADROOM: no tuner
-		{"set, limit", "150", "150", "GOGC", 1 << 30, 100},       // the runtime read GOGC at start; 100 is what the test set
+		{"unset, no limit, tuner off", "", "100", "go", math.MaxInt64, 100}, // SLUICE_GC_HEADROOM=0
+		{"set, limit", "150", "150", "GOGC", 1 << 30, 100},                  // the runtime read GOGC at start; 100 is what the test set
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("GOGC", tc.env)
 			t.Setenv("GOMEMLIMIT", "test")
-			t.Setenv("SLUICE_GC_HEADROOM", "")
+			t.Setenv("SLUICE_GC_HEADROOM", "0")
 			prev := debug.SetGCPercent(100)
 			prevLimit := debug.SetMemoryLimit(tc.limit)
 			t.Cleanup(func() { debug.SetGCPercent(prev); debug.SetMemoryLimit(prevLimit) })
@@ -136,26 +136,49 @@ func TestGCPercentFor(t *testing.T) {
 	}
 }
 
-// TestGCTuner: with neither GOGC nor a memory limit and SLUICE_GC_HEADROOM
-// set, applyRuntimeDefaults starts the tuner, which sets the collector's target from the live heap
-// after a collection (a test binary's few MiB under a 64 MiB headroom: the
-// cap), and logs it.
+// TestGCTuner: with neither GOGC nor a memory limit, applyRuntimeDefaults
+// starts the tuner — by default with defaultGCHeadroom, with
+// SLUICE_GC_HEADROOM's bytes when set (a bad value is logged and the
+// default used) — which sets the collector's target from the live heap
+// after a collection (a test binary's few MiB under a 64 MiB headroom:
+// the cap), and logs it.
 func TestGCTuner(t *testing.T) {
+	for _, tc := range []struct {
+		name, env, bad string
+		want           float64
+	}{
+		{"default", "", "", defaultGCHeadroom},
+		{"bad value", "16MiB", "16MiB", defaultGCHeadroom},
+		{"set", strconv.Itoa(64 << 20), "", 64 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("GOGC", "")
+			t.Setenv("GOMEMLIMIT", "test")
+			t.Setenv("SLUICE_GC_HEADROOM", tc.env)
+			prev := debug.SetGCPercent(100)
+			prevLimit := debug.SetMemoryLimit(math.MaxInt64)
+			var buf bytes.Buffer
+			applyRuntimeDefaults(slog.New(slog.NewJSONHandler(&buf, nil)))
+			t.Cleanup(func() { stopGCTuner(); runtime.GC(); debug.SetGCPercent(prev); debug.SetMemoryLimit(prevLimit) })
+			var m map[string]any
+			if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
+				t.Fatalf("log line %q: %v", buf.String(), err)
+			}
+			if m["gogc"] != "100+headroom" || m["gogc_source"] != "sluice" || m["gc_headroom_bytes"] != tc.want {
+				t.Fatalf("log line %q: want gc_headroom_bytes %v", buf.String(), tc.want)
+			}
+			if bad, _ := m["gc_headroom_invalid"].(string); bad != tc.bad {
+				t.Fatalf("log line %q: gc_headroom_invalid %q, want %q", buf.String(), bad, tc.bad)
+			}
+		})
+	}
 	t.Setenv("GOGC", "")
 	t.Setenv("GOMEMLIMIT", "test")
 	t.Setenv("SLUICE_GC_HEADROOM", strconv.Itoa(64<<20))
 	prev := debug.SetGCPercent(100)
 	prevLimit := debug.SetMemoryLimit(math.MaxInt64)
-	var buf bytes.Buffer
-	applyRuntimeDefaults(slog.New(slog.NewJSONHandler(&buf, nil)))
+	applyRuntimeDefaults(slog.New(slog.DiscardHandler))
 	t.Cleanup(func() { stopGCTuner(); runtime.GC(); debug.SetGCPercent(prev); debug.SetMemoryLimit(prevLimit) })
-	var m map[string]any
-	if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
-		t.Fatalf("log line %q: %v", buf.String(), err)
-	}
-	if m["gogc"] != "100+headroom" || m["gogc_source"] != "sluice" || m["gc_headroom_bytes"] != float64(64<<20) {
-		t.Fatalf("log line %q", buf.String())
-	}
 	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
 	for i := 0; ; i++ {
 		runtime.GC()
@@ -167,5 +190,43 @@ func TestGCTuner(t *testing.T) {
 		if i == 100 {
 			t.Fatalf("GC percent %d after %d collections, want %d", s[0].Value.Uint64(), i+1, gcMaxPercent)
 		}
+	}
+}
+
+// TestGCTunerStops: once stopGCTuner returns (applyRuntimeDefaults calls it
+// first, so a second serve in one process replaces the first's tuner), no
+// collection sets the target again; a tuner started over a running one
+// replaces it.
+func TestGCTunerStops(t *testing.T) {
+	prev := debug.SetGCPercent(100)
+	t.Cleanup(func() { stopGCTuner(); runtime.GC(); debug.SetGCPercent(prev) })
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	percentAfterGCs := func() uint64 {
+		for range 3 {
+			runtime.GC()
+			time.Sleep(10 * time.Millisecond) // the finalizer goroutine's turn
+		}
+		metrics.Read(s)
+		return s[0].Value.Uint64()
+	}
+	startGCTuner(64 << 20)
+	first := tuner.t
+	startGCTuner(64 << 20)
+	if tuner.t == first {
+		t.Fatal("a second startGCTuner kept the first tuner")
+	}
+	first.mu.Lock()
+	stopped := first.stopped
+	first.mu.Unlock()
+	if !stopped {
+		t.Fatal("the replaced tuner still runs")
+	}
+	if got := percentAfterGCs(); got != gcMaxPercent {
+		t.Fatalf("GC percent %d with the tuner running, want %d", got, gcMaxPercent)
+	}
+	stopGCTuner()
+	debug.SetGCPercent(100)
+	if got := percentAfterGCs(); got != 100 {
+		t.Fatalf("GC percent %d after stopGCTuner and three collections, want 100", got)
 	}
 }
