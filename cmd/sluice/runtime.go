@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -66,7 +67,10 @@ func applyRuntimeDefaults(log *slog.Logger) {
 	limited := memLimit < 1<<62          // math.MaxInt64 means none
 	stopGCTuner()                        // a running tuner (a test's earlier serve) would override what is set below
 	gogc, gogcSource := os.Getenv("GOGC"), "GOGC"
-	var attrs0 []any
+	var (
+		attrs0 []any
+		bad    string // SLUICE_GC_HEADROOM when it is not a number
+	)
 	switch {
 	case gogc != "":
 	case limited:
@@ -74,8 +78,8 @@ func applyRuntimeDefaults(log *slog.Logger) {
 		gogc, gogcSource = strconv.Itoa(limitedGOGC), "sluice"
 	default:
 		gogc, gogcSource = "100", "go" // SLUICE_GC_HEADROOM=0: Go's own
-		h, bad := gcHeadroom()
-		if bad != "" {
+		var h uint64
+		if h, bad = gcHeadroom(); bad != "" {
 			attrs0 = append(attrs0, "gc_headroom_invalid", bad)
 		}
 		if h > 0 {
@@ -90,7 +94,11 @@ func applyRuntimeDefaults(log *slog.Logger) {
 		attrs = append(attrs, "memory_limit_bytes", memLimit)
 	}
 	attrs = append(attrs, attrs0...)
-	log.Info("go runtime", attrs...)
+	level := slog.LevelInfo
+	if bad != "" {
+		level = slog.LevelWarn // an operator's typo is said, not only logged
+	}
+	log.Log(context.Background(), level, "go runtime", attrs...)
 }
 
 // cgroupMemoryLimit returns the memory limit of the cgroup this process

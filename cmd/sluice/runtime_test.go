@@ -170,6 +170,9 @@ func TestGCTuner(t *testing.T) {
 			if bad, _ := m["gc_headroom_invalid"].(string); bad != tc.bad {
 				t.Fatalf("log line %q: gc_headroom_invalid %q, want %q", buf.String(), bad, tc.bad)
 			}
+			if want := map[bool]string{false: "INFO", true: "WARN"}[tc.bad != ""]; m["level"] != want {
+				t.Fatalf("log line %q: level %v, want %s", buf.String(), m["level"], want)
+			}
 		})
 	}
 	t.Setenv("GOGC", "")
