@@ -8,6 +8,8 @@ import (
 	"net"
 	"syscall"
 	"time"
+
+	"github.com/sluice-proxy/sluice/proxy/internal/rawsock"
 )
 
 // tlsListener accepts TCP connections and completes each TLS handshake in
@@ -23,10 +25,29 @@ type tlsListener struct {
 }
 
 // handshakenConn is the TCP connection under a *tls.Conn that tlsListener
-// returned; it carries the connection's state to ConnContext.
+// returned; it carries the connection's state to ConnContext. The TLS
+// records are read and written through the raw socket under Conn (sock,
+// rawSockOf: no entersyscall per call, as on the cleartext listener);
+// sock is nil when raw calls are off or Conn has no socket of ours, and
+// Conn's own Read and Write serve then.
 type handshakenConn struct {
 	net.Conn
-	cs *connState
+	cs   *connState
+	sock *rawsock.Conn
+}
+
+func (c *handshakenConn) Read(p []byte) (int, error) {
+	if c.sock != nil {
+		return c.sock.Read(p)
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *handshakenConn) Write(p []byte) (int, error) {
+	if c.sock != nil {
+		return c.sock.Write(p)
+	}
+	return c.Conn.Write(p)
 }
 
 func newTLSListener(inner net.Listener, cfg *tls.Config, timeout time.Duration, log *slog.Logger) *tlsListener {
@@ -43,7 +64,7 @@ func (l *tlsListener) handshake(raw net.Conn, accepted time.Time) net.Conn {
 	if sc, ok := raw.(syscall.Conn); ok {
 		cs.raw, _ = sc.SyscallConn()
 	}
-	tc := tls.Server(&handshakenConn{Conn: raw, cs: cs}, l.cfg)
+	tc := tls.Server(&handshakenConn{Conn: raw, cs: cs, sock: rawSockOf(raw)}, l.cfg)
 	if l.timeout > 0 {
 		raw.SetDeadline(accepted.Add(l.timeout))
 	}
