@@ -27,19 +27,18 @@ const memLimitShare = 0.9
 // allocated between collections, that Sluice sets when the environment
 // does not set GOGC and a soft memory limit is in force (from the
 // container's or GOMEMLIMIT); without a limit the GC tuner (startGCTuner)
-// sets it from the live heap instead. A
-// small non-streamed request allocates a few kilobytes that die with it,
-// mostly in net/http's two hops; at 100 the collector runs so often that
-// its work, and the scheduling around it, is a large share of such a
-// request's CPU (200 cut it by 14 % on target 3: docs/BENCHMARKS.md,
+// sets it from the live heap instead. A small non-streamed request
+// allocates a few kilobytes that die with it; at 100 the collector runs
+// so often that its work, and the scheduling around it, is a large share
+// of such a request's CPU (200 cut it by 14 % on target 3: docs/BENCHMARKS.md,
 // "smallreq3"). What it costs is a higher heap between collections (up to
 // 3 times the live heap, against 2): with a limit in force the collector
 // runs as often as it must near the limit, whatever GOGC says, so the
 // extra heap is memory the container has to spare; without one nothing
 // would bound it but the live heap, and held streams' RSS grew with a
 // fixed GOGC (target 4), which is why the tuner raises it only while the
-// live heap is small. 200 rather than 400: 400
-// cut no more CPU and its heap may reach 5 times the live heap.
+// live heap is small. 200 rather than 400: 400 cut no more CPU and its
+// heap may reach 5 times the live heap.
 const limitedGOGC = 200
 
 // applyRuntimeDefaults sets Go's soft memory limit from the container's
@@ -47,11 +46,10 @@ const limitedGOGC = 200
 // collector's target to limitedGOGC when the environment does not set
 // GOGC and a memory limit is in force (with neither, it starts the GC
 // tuner, startGCTuner, unless SLUICE_GC_HEADROOM=0), and logs the runtime
-// settings in force. Without
-// a soft limit the heap grows to (1+GOGC/100) times the live heap before
-// a collection, whatever the container's limit: a node
-// holding many streams can be killed for memory it would have freed. With
-// it, the collector runs harder only when the heap nears the limit, so it
+// settings in force. Without a soft limit the heap grows to (1+GOGC/100)
+// times the live heap before a collection, whatever the container's
+// limit: a node holding many streams can be killed for memory it would
+// have freed. With it, the collector runs harder only when the heap nears the limit, so it
 // costs nothing until memory is short. GOMAXPROCS needs nothing: since Go
 // 1.25 the runtime reads the container's CPU limit itself.
 func applyRuntimeDefaults(log *slog.Logger) {
@@ -169,8 +167,8 @@ const gcMaxPercent = 400
 
 // defaultGCHeadroom is the tuner's headroom when SLUICE_GC_HEADROOM is
 // not set: 16 MiB. At a small request load's 1–2 MiB live heap that is
-// GOGC 400 (16 MiB between collections instead of Go's 4 MiB minimum, a
-// collection every ≈ 2,000 small requests instead of every ≈ 500); at held
+// GOGC 400 (16 MiB between collections instead of Go's 4 MiB minimum: a
+// collection every ≈ 1,700 small requests instead of every ≈ 260); at held
 // streams' ≈ 100 MiB it is Go's 100. Measured (docs/BENCHMARKS.md,
 // "gcdef17"): CPU per small request −15 %, target 1's CPU per token and
 // TTFT P50 at 64 streams no worse against a control side of the same
