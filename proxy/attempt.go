@@ -118,6 +118,11 @@ type attemptCtx struct {
 	done  chan struct{} // Done's, made when first asked for
 	conn  io.Closer     // h1up's connection while its exchange holds it (HoldConn)
 	fns   []*ctxFunc    // AfterFunc's, run once when cancelled
+
+	// owner is the exchange whose handler goroutine runs this attempt's
+	// RoundTrip, nil for a hedged leg (its own goroutine): Waiting does
+	// the exchange's work for the backend's wait on it.
+	owner *exchange
 }
 
 // ctxFunc is one AfterFunc registration (a pointer: its stop finds it).
@@ -126,6 +131,7 @@ type ctxFunc struct{ f func() }
 var (
 	_ context.Context   = (*attemptCtx)(nil)
 	_ h1up.ConnCanceler = (*attemptCtx)(nil)
+	_ h1up.Waiter       = (*attemptCtx)(nil)
 )
 
 // closedDone is the Done of an attemptCtx cancelled before it was asked for.
@@ -249,6 +255,15 @@ func (c *attemptCtx) AfterFunc(f func()) (stop func() bool) {
 			}
 		}
 		return false
+	}
+}
+
+// Waiting runs when h1up has written the attempt's request and is about
+// to wait for the answer's head (h1up.Waiter): the exchange's work for
+// that window (whileWaiting) is done then, not on the first token's path.
+func (c *attemptCtx) Waiting() {
+	if c.owner != nil {
+		c.owner.whileWaiting()
 	}
 }
 

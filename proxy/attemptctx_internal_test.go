@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/proxy/listen"
 )
 
 type closeCounter struct{ n atomic.Int32 }
@@ -191,4 +193,25 @@ func BenchmarkAttemptContext(b *testing.B) {
 			cancelReq(nil)
 		}
 	})
+}
+
+// TestAttemptCtxWaiting: h1up's Waiting on an attempt with an owner reads
+// the client's RTT then (once: netRTT keeps it); without an owner (a
+// hedged leg, on its own goroutine) it touches no exchange.
+func TestAttemptCtxWaiting(t *testing.T) {
+	var reads atomic.Int32
+	x := &exchange{conn: listen.ConnInfo{RTT: func() time.Duration { reads.Add(1); return 3 * time.Millisecond }}}
+	var hedged attemptCtx
+	hedged.Waiting()
+	if reads.Load() != 0 || x.rttRead {
+		t.Fatalf("an attempt without an owner read the RTT (%d reads)", reads.Load())
+	}
+	c := attemptCtx{owner: x}
+	c.Waiting()
+	if reads.Load() != 1 || !x.rttRead {
+		t.Fatalf("after Waiting: %d RTT reads, read %v; want 1, true", reads.Load(), x.rttRead)
+	}
+	if d, ok := x.netRTT(); d != 3*time.Millisecond || !ok || reads.Load() != 1 {
+		t.Fatalf("netRTT after Waiting: %v %v, %d reads; want 3ms true, still 1", d, ok, reads.Load())
+	}
 }

@@ -62,6 +62,7 @@ func (x *exchange) forward() error {
 			l, tried, err = x.race(a, tried)
 		} else {
 			l = x.newLeg(a, &x.leg)
+			l.ctx.owner = x // open runs on this goroutine
 			l.open()
 			err = l.err
 		}

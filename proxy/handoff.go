@@ -310,7 +310,14 @@ func (x *exchange) firstBytes(l *leg, hdr http.Header, conn net.Conn, keep bool)
 	ls.sink.trailer = wantsTrailer(x.r)
 	ls.sink.plain = !x.r.ProtoAtLeast(1, 1)
 	x.sink = &ls.sink
-	ls.sink.out = appendHead(ls.sink.out, hdr, time.Now(), keep, ls.sink.plain)
+	// One buffer sized for the head (≈ 1 KiB with Sluice's fields) and
+	// what arrived with the first event, not a dozen appends' growth on
+	// the first token's path (the loop copies what the first write leaves).
+	size := firstWriteHead + 2*len(l.ev)
+	if l.br != nil {
+		size += l.br.Buffered()
+	}
+	ls.sink.out = appendHead(make([]byte, 0, size), hdr, time.Now(), keep, ls.sink.plain)
 	headLen := len(ls.sink.out)
 	done, _ := x.relayEvent(l, l.ev, l.first)
 	if !done {
@@ -607,6 +614,11 @@ func appendHead(b []byte, h http.Header, now time.Time, keep, plain bool) []byte
 	}
 	return append(b, "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"...)
 }
+
+// firstWriteHead is what firstBytes reserves for a stream's head: Sluice's
+// fields (the rate-limit pairs, two request ids, Server-Timing) and a
+// backend's make ≈ 1 KiB; its chunk framing comes on top (2×len(ev)).
+const firstWriteHead = 1536
 
 // keepAlive reports whether the client's request lets its connection
 // serve another: HTTP/1.1 without Connection: close (net/http's r.Close).

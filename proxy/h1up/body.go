@@ -75,6 +75,19 @@ type ConnCanceler interface {
 	Cause() error
 }
 
+// Waiter is a request context told when the exchange has written its
+// request whole and is about to wait for the answer's head: the window in
+// which the backend works on the request and the caller's goroutine would
+// only wait, where a proxy can do what its answer's first bytes need but
+// the backend does not (a socket query, say). Waiting runs on the
+// goroutine that called RoundTrip, once per request written (a retry on a
+// fresh connection calls it again); on Linux with SLUICE_H1UP_SENDWAIT the
+// wait is part of the write and Waiting comes after it.
+type Waiter interface {
+	context.Context
+	Waiting()
+}
+
 // causeOf is context.Cause of ctx, or its own for a ConnCanceler.
 func causeOf(ctx context.Context) error {
 	if cc, ok := ctx.(ConnCanceler); ok {

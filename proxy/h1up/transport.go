@@ -296,6 +296,9 @@ func (t *Transport) exchange(ctx context.Context, key string, fresh bool, req *h
 	}
 	wrote = true
 	c = b.c
+	if w, ok := ctx.(Waiter); ok {
+		w.Waiting()
+	}
 	c.br = t.readers.Get().(*bufio.Reader)
 	c.br.Reset(c.reader())
 	resp, err = readResponse(c, req, b)
