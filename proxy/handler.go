@@ -261,6 +261,11 @@ type exchange struct {
 	// admitted is when the request left the pool's admission queue (or
 	// went straight through it).
 	start, authDone, bodyRead, routed, limited, admitted, picked, upstreamHeaders, firstToken, lastToken time.Time
+	// firstSent is when the first token's first write to the client
+	// returned (a stream of events only): firstToken → firstSent is the
+	// "hold" of the final timing, what Sluice added to the first token
+	// after reading it (head, hand-off, the write).
+	firstSent time.Time
 	// queueWait is the time spent in the edge admission queue: the
 	// "queue" stage.
 	queueWait time.Duration

@@ -236,6 +236,7 @@ func (x *exchange) handOff(l *leg) (ok bool, err error) {
 	l.wd.stop() // the loop watches idleness
 	ls, done := x.firstBytes(l, hdr, nil, keepAlive(r) && earlyKeep)
 	ls.sink.out = ls.sink.out[writeRaw(early, ls.sink.out):]
+	x.firstSent = time.Now()
 	conn, brw, err := s.rc.Hijack()
 	if err != nil {
 		// Not hijackable after all, with the first bytes sent (net/http
@@ -285,6 +286,7 @@ func (x *exchange) handOffHijacked(l *leg, s *httpSink, g *evloop.Group, up net.
 	// Go's netpoller: a dozen system calls); what the socket does not
 	// take goes to Add, and from there to the loop.
 	ls.sink.out = ls.sink.out[writeNow(conn, ls.sink.out):]
+	x.firstSent = time.Now()
 	return x.handOffRest(l, ls, g, conn, brw, up, raw, dec, remaining, reuse)
 }
 

@@ -67,6 +67,7 @@ func (x *exchange) relayOpenAI(l *leg) error {
 			if done, err := x.relayBuffered(l); done || err != nil {
 				return err
 			}
+			x.firstSent = time.Now()
 			if ok, err := x.handOffFramed(l); ok {
 				return err // an event loop relays the rest (handoff_h2.go)
 			}

@@ -86,6 +86,8 @@ func (x *exchange) stage(name string) (time.Duration, bool) {
 		return max(ttft-up-recv-x.queueWait, 0), true
 	case observe.StageDecode:
 		return between(x.firstToken, x.lastToken)
+	case observe.StageHold:
+		return between(x.firstToken, x.firstSent)
 	}
 	return 0, false
 }
@@ -170,7 +172,10 @@ func appendDesc(b []byte, start int, name string, v float64, prec int) []byte {
 // (dur, milliseconds), the output tokens and tokens per second (desc: a
 // count and a rate are not durations).
 func (x *exchange) finalTiming() string {
-	b := make([]byte, 0, 160)
+	b := make([]byte, 0, 180)
+	if hold, ok := x.stage(observe.StageHold); ok {
+		b = appendMetric(b, 0, observe.StageHold, hold)
+	}
 	decode, _ := x.stage(observe.StageDecode)
 	b = appendMetric(b, 0, observe.StageDecode, decode)
 	p50, p99, mx, _ := x.itlPercentiles()
@@ -310,6 +315,9 @@ func timingJSON(x *exchange, now time.Time) json.RawMessage {
 		if d, ok := x.stage(s); ok {
 			add(s, roundMillis(d))
 		}
+	}
+	if d, ok := x.stage(observe.StageHold); ok {
+		add(observe.StageHold, roundMillis(d))
 	}
 	if d, ok := x.stage(observe.StageDecode); ok {
 		add(observe.StageDecode, roundMillis(d))

@@ -113,10 +113,16 @@ func TestServerTimingHeaderAndTrailer(t *testing.T) {
 				return
 			}
 			final := timings(t, tr)
-			for _, name := range []string{"decode", "itl-p50", "itl-p99", "itl-max", "tokens", "tps"} {
+			for _, name := range []string{"hold", "decode", "itl-p50", "itl-p99", "itl-max", "tokens", "tps"} {
 				if _, ok := final[name]; !ok {
 					t.Errorf("trailer %q lacks %s", tr, name)
 				}
+			}
+			// hold (the first token read → its first write returned) ends
+			// before the client has the token: ttft + hold fits in the
+			// client's TTFT (both rounded to the microsecond).
+			if st["ttft"]+final["hold"] > clientTTFT+10*time.Microsecond {
+				t.Errorf("ttft %v + hold %v > client-observed ttft %v", st["ttft"], final["hold"], clientTTFT)
 			}
 			// "tokens" carries a count in desc: the simulator sends 12.
 			if got := final["tokens"]; got != 12*time.Millisecond || !strings.Contains(tr, `tokens;desc="12"`) {

@@ -281,7 +281,7 @@ func topErrors(errs map[[2]string]int, n int) []ErrorSample {
 // stageOrder is the order in which known Server-Timing metrics are shown:
 // the proxy's header stages, then its trailer.
 var stageOrder = []string{"net-rtt", "tls", "recv", "auth", "queue", "route", "upstream", "prefill",
-	"ttft", "edge", "decode", "itl-p50", "itl-p99", "itl-max", "tokens", "tps"}
+	"ttft", "edge", "hold", "decode", "itl-p50", "itl-p99", "itl-max", "tokens", "tps"}
 
 // stageSplit gathers each Server-Timing metric across requests (first
 // occurrence per request) and derives network = client TTFT − server ttft.

@@ -21,9 +21,10 @@ const (
 	StageQueue    = "queue"    // edge admission queue wait
 	StageUpstream = "upstream" // backend picked → backend response headers (all attempts)
 	StagePrefill  = "prefill"  // backend headers → first token
-	StageTTFT     = "ttft"     // request start → first token written
+	StageTTFT     = "ttft"     // request start → first token read from the backend
 	StageEdge     = "edge"     // Sluice's own share of ttft
 	StageDecode   = "decode"   // first token → last token
+	StageHold     = "hold"     // first token read → its first write to the client returned (final timing only)
 	StageE2E      = "e2e"      // request start → end
 	StageITL      = "itl"      // inter-token latency (one sample per gap)
 )
