@@ -300,8 +300,15 @@ func copyResponseHeader(dst, src http.Header) { copyHeader(dst, src, backendOwne
 
 // copyHeader copies src to dst without hop-by-hop fields, the fields in
 // owned or starting with ownedPrefix (canonical form; "" for none), Sluice's
-// own X-Sluice-* fields and those src's Connection names.
+// own X-Sluice-* fields and those src's Connection names. The named fields
+// are skipped in the copy, not deleted from dst afterwards: dst may hold
+// Sluice's own fields of those names already (a response's request ids and
+// rate-limit fields), which a backend's Connection header must not remove.
 func copyHeader(dst, src http.Header, owned map[string]bool, ownedPrefix string) {
+	conn := src["Connection"]
+	if !namesFields(conn) {
+		conn = nil
+	}
 	for k, vv := range src {
 		if hopHeaders[k] || owned[k] || strings.HasPrefix(k, "X-Sluice-") {
 			continue
@@ -309,23 +316,38 @@ func copyHeader(dst, src http.Header, owned map[string]bool, ownedPrefix string)
 		if ownedPrefix != "" && strings.HasPrefix(k, ownedPrefix) {
 			continue
 		}
+		if conn != nil && connectionNames(conn, k) {
+			continue
+		}
 		dst[k] = vv
 	}
-	dropConnectionHeaders(dst, src)
 }
 
-// dropConnectionHeaders removes the fields src's Connection header names.
-// The usual options ("keep-alive", "close") name no field that could have
-// been copied (Keep-Alive is hop-by-hop): they are skipped without
-// canonicalizing them (an allocation each).
-func dropConnectionHeaders(dst, src http.Header) {
-	for _, v := range src["Connection"] {
+// namesFields reports whether Connection values name any field: the usual
+// options ("keep-alive", "close") name none that could be copied
+// (Keep-Alive is hop-by-hop), so a header of only those costs the copy
+// nothing more.
+func namesFields(conn []string) bool {
+	for _, v := range conn {
 		for f := range strings.SplitSeq(v, ",") {
 			f = textproto.TrimString(f)
-			if f == "" || strings.EqualFold(f, "keep-alive") || strings.EqualFold(f, "close") {
-				continue
+			if f != "" && !strings.EqualFold(f, "keep-alive") && !strings.EqualFold(f, "close") {
+				return true
 			}
-			dst.Del(f)
 		}
 	}
+	return false
+}
+
+// connectionNames reports whether Connection values name field k (field
+// names compare without regard to case).
+func connectionNames(conn []string, k string) bool {
+	for _, v := range conn {
+		for f := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(textproto.TrimString(f), k) {
+				return true
+			}
+		}
+	}
+	return false
 }

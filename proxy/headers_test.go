@@ -102,3 +102,44 @@ func TestHeaderPolicyClientCannotSpoofBackend(t *testing.T) {
 			got.Header.Get("X-Request-Id"), own, resp.Header.Get("X-Request-Id"), resp.Header.Get("X-Sluice-Request-Id"))
 	}
 }
+
+// TestHeaderPolicyBackendCannotDropSluiceFields: the fields a backend's
+// Connection header names are hop-by-hop for the backend's message: they
+// are not copied, but Sluice's own fields of the same names (its request
+// id, the tenant's rate-limit fields, the region) stay.
+func TestHeaderPolicyBackendCannotDropSluiceFields(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		h := w.Header()
+		h["Connection"] = []string{"keep-alive, X-Request-Id, Ratelimit", "X-Ratelimit-Limit-Requests, X-Sluice-Request-Id, X-Hop"}
+		h.Set("X-Hop", "dropped")
+		h.Set("X-Backend-Info", "kept")
+		h.Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	e := startEdge(t, edgeOpts{pool: poolOf(srv.URL), limiter: limiter.NewLocal(1),
+		limits: limiter.Limits{RequestsPerMinute: 10, TokensPerMinute: 10000}})
+	for _, stream := range []bool{true, false} {
+		body := chatBody("")
+		if !stream {
+			body = strings.Replace(body, `"stream":true`, `"stream":false`, 1)
+		}
+		resp := post(t, h1Client(), e.http+"/v1/chat/completions", body)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream %v: got %d; want 200", stream, resp.StatusCode)
+		}
+		for _, k := range []string{"X-Request-Id", "X-Sluice-Request-Id", "Ratelimit", "X-Ratelimit-Limit-Requests"} {
+			if resp.Header.Get(k) == "" {
+				t.Errorf("stream %v: %s missing: the backend's Connection header removed Sluice's own field", stream, k)
+			}
+		}
+		for k, want := range map[string]string{"X-Hop": "", "X-Backend-Info": "kept"} {
+			if got := resp.Header.Get(k); got != want {
+				t.Errorf("stream %v: %s: got %q; want %q", stream, k, got, want)
+			}
+		}
+	}
+}
