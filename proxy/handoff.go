@@ -618,8 +618,9 @@ func appendHead(b []byte, h http.Header, now time.Time, keep, plain bool) []byte
 }
 
 // firstWriteHead is what firstBytes reserves for a stream's head: Sluice's
-// fields (the rate-limit pairs, two request ids, Server-Timing) and a
-// backend's make ≈ 1 KiB; its chunk framing comes on top (2×len(ev)).
+// fields (the rate-limit pairs, two request ids, Server-Timing) and the
+// backend's few come to ≈ 1 KiB; the first events and their chunk framing
+// come on top (2×len(ev) and what is buffered).
 const firstWriteHead = 1536
 
 // keepAlive reports whether the client's request lets its connection
