@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/internal/chunked"
 	"github.com/sluice-proxy/sluice/proxy/evloop"
+	"github.com/sluice-proxy/sluice/proxy/internal/rawsock"
 	"github.com/sluice-proxy/sluice/proxy/listen"
 	"github.com/sluice-proxy/sluice/routing"
 )
@@ -568,10 +569,13 @@ type nowWriter struct {
 	n int
 }
 
-// write never asks to wait for writability (it returns true).
+// write never asks to wait for writability (it returns true). The write
+// is raw (rawsock.WriteFD): through syscall.Write's entersyscall, the
+// first token's write was the call that woke sysmon from its deep sleep,
+// right before the write (docs/BENCHMARKS.md, "start19").
 func (w *nowWriter) write(fd uintptr) bool {
 	for w.n < len(w.b) {
-		k, err := syscall.Write(int(fd), w.b[w.n:])
+		k, err := rawsock.WriteFD(fd, w.b[w.n:])
 		if err == syscall.EINTR {
 			continue
 		}

@@ -30,8 +30,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sluice-proxy/sluice/internal/chunked"
 )
 
@@ -423,10 +421,13 @@ func (g *Group) Add(s *Stream) (*Handle, error) {
 	// goroutine, before the loop has the socket: the first token does not
 	// wait for the loop to be woken and scheduled. What the socket does not
 	// take (or an error, which the loop's own write then meets) is left
-	// for the loop.
+	// for the loop. The write is raw (raw.go) like the loop's own: as the
+	// first system call of a stream's start after the process went idle,
+	// unix.Write's entersyscall woke sysmon from its deep sleep right
+	// before the first token's write (docs/BENCHMARKS.md, "start19").
 	out := s.Out
 	if len(out) > 0 && st.csink == nil {
-		n, err := unix.Write(cfd, out)
+		n, err := rawWrite(cfd, out)
 		if err == nil && n > 0 {
 			st.sent += int64(n)
 			out = out[n:]

@@ -169,3 +169,23 @@ func (c *Conn) opError(op string, err error) error {
 	}
 	return &net.OpError{Op: op, Net: c.nc.LocalAddr().Network(), Source: c.nc.LocalAddr(), Addr: c.nc.RemoteAddr(), Err: err}
 }
+
+// WriteFD is write(2) of p on fd, a non-blocking socket, through
+// RawSyscall when raw calls are on (else syscall.Write): for callers that
+// hold a descriptor inside a RawConn callback (the hand-off's first
+// write, proxy/handoff.go). EAGAIN and EINTR come back as errors; the
+// caller decides.
+func WriteFD(fd uintptr, p []byte) (int, error) {
+	if !On {
+		return syscall.Write(int(fd), p)
+	}
+	var ptr unsafe.Pointer
+	if len(p) > 0 {
+		ptr = unsafe.Pointer(&p[0])
+	}
+	n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(ptr), uintptr(len(p)))
+	if e != 0 {
+		return -1, e
+	}
+	return int(n), nil
+}

@@ -329,3 +329,57 @@ func TestOfOnlyTCP(t *testing.T) {
 		t.Fatal("Of with raw sockets off is not nil")
 	}
 }
+
+// TestWriteFD: the raw write delivers its bytes, allocates nothing, and
+// reports a full socket as EAGAIN (never waits); the same holds with raw
+// calls off (syscall.Write).
+func TestWriteFD(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		old := On
+		On = on
+		a, b := pair(t)
+		rc, err := a.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := []byte("data: {\"x\":1}\n\n")
+		var n int
+		var werr error
+		var allocs float64
+		rc.Write(func(fd uintptr) bool {
+			n, werr = WriteFD(fd, msg)
+			allocs = testing.AllocsPerRun(20, func() { WriteFD(fd, msg[:1]) })
+			return true
+		})
+		got := make([]byte, len(msg)+20)
+		b.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(b, got); err != nil || n != len(msg) || werr != nil {
+			t.Fatalf("on=%v: wrote %d, %v; read %q, %v", on, n, werr, got, err)
+		}
+		if !bytes.Equal(got[:len(msg)], msg) || !bytes.Equal(got[len(msg):], bytes.Repeat(msg[:1], 20)) {
+			t.Fatalf("on=%v: read %q", on, got)
+		}
+		if on && allocs != 0 {
+			t.Fatalf("WriteFD allocates %.0f times per call", allocs)
+		}
+		// Fill the socket (the peer does not read): EAGAIN, at once.
+		a.SetWriteBuffer(4096)
+		b.SetReadBuffer(4096)
+		big := make([]byte, 1<<16)
+		var last error
+		rc.Write(func(fd uintptr) bool {
+			for range 1000 {
+				if _, last = WriteFD(fd, big); last != nil {
+					break
+				}
+			}
+			return true
+		})
+		if !errors.Is(last, syscall.EAGAIN) {
+			t.Fatalf("on=%v: a full socket's write returned %v; want EAGAIN", on, last)
+		}
+		a.Close()
+		b.Close()
+		On = old
+	}
+}

@@ -18,3 +18,6 @@ func Of(nc net.Conn) *Conn                      { return nil }
 
 func (c *Conn) Read(p []byte) (int, error)  { panic("rawsock: not implemented") }
 func (c *Conn) Write(p []byte) (int, error) { panic("rawsock: not implemented") }
+
+// WriteFD is syscall.Write outside Linux.
+func WriteFD(fd uintptr, p []byte) (int, error) { return syscall.Write(int(fd), p) }
