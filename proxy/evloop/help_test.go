@@ -136,3 +136,67 @@ func waitPollable(t *testing.T, g *Group) {
 		}
 	}
 }
+
+// TestAddStartsOnCaller: a new stream on a loop nobody serves is started
+// by Add's caller (startHere): with the loop's goroutine not running, its
+// Pending event reaches the client and its backend's socket is watched
+// (a later event, relayed by Help, arrives too), and the eventfd was not
+// written for it. With NoHelp the stream waits for the loop's goroutine:
+// nothing arrives.
+func TestAddStartsOnCaller(t *testing.T) {
+	for _, noHelp := range []bool{false, true} {
+		g, err := build(Options{Loops: 1, NoHelp: noHelp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		up, cl, _, _ := handleOn(t, g, Stream{Pending: []byte(ev(0)), Idle: 5 * time.Second}, nil)
+		cr := httputil.NewChunkedReader(bufio.NewReader(cl))
+		buf := make([]byte, 256)
+		cl.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		n, err := cr.Read(buf)
+		switch {
+		case noHelp && err == nil:
+			t.Errorf("NoHelp: client read %q with the loop's goroutine not running; want nothing", buf[:n])
+		case !noHelp && (err != nil || string(buf[:n]) != ev(0)):
+			t.Errorf("client read %q, %v; want %q, written by Add's caller", buf[:n], err, ev(0))
+		}
+		if !noHelp {
+			// The loop had no stream (its goroutine would wait without
+			// a deadline): the start woke it, for the sweep. Read that
+			// wake-up, and let the loop look as if its goroutine had
+			// run since (it parks with the sweep's deadline then): a
+			// second stream starts without a wake-up.
+			var b8 [8]byte
+			l := g.loops[0]
+			if n, err := rawRead(l.efd, b8[:]); n != 8 || err != nil {
+				t.Fatalf("eventfd after the first start: %d, %v; want the sweep's wake-up", n, err)
+			}
+			l.own.Lock()
+			l.forever = false
+			l.own.Unlock()
+			up2, cl2, _, _ := handleOn(t, g, Stream{Pending: []byte(ev(7)), Idle: 5 * time.Second}, nil)
+			cr2 := httputil.NewChunkedReader(bufio.NewReader(cl2))
+			cl2.SetReadDeadline(time.Now().Add(time.Second))
+			if n, err := cr2.Read(buf); err != nil || string(buf[:n]) != ev(7) {
+				t.Errorf("second stream: client read %q, %v; want %q", buf[:n], err, ev(7))
+			}
+			if n, err := rawRead(l.efd, b8[:]); n >= 0 || err != unix.EAGAIN {
+				t.Errorf("eventfd after the second start: %d, %v; want nothing written (EAGAIN)", n, err)
+			}
+			up2.Close()
+			up.Write(chunked.AppendChunk(nil, []byte(ev(1))))
+			time.Sleep(time.Duration(helpAfter) + 10*time.Millisecond)
+			g.Help()
+			cl.SetReadDeadline(time.Now().Add(time.Second))
+			if n, err := cr.Read(buf); err != nil || string(buf[:n]) != ev(1) {
+				t.Errorf("after Help: client read %q, %v; want %q", buf[:n], err, ev(1))
+			}
+		}
+		// The loop's goroutine, started now, takes the stop.
+		for _, l := range g.loops {
+			g.wg.Add(1)
+			go l.run()
+		}
+		g.Close()
+	}
+}
