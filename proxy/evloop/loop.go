@@ -52,14 +52,8 @@ type loop struct {
 	// epoll_wait to the end of that batch, or a helper (Group.Help).
 	// Everything above is touched under it only.
 	own    sync.Mutex
-	exited bool // under own: the loop stopped; its descriptors are closed
-	// forever (under own): the loop's goroutine last parked without a
-	// deadline (it had nothing to sweep) and has not run since. A helper
-	// or startHere that leaves the loop with something to sweep must wake
-	// it then, and so must every later one while it stays set: a helper's
-	// epoll_wait may take the wake-up an earlier one wrote.
-	forever bool
-	polled  atomic.Int64 // mono() of the last epoll_wait, by the loop or a helper
+	exited bool         // under own: the loop stopped; its descriptors are closed
+	polled atomic.Int64 // mono() of the last epoll_wait, by the loop or a helper
 
 	mu       sync.Mutex
 	cmds     []func()
@@ -86,7 +80,7 @@ func newLoop(g *Group, opts Options) (*loop, error) {
 		unix.Close(efd)
 		return nil, err
 	}
-	l := &loop{g: g, opts: opts, epfd: epfd, efd: efd, forever: true, rbuf: make([]byte, opts.ReadBuffer),
+	l := &loop{g: g, opts: opts, epfd: epfd, efd: efd, rbuf: make([]byte, opts.ReadBuffer),
 		out: make([]byte, 0, opts.ReadBuffer+opts.ReadBuffer/4), ready: make([]unix.EpollEvent, events)}
 	return l, nil
 }
@@ -106,47 +100,8 @@ func (l *loop) submit(s *stream) bool {
 	}
 	l.adds = append(l.adds, s)
 	l.mu.Unlock()
-	if !l.g.help || !l.startHere() {
-		l.wake()
-	}
+	l.wake()
 	return true
-}
-
-// startHere starts the queued streams (and runs the queued commands) on
-// the calling goroutine when nobody serves the loop at this moment, as
-// Group.Help serves a late loop's events; true when the loop's goroutine
-// need not be woken. Without it every stream start cost an eventfd write
-// and the loop goroutine's wake-up (the netpoller, often another thread
-// woken by a futex, an empty epoll_wait) for work that Add's caller, which
-// has just written the stream's first bytes, can do at once: the two
-// epoll_ctl and the first events (docs/BENCHMARKS.md, "start19"; first
-// tried as sparse7's startHere). False when the loop is being served (its
-// goroutine, or a helper, holds own): the caller wakes it then. The loop's
-// goroutine is still woken when it waits without a deadline and the new
-// stream needs the sweep's (idle timeouts), as Help does.
-func (l *loop) startHere() bool {
-	if !l.own.TryLock() {
-		return false
-	}
-	if l.exited {
-		// A stop or failure took the queued stream with the loop's
-		// last commands (adds are taken under mu with stopping; a
-		// submit after closed fails), and efd may be closed.
-		l.own.Unlock()
-		return true
-	}
-	stop := l.commands(time.Now())
-	l.kickAll()
-	wake := false
-	if stop {
-		// A stop's own wake-up was written (stop, under mu): the
-		// loop's goroutine sees exited when its wait returns.
-		l.exited = true
-	} else {
-		wake = l.forever && l.sweepEvery() >= 0
-	}
-	l.own.Unlock()
-	return !wake
 }
 
 // command runs f on the loop's goroutine.
@@ -260,7 +215,6 @@ func (l *loop) run() {
 			l.sweep(now)
 		}
 		timeout = l.sweepEvery()
-		l.forever = timeout < 0
 		l.own.Unlock()
 	}
 }
@@ -358,20 +312,18 @@ func (l *loop) help(now int64) {
 	}
 	if !l.exited {
 		// Without streams, drains or parked sockets the loop's goroutine
-		// waits with no deadline, until its descriptor turns readable
-		// (forever).
+		// waits with no deadline, until its descriptor turns readable.
+		asleep := l.sweepEvery() < 0
 		n, _ := rawEpollWait(l.epfd, l.ready)
 		l.polled.Store(mono())
 		if n > 0 && l.dispatch(n, time.Now()) {
 			l.exited = true // the loop's goroutine sees it when its wait returns
-		} else if l.forever && l.sweepEvery() >= 0 {
-			// The goroutine parked without a deadline and has not run
-			// since, and this helper may have taken the wake-up written
-			// for it (by startHere, or an Add's) or started a stream
-			// itself, of which nothing may be ready soon (a ClientSink
+		} else if asleep && l.sweepEvery() >= 0 {
+			// This helper took the wake-up of what it just started (an
+			// Add's), and nothing of that may be ready soon (a ClientSink
 			// stream whose backend is silent registers no writable
-			// socket): wake it, so that it sets the sweep's deadline, or
-			// idle timeouts would never end those streams.
+			// socket): wake the goroutine, so that it sets the sweep's
+			// deadline, or idle timeouts would never end those streams.
 			l.wake()
 		}
 	}
