@@ -92,27 +92,29 @@ var one = []byte{1, 0, 0, 0, 0, 0, 0, 0}
 func (l *loop) wake() { rawWrite(l.efd, one) }
 
 // submit queues a new stream for the loop; false when the loop is closed.
+// The wake-up is written under mu, as stop's: written after mu was let go,
+// it could follow a concurrent stop, the loop's exit and efd's close, and
+// land in whatever descriptor took efd's number.
 func (l *loop) submit(s *stream) bool {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.closed {
-		l.mu.Unlock()
 		return false
 	}
 	l.adds = append(l.adds, s)
-	l.mu.Unlock()
 	l.wake()
 	return true
 }
 
-// command runs f on the loop's goroutine.
+// command runs f on the loop's goroutine (the wake-up under mu: see
+// submit).
 func (l *loop) command(f func()) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.closed {
-		l.mu.Unlock()
 		return
 	}
 	l.cmds = append(l.cmds, f)
-	l.mu.Unlock()
 	l.wake()
 }
 
