@@ -15,11 +15,8 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BIN=$1 OUT=$2
-mkdir -p "$OUT/logs" "$OUT/conf"
-OUT=$(cd "$OUT" && pwd)
 . "$HERE/lib.sh" # log, PIDS killed on exit, free_port, wait_port
-start_stream_sim "$BIN" || exit 1
-sluice_conf "$OUT/conf/sluice.yaml" own
+one_sluice_setup "$BIN" || exit 1
 env ${SLUICE_ENV:-} "$BIN" serve -c "$OUT/conf/sluice.yaml" >"$OUT/logs/sluice.log" 2>&1 &
 PIDS+=($!)
 wait_port "$HTTP" || exit 1

@@ -65,3 +65,10 @@ sluice_conf() { # sluice_conf DEST H1CLIENT: sets HTTP, HTTPS, ADMIN; writes slu
 		-e "s/@SIM_STREAM@/$SIM/g; s/@SIM_SPARSE@/$SIM/g; s/@SIM_IDLE@/$SIM/g; s/@IDLE_H2C@/false/g" \
 		"$HERE/sluice.yaml" >"$1"
 }
+
+one_sluice_setup() { # one_sluice_setup BIN: OUT made absolute with logs/ and conf/, the stream simulator started, OUT/conf/sluice.yaml written (own h1 client)
+	mkdir -p "$OUT/logs" "$OUT/conf"
+	OUT=$(cd "$OUT" && pwd)
+	start_stream_sim "$1" || return 1
+	sluice_conf "$OUT/conf/sluice.yaml" own
+}

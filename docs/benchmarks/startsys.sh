@@ -17,11 +17,8 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BIN=$1 OUT=$2
-mkdir -p "$OUT/logs" "$OUT/conf"
-OUT=$(cd "$OUT" && pwd)
 . "$HERE/lib.sh" # log, PIDS killed on exit, free_port, wait_port
-start_stream_sim "$BIN" || exit 1
-sluice_conf "$OUT/conf/sluice.yaml" own
+one_sluice_setup "$BIN" || exit 1
 if [[ ${FLOOR:-0} == 1 ]]; then
 	bash "$HERE/h1floor/serve.sh" serve -c "$OUT/conf/sluice.yaml" >"$OUT/logs/sluice.log" 2>&1 &
 else
