@@ -97,7 +97,7 @@ func (c *h1Conn) serve() {
 	}
 	c.br.Reset(&c.lr)
 	c.remote = c.rwc.RemoteAddr().String()
-	ctx := context.WithValue(c.srv.s.base, http.LocalAddrContextKey, c.rwc.LocalAddr())
+	ctx := context.WithValue(c.srv.connBase, http.LocalAddrContextKey, c.rwc.LocalAddr())
 	c.ctx = ConnContext(ctx, c.rwc)
 	c.loop(false)
 }
@@ -156,6 +156,7 @@ func (c *h1Conn) serveRequest(w *h1Response) (ok bool) {
 		w.cancel(nil)
 		w.done.Store(true)
 		if w.hijacked {
+			w.unbase()
 			return
 		}
 		c.out = c.out[:0]
@@ -307,6 +308,9 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 	c.wmu.Lock()
 	c.watch, c.running, c.stop, c.cancel, c.bodyEnded = watchNone, true, false, cancel, false
 	c.wmu.Unlock()
+	if c.srv.stopped.Load() { // the server stopped before this request ran (stopRequests)
+		cancel(context.Cause(c.srv.s.base))
+	}
 	if w.body.eof.Load() {
 		c.bodyDone()
 	}
@@ -581,6 +585,7 @@ func (c *h1Conn) stopWatch() {
 func (c *h1Conn) finish(w *h1Response) bool {
 	if w.hijacked {
 		w.cancel(nil)
+		w.unbase()
 		return false
 	}
 	keep := w.finishResponse()

@@ -31,6 +31,8 @@ type h1Response struct {
 	body   h1Body
 	cancel context.CancelCauseFunc
 	done   atomic.Bool // the handler returned
+	// unbase ends a hijacked request's watch on the server's base (Hijack).
+	unbase func() bool
 
 	status        int
 	wroteHeader   bool
@@ -568,6 +570,11 @@ func (w *h1Response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	w.hijacked = true
 	c.srv.forget(c)
+	// Forgotten, the request is no longer one stopRequests cancels: it
+	// watches the base itself until its handler returns (a WebSocket's
+	// runs as long as its socket).
+	base := c.srv.s.base
+	w.unbase = context.AfterFunc(base, func() { w.cancel(context.Cause(base)) })
 	size := 64
 	if len(w.req.Header["Upgrade"]) > 0 {
 		size = h1BufSize // a WebSocket library writes through it

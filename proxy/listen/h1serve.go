@@ -94,6 +94,17 @@ type h1Server struct {
 	// watchDelay is how long after a request's body ended the watcher
 	// starts if the handler still runs (zero: at once).
 	watchDelay time.Duration
+	// connBase is the connections' context: the server's base without its
+	// cancellation. A request's context (readRequest) derives from it, so
+	// that it is not registered with the one context every request of the
+	// node shares — a mutex and a map write at each request's start and
+	// again at its end, on every core. The base's cancellation reaches the
+	// running requests through stopRequests instead (net/http's server
+	// likewise derives its requests from a context per connection).
+	connBase context.Context
+	// stopped: the base was cancelled; a request that starts after it is
+	// cancelled at once (readRequest).
+	stopped atomic.Bool
 }
 
 // h1WatchDelay is h1Server.watchDelay's default; SLUICE_H1_WATCH_DELAY
@@ -119,7 +130,27 @@ func (s *Server) newH1Server(h http.Handler) *h1Server {
 	if d, err := time.ParseDuration(os.Getenv("SLUICE_H1_WATCH_DELAY")); err == nil {
 		hs.watchDelay = d
 	}
+	hs.connBase = context.WithoutCancel(s.base)
+	context.AfterFunc(s.base, hs.stopRequests)
 	return hs
+}
+
+// stopRequests cancels the running requests' contexts with the base's
+// cause (ErrDraining), as if they derived from the base: the server's drain
+// deadline passed, or Close. A hijacked request has its own watch on the
+// base (Hijack).
+func (hs *h1Server) stopRequests() {
+	cause := context.Cause(hs.s.base)
+	hs.stopped.Store(true) // before the visits: a request that starts after its visit sees it
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	for c := range hs.conns {
+		c.wmu.Lock()
+		if c.running {
+			c.cancel(cause)
+		}
+		c.wmu.Unlock()
+	}
 }
 
 func (s *Server) idleTimeout() time.Duration {
@@ -228,6 +259,9 @@ func (hs *h1Server) Shutdown(ctx context.Context) error {
 // Close closes the listener and every connection at once.
 func (hs *h1Server) Close() error {
 	hs.shutting.Store(true)
+	if hs.s.base.Err() != nil {
+		hs.stopRequests() // now, before the connections are forgotten (the base's AfterFunc may come later)
+	}
 	err := hs.closeListener()
 	hs.mu.Lock()
 	for c := range hs.conns {

@@ -3,6 +3,7 @@ package listen_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -249,6 +250,61 @@ func TestH1ClientGoneCancels(t *testing.T) {
 	c.Close()
 	if err := <-cancelled; err == nil {
 		t.Fatal("the request's context was not cancelled within 5s of the client's close")
+	}
+}
+
+// TestH1StopCancelsRunning: when the server stops — Shutdown's drain
+// deadline passes, or Close — a running request's context and a hijacked
+// request's (a WebSocket's, whose handler runs on) end with ErrDraining.
+// The requests' contexts do not derive from the server's cancellable base
+// (h1Server.connBase): stopRequests and Hijack's watch of the base do it.
+func TestH1StopCancelsRunning(t *testing.T) {
+	for _, how := range []string{"shutdown", "close"} {
+		t.Run(how, func(t *testing.T) {
+			causes := make(chan error, 2)
+			var started sync.WaitGroup
+			started.Add(2)
+			s, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/hijack" {
+					c, _, err := http.NewResponseController(w).Hijack()
+					if err != nil {
+						t.Error(err)
+					} else {
+						defer c.Close()
+					}
+				}
+				started.Done()
+				select {
+				case <-r.Context().Done():
+					causes <- context.Cause(r.Context())
+				case <-time.After(5 * time.Second):
+					causes <- nil
+				}
+			}), 0)
+			for _, path := range []string{"/run", "/hijack"} {
+				c, _ := dialRaw(t, addr)
+				io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n")
+			}
+			started.Wait()
+			shut := make(chan error, 1)
+			if how == "shutdown" {
+				ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+				defer cancel()
+				go func() { shut <- s.Shutdown(ctx) }()
+			} else {
+				shut <- s.Close()
+			}
+			for range 2 {
+				if err := <-causes; !errors.Is(err, listen.ErrDraining) {
+					t.Fatalf("a running request's context ended with %v; want ErrDraining", err)
+				}
+			}
+			select {
+			case <-shut:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the server's stop did not return")
+			}
+		})
 	}
 }
 
@@ -585,5 +641,32 @@ func TestH1HeaderMapReused(t *testing.T) {
 	}
 	if maps[4] != maps[3] {
 		t.Errorf("the map after the grown one was not reused: %x", maps)
+	}
+}
+
+// BenchmarkRequestContext: a request context's start and end as the own
+// server makes them (readRequest's WithCancelCause, finish's cancel), on
+// every core at once, under a parent that can be cancelled — the server's
+// base, which all requests shared until connBase — and under one that
+// cannot (connBase: the base without its cancellation).
+func BenchmarkRequestContext(b *testing.B) {
+	base, stop := context.WithCancelCause(context.Background())
+	defer stop(nil)
+	for _, bc := range []struct {
+		name   string
+		parent context.Context
+	}{
+		{"base", context.WithValue(base, http.LocalAddrContextKey, "x")},
+		{"connBase", context.WithValue(context.WithoutCancel(base), http.LocalAddrContextKey, "x")},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					_, cancel := context.WithCancelCause(bc.parent)
+					cancel(nil)
+				}
+			})
+		})
 	}
 }

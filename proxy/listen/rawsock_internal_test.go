@@ -3,6 +3,7 @@ package listen
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -211,5 +212,49 @@ func TestTLSRecordsRawSocket(t *testing.T) {
 	}
 	if err != io.EOF {
 		t.Fatalf("after the peer's close: %v; want io.EOF", err)
+	}
+}
+
+// TestH1RequestAfterStop: the own server's requests do not derive from the
+// server's cancellable base (no registration with it per request: connBase
+// is never cancelled), and a request that starts after the base was
+// cancelled — its listener still accepting — gets a context that ended
+// with the base's cause at once.
+func TestH1RequestAfterStop(t *testing.T) {
+	got := make(chan error, 1)
+	s := &Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- context.Cause(r.Context())
+	}), HTTPAddr: "127.0.0.1:0", HTTPServer: HTTPServerSluice}
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve()
+	defer s.Close()
+	hs, _ := s.servers[0].(*h1Server)
+	if hs == nil {
+		t.Fatalf("the cleartext listener's server is a %T", s.servers[0])
+	}
+	if hs.connBase.Done() != nil {
+		t.Fatal("the connections' context can be cancelled: every request would register with it")
+	}
+	s.stopBase(ErrDraining)
+	for deadline := time.Now().Add(5 * time.Second); !hs.stopped.Load(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("stopRequests did not run within 5s of the base's cancel")
+		}
+	}
+	c, err := net.Dial("tcp", s.Addr(ListenerHTTP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	select {
+	case err := <-got:
+		if !errors.Is(err, ErrDraining) {
+			t.Fatalf("a request started after the stop has context cause %v; want ErrDraining", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request was not served")
 	}
 }
