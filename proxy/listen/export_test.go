@@ -1,5 +1,7 @@
 package listen
 
+import "time"
+
 // QUICCounts returns the QUIC connections each client IP holds and the
 // handshakes in progress on s's HTTP/3 listener.
 func QUICCounts(s *Server) (map[string]int, int64) {
@@ -14,3 +16,13 @@ const MaxHeaderBytes = maxHeaderBytes
 
 // H1WatchDelay is the own h1 server's default watch delay.
 const H1WatchDelay = h1WatchDelay
+
+// SetH1HeadTimeout sets the header timeout of s's own HTTP/1.1 servers;
+// call it after Listen and before Serve.
+func SetH1HeadTimeout(s *Server, d time.Duration) {
+	for _, srv := range s.servers {
+		if hs, ok := srv.(*h1Server); ok {
+			hs.headTimeout = d
+		}
+	}
+}

@@ -60,6 +60,10 @@ type h1Conn struct {
 	state  atomic.Int32
 	served bool // a request was served: the h2c preface is looked for only before
 	armed  bool // the head's read limit was set before the wait for its first bytes
+	// dl: a read deadline is set on the socket; dlHead: it is the head's
+	// (setReadDeadline). Only the goroutine serving the connection (or
+	// the handler it runs) sets them.
+	dl, dlHead bool
 
 	// The watcher (see h1serve.go), under wmu.
 	wmu     sync.Mutex
@@ -114,7 +118,7 @@ func (c *h1Conn) loop(watched bool) {
 				// from after it: up to one buffer more).
 				c.lr.remain, c.armed = h1HeadLimit, true
 				if c.served {
-					c.rwc.SetReadDeadline(time.Now().Add(c.srv.idle))
+					c.setReadDeadline(time.Now().Add(c.srv.idle), false)
 				}
 				if _, err := c.br.Peek(1); err != nil {
 					c.close()
@@ -190,13 +194,13 @@ func (c *h1Conn) h2Preface() bool {
 		return false
 	}
 	if len(p) < len(h2Preface) {
-		c.rwc.SetReadDeadline(time.Now().Add(h1ReadHeaderTimeout))
+		c.headDeadline()
 		var err error
 		if p, err = c.br.Peek(len(h2Preface)); err != nil || string(p) != h2Preface {
 			return false // ReadRequest answers what this is
 		}
 	}
-	c.rwc.SetReadDeadline(time.Time{})
+	c.setReadDeadline(time.Time{}, false)
 	buf, _ := c.br.Peek(c.br.Buffered())
 	c.srv.forget(c)
 	c.srv.handH2(c.rwc, buf)
@@ -244,7 +248,6 @@ func (e statusError) Error() string { return http.StatusText(e.status) + ": " + 
 
 // readRequest reads and checks the next request's head.
 func (c *h1Conn) readRequest() (*h1Response, error) {
-	c.rwc.SetReadDeadline(time.Now().Add(h1ReadHeaderTimeout))
 	if !c.armed {
 		c.lr.remain = h1HeadLimit
 	}
@@ -271,9 +274,10 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 			w.body.rc = http.NoBody
 		}
 		c.lr.remain = math.MaxInt64
-		c.rwc.SetReadDeadline(time.Time{})
+		c.clearReadDeadline()
 	} else {
 		var err error
+		c.headDeadline()
 		if req, err = c.readRequestNetHTTP(); err != nil {
 			return nil, err
 		}
@@ -317,6 +321,33 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 	return w, nil
 }
 
+// setReadDeadline sets the socket's read deadline and remembers it: head
+// says it is the head's (headDeadline).
+func (c *h1Conn) setReadDeadline(t time.Time, head bool) {
+	c.rwc.SetReadDeadline(t)
+	c.dl, c.dlHead = !t.IsZero(), head
+}
+
+// headDeadline bounds the reading of a request's head by the header
+// timeout, from the first read the head needs past the bytes its wait
+// (loop's Peek) brought, unless it is bounded already. A head that came
+// whole in those bytes — nearly every request — needs no deadline: two
+// system calls' worth of timer work fewer per request (one on a kept
+// connection, whose idle deadline is cleared instead).
+func (c *h1Conn) headDeadline() {
+	if !c.dlHead {
+		c.setReadDeadline(time.Now().Add(c.srv.headTimeout), true)
+	}
+}
+
+// clearReadDeadline clears the socket's read deadline when one is set:
+// the head was read, the body and the handler have none of the server's.
+func (c *h1Conn) clearReadDeadline() {
+	if c.dl {
+		c.setReadDeadline(time.Time{}, false)
+	}
+}
+
 // readHead parses the next request's head with the fast parser
 // (h1parse.go) into h, reading more of it while it does not fit yet, and
 // reports whether it took it; if not, the head is still unread in the
@@ -340,6 +371,7 @@ func (c *h1Conn) readHead(h *parsedHead, u *url.URL) bool {
 			return true
 		case headMore:
 			if len(buf) < c.br.Size() {
+				c.headDeadline()
 				if _, err := c.br.Peek(len(buf) + 1); err == nil {
 					continue
 				}
@@ -360,7 +392,7 @@ func (c *h1Conn) readRequestNetHTTP() (*http.Request, error) {
 		return nil, err
 	}
 	c.lr.remain = math.MaxInt64
-	c.rwc.SetReadDeadline(time.Time{})
+	c.clearReadDeadline()
 	if err := checkRequest(req); err != nil {
 		return nil, err
 	}
@@ -453,7 +485,7 @@ func (c *h1Conn) closeWriteAndWait() {
 	} else if tc := tcpConnOf(c.rwc); tc != nil {
 		tc.CloseWrite()
 	}
-	c.rwc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	c.setReadDeadline(time.Now().Add(500*time.Millisecond), false)
 	io.CopyN(io.Discard, c.rwc, 1<<20)
 	c.close()
 }
@@ -575,9 +607,9 @@ func (c *h1Conn) stopWatch() {
 		return
 	}
 	c.wmu.Unlock()
-	c.rwc.SetReadDeadline(aLongTimeAgo)
+	c.setReadDeadline(aLongTimeAgo, false)
 	<-c.wake
-	c.rwc.SetReadDeadline(time.Time{})
+	c.setReadDeadline(time.Time{}, false)
 }
 
 // finish completes the response after the handler returned and reports
@@ -621,7 +653,7 @@ func (c *h1Conn) finish(w *h1Response) bool {
 	c.state.Store(connIdle)
 	switch watch {
 	case watchReading:
-		c.rwc.SetReadDeadline(time.Now().Add(c.srv.idle))
+		c.setReadDeadline(time.Now().Add(c.srv.idle), false)
 		c.wmu.Unlock()
 		return false // the watcher serves the next request
 	case watchWaiting:

@@ -94,6 +94,9 @@ type h1Server struct {
 	// watchDelay is how long after a request's body ended the watcher
 	// starts if the handler still runs (zero: at once).
 	watchDelay time.Duration
+	// headTimeout bounds the reading of a request's head
+	// (h1ReadHeaderTimeout; tests shorten it).
+	headTimeout time.Duration
 	// connBase is the connections' context: the server's base without its
 	// cancellation. A request's context (readRequest) derives from it, so
 	// that it is not registered with the one context every request of the
@@ -119,13 +122,14 @@ const h1WatchDelay = 100 * time.Millisecond
 
 func (s *Server) newH1Server(h http.Handler) *h1Server {
 	hs := &h1Server{
-		s:          s,
-		handler:    s.wrap(ListenerHTTP, h),
-		idle:       s.idleTimeout(),
-		h2:         s.newServer(ListenerHTTP, h),
-		conns:      map[*h1Conn]struct{}{},
-		h2done:     make(chan error, 1),
-		watchDelay: h1WatchDelay,
+		s:           s,
+		handler:     s.wrap(ListenerHTTP, h),
+		idle:        s.idleTimeout(),
+		h2:          s.newServer(ListenerHTTP, h),
+		conns:       map[*h1Conn]struct{}{},
+		h2done:      make(chan error, 1),
+		watchDelay:  h1WatchDelay,
+		headTimeout: h1ReadHeaderTimeout,
 	}
 	if d, err := time.ParseDuration(os.Getenv("SLUICE_H1_WATCH_DELAY")); err == nil {
 		hs.watchDelay = d

@@ -308,6 +308,81 @@ func TestH1StopCancelsRunning(t *testing.T) {
 	}
 }
 
+// TestH1HeadTimeout: a request's head that does not come whole within the
+// header timeout closes its connection — a head stalled part way, a head
+// sent a byte at a time (the deadline is set once, not moved by each
+// byte) and the second head on a kept connection —, while a request whose
+// head came whole reads a body that comes after both the header timeout
+// and the idle timeout (no deadline of the server's is left on the socket
+// once the head is read, though none is set for a head that came whole).
+func TestH1HeadTimeout(t *testing.T) {
+	const headTO, idle = 300 * time.Millisecond, 400 * time.Millisecond
+	s := &listen.Server{Handler: echo(), HTTPAddr: "127.0.0.1:0", HTTPServer: listen.HTTPServerSluice, IdleTimeout: idle}
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	listen.SetH1HeadTimeout(s, headTO)
+	go s.Serve()
+	t.Cleanup(func() { s.Close() })
+	addr := s.Addr(listen.ListenerHTTP)
+	closesInTime := func(t *testing.T, c net.Conn, t0 time.Time) {
+		t.Helper()
+		if !closedWithin(c, 3*time.Second) {
+			t.Fatal("the connection outlived its head's timeout by 3s")
+		}
+		if d := time.Since(t0); d < headTO*2/3 {
+			t.Fatalf("closed after %v, before the header timeout", d)
+		}
+	}
+	t.Run("stalled", func(t *testing.T) {
+		c, _ := dialRaw(t, addr)
+		t0 := time.Now()
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n")
+		closesInTime(t, c, t0)
+	})
+	t.Run("trickle", func(t *testing.T) {
+		c, _ := dialRaw(t, addr)
+		head := "GET / HTTP/1.1\r\nHost: x\r\nX-Slow: " + strings.Repeat("a", 200) // 20 ms a byte: 4.6 s
+		done := make(chan struct{})
+		t0 := time.Now()
+		go func() {
+			defer close(done)
+			for i := range len(head) {
+				if _, err := io.WriteString(c, head[i:i+1]); err != nil {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		closesInTime(t, c, t0)
+		c.Close()
+		<-done
+	})
+	t.Run("kept", func(t *testing.T) {
+		c, br := dialRaw(t, addr)
+		io.WriteString(c, "GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+		readResp(t, br, "GET")
+		t0 := time.Now()
+		io.WriteString(c, "GET /b HTTP/1.1\r\nHost: x\r\n")
+		closesInTime(t, c, t0)
+	})
+	for _, kept := range []bool{false, true} {
+		t.Run(fmt.Sprintf("late body, kept %v", kept), func(t *testing.T) {
+			c, br := dialRaw(t, addr)
+			if kept {
+				io.WriteString(c, "GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+				readResp(t, br, "GET") // the next wait has the idle deadline
+			}
+			io.WriteString(c, "POST /late HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n")
+			time.Sleep(headTO + idle + 200*time.Millisecond)
+			io.WriteString(c, "body")
+			if _, body := readResp(t, br, "POST"); body != "POST /late body" {
+				t.Fatalf("got %q: a deadline of the server's was left on the socket for the body", body)
+			}
+		})
+	}
+}
+
 // TestH1WatchDelayDefault: by default a client's close is noticed once
 // its handler has run the watch delay past the body's end, not sooner (a
 // small answer within the delay pays no watcher), and not much later.
