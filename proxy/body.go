@@ -96,8 +96,12 @@ func readBody(w http.ResponseWriter, r *http.Request, lim bodyLimits, budget *bo
 		return nil, 0, tooLarge(lim.max)
 	}
 	hard := start.Add(lim.timeout)
+	// A body already whole in the server's buffer (listen's h1Body.Whole)
+	// is read without the socket: no deadline or timer is set for it.
+	wb, _ := r.Body.(interface{ Whole() bool })
+	whole := wb != nil && wb.Whole()
 	var rc *http.ResponseController
-	if w != nil {
+	if w != nil && !whole {
 		rc = http.NewResponseController(w)
 		// The first deadline: the end of the grace period when a minimum
 		// rate applies after it, else the hard limit (one call, not the
@@ -121,7 +125,7 @@ func readBody(w http.ResponseWriter, r *http.Request, lim bodyLimits, budget *bo
 		}
 	}
 	var slow *atomic.Bool // set only here: allocated only without deadlines
-	if rc == nil {
+	if rc == nil && !whole {
 		// No read deadline on this transport: close the body at the hard
 		// limit, which ends a blocked read.
 		slow = new(atomic.Bool)

@@ -383,6 +383,49 @@ func TestH1HeadTimeout(t *testing.T) {
 	}
 }
 
+// TestH1BodyWhole: a request body reports Whole (its reader needs no
+// socket read: proxy's readBody sets no read deadline then) exactly when
+// all of it is in the server's buffer: sent with the head, or absent; not
+// when it comes later, nor when it is chunked; and once read to its end.
+func TestH1BodyWhole(t *testing.T) {
+	type whole interface{ Whole() bool }
+	got := make(chan [2]bool, 1)
+	_, addr := startOwn(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, ok := r.Body.(whole)
+		if !ok {
+			t.Errorf("the body %T has no Whole", r.Body)
+			got <- [2]bool{}
+			return
+		}
+		before := b.Whole()
+		io.ReadAll(r.Body)
+		got <- [2]bool{before, b.Whole()}
+	}), 0)
+	for _, tc := range []struct {
+		name, head, late string
+		want             bool
+	}{
+		{"with the head", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello", "", true},
+		{"none", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", "", true},
+		{"later", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhe", "llo", false},
+		{"chunked", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, br := dialRaw(t, addr)
+			io.WriteString(c, tc.head)
+			if tc.late != "" {
+				time.Sleep(100 * time.Millisecond)
+				io.WriteString(c, tc.late)
+			}
+			g := <-got
+			readResp(t, br, "POST")
+			if g[0] != tc.want || !g[1] {
+				t.Fatalf("Whole before reading %v, after %v; want %v, true", g[0], g[1], tc.want)
+			}
+		})
+	}
+}
+
 // TestH1WatchDelayDefault: by default a client's close is noticed once
 // its handler has run the watch delay past the body's end, not sooner (a
 // small answer within the delay pays no watcher), and not much later.
