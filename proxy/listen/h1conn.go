@@ -323,16 +323,16 @@ func (c *h1Conn) readRequest() (*h1Response, error) {
 
 // setReadDeadline sets the socket's read deadline and remembers it: head
 // says it is the head's (headDeadline).
-func (c *h1Conn) setReadDeadline(t time.Time, head bool) {
-	c.rwc.SetReadDeadline(t)
+func (c *h1Conn) setReadDeadline(t time.Time, head bool) error {
 	c.dl, c.dlHead = !t.IsZero(), head
+	return c.rwc.SetReadDeadline(t)
 }
 
 // headDeadline bounds the reading of a request's head by the header
 // timeout, from the first read the head needs past the bytes its wait
 // (loop's Peek) brought, unless it is bounded already. A head that came
 // whole in those bytes — nearly every request — needs no deadline: two
-// system calls' worth of timer work fewer per request (one on a kept
+// updates of the runtime's poll timer fewer per request (one on a kept
 // connection, whose idle deadline is cleared instead).
 func (c *h1Conn) headDeadline() {
 	if !c.dlHead {

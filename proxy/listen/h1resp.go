@@ -586,10 +586,6 @@ func (w *h1Response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 // The http.ResponseController hooks.
 
-func (w *h1Response) SetReadDeadline(t time.Time) error {
-	err := w.c.rwc.SetReadDeadline(t)
-	w.c.dl, w.c.dlHead = !t.IsZero(), false
-	return err
-}
+func (w *h1Response) SetReadDeadline(t time.Time) error  { return w.c.setReadDeadline(t, false) }
 func (w *h1Response) SetWriteDeadline(t time.Time) error { return w.c.rwc.SetWriteDeadline(t) }
 func (w *h1Response) EnableFullDuplex() error            { return nil }
